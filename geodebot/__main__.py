@@ -1,0 +1,3 @@
+from geodebot.cli import main
+
+raise SystemExit(main())

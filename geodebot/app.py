@@ -1,0 +1,153 @@
+"""The composition root: everything is built here once and passed down.
+
+No other module constructs shared services or keeps module-level state; the CLI asks this
+module for an :class:`App` and drives it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from geodebot.config import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
+from geodebot.engine.lanes import Lanes
+from geodebot.engine.ledger import EvidenceLedger
+from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
+from geodebot.engine.llm.openai_adapter import OpenAIAdapter
+from geodebot.engine.llm.resilient import ResilientLLM
+from geodebot.engine.llm.types import LLMAdapter
+from geodebot.engine.loop import AgenticLoop
+from geodebot.engine.modes import Mode
+from geodebot.engine.session import (
+    EngineServices,
+    ModelLimits,
+    Observer,
+    SessionSpec,
+    TurnResult,
+    create_session,
+)
+from geodebot.engine.tools.registry import PlanToolRunner, ToolRegistry, builtin_registry
+from geodebot.redact import Redactor
+from geodebot.store.sqlite import SQLiteStore
+
+log = logging.getLogger(__name__)
+
+DB_FILE = "geodebot.db"
+LEDGER_FILE = "ledger.jsonl"
+SOCKET_FILE = "geodebot.sock"
+
+
+def build_redactor(config: Config) -> Redactor:
+    redactor = Redactor()
+    for name in secret_names(config):
+        redactor.add(resolve_secret(name))
+    return redactor
+
+
+def load_system_prompt(config: Config) -> str:
+    parts: list[str] = []
+    problems: list[str] = []
+    for index, source in enumerate(config.prompt.sources):
+        if source.text is not None:
+            parts.append(source.text.strip())
+            continue
+        assert source.file is not None
+        path = config.prompt_file(source.file)
+        try:
+            parts.append(path.read_text(encoding="utf-8").strip())
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            problems.append(f"prompt.sources.{index}.file: cannot read {path}: {reason}")
+    if problems:
+        raise ConfigError(str(config.source or "<config>"), problems)
+    return "\n\n".join(p for p in parts if p)
+
+
+def build_adapter(endpoint: ModelEndpoint, config: Config) -> LLMAdapter:
+    key = resolve_secret(endpoint.key_env)
+    common: dict[str, Any] = {
+        "model": endpoint.name,
+        "api_key": key,
+        "api_key_env": endpoint.key_env,
+        "base_url": endpoint.base_url,
+        "timeout_s": config.model.request_timeout_s,
+    }
+    if endpoint.provider == "anthropic":
+        return AnthropicAdapter(**common)
+    return OpenAIAdapter(provider=endpoint.provider, **common)
+
+
+def build_llm_factory(
+    chain: Sequence[LLMAdapter], config: Config
+) -> Callable[[Callable[[str, dict[str, Any]], None]], LLMAdapter]:
+    def factory(on_event: Callable[[str, dict[str, Any]], None]) -> LLMAdapter:
+        return ResilientLLM(
+            chain=chain,
+            max_retries=config.model.max_retries,
+            max_retry_wait_s=config.model.max_retry_wait_s,
+            on_event=on_event,
+        )
+
+    return factory
+
+
+@dataclass(frozen=True, slots=True)
+class App:
+    config: Config
+    services: EngineServices
+    lanes: Lanes
+    state_dir: Path
+
+    @property
+    def socket_path(self) -> Path:
+        return self.state_dir / SOCKET_FILE
+
+    async def run_turn(self, mode: Mode, spec: SessionSpec, text: str) -> TurnResult:
+        """Run one turn in its session's lane (one at a time per session, global cap)."""
+        async with self.lanes.slot(spec.session_id):
+            session = await create_session(mode, spec, self.services)
+            return await AgenticLoop(session).arun(text)
+
+
+async def build_app(
+    config: Config,
+    stack: AsyncExitStack,
+    *,
+    registry: ToolRegistry | None = None,
+    observers: Sequence[Observer] = (),
+) -> App:
+    """Build every shared object once; ``stack`` owns their shutdown."""
+    state_dir = config.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    system_prompt = load_system_prompt(config)
+    redactor = build_redactor(config)
+
+    store = SQLiteStore(state_dir / DB_FILE)
+    await store.open()
+    stack.push_async_callback(store.close)
+
+    ledger = EvidenceLedger(state_dir / LEDGER_FILE, redactor)
+    stack.callback(ledger.close)
+
+    endpoints = [config.model, *config.model.fallbacks]
+    chain = [build_adapter(endpoint, config) for endpoint in endpoints]
+    for adapter in chain:
+        stack.push_async_callback(adapter.aclose)
+
+    services = EngineServices(
+        store=store,
+        llm=build_llm_factory(chain, config),
+        registry=registry if registry is not None else builtin_registry(),
+        runner=PlanToolRunner(),
+        ledger=ledger,
+        redactor=redactor,
+        system_prompt=system_prompt,
+        budgets=config.budgets,
+        limits=ModelLimits(config.model.max_tokens, config.model.context_tokens),
+        observers=tuple(observers),
+    )
+    return App(config, services, Lanes(config.daemon.max_concurrent_turns), state_dir)

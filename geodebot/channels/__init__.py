@@ -1,0 +1,1 @@
+"""Channel adapters: the edges where platform events become ``Inbound`` and replies leave."""

@@ -1,0 +1,221 @@
+"""The ``geodebot`` command line.
+
+Exit codes: 0 success; 1 the work failed (model error, budget, store, no daemon); 2 the
+command or the configuration is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from geodebot import __version__
+from geodebot.app import DB_FILE, SOCKET_FILE, build_app, build_redactor
+from geodebot.channels.ipc import IPCClient, IPCError
+from geodebot.config import Config, ConfigError, config_path, load_config
+from geodebot.daemon import serve
+from geodebot.engine.loop import new_id
+from geodebot.engine.modes import Mode
+from geodebot.engine.session import SessionSpec
+from geodebot.logs import setup_logging
+from geodebot.store.protocol import StoreError
+from geodebot.store.sqlite import SQLiteStore
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        help="configuration file (default: $GEODEBOT_CONFIG, then /etc/geodebot/config.toml)",
+    )
+    parser = argparse.ArgumentParser(prog="geodebot", description="chat-ops agent daemon")
+    parser.add_argument("--version", action="version", version=f"geodebot {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", parents=[common], help="one headless turn; answer on stdout")
+    run.add_argument("--session", help="session id to continue (default: a new one)")
+    run.add_argument("--time-budget", type=float, metavar="S", help="seconds for the turn")
+    run.add_argument("prompt")
+
+    sub.add_parser("serve", parents=[common], help="run the daemon")
+
+    chat = sub.add_parser("chat", parents=[common], help="chat with the daemon from a terminal")
+    chat.add_argument("--session", help="session id (default: ipc:<user>)")
+
+    sessions = sub.add_parser("sessions", help="inspect sessions")
+    sessions_sub = sessions.add_subparsers(dest="action", required=True)
+    sessions_sub.add_parser("list", parents=[common])
+    for action in ("show", "reset"):
+        p = sessions_sub.add_parser(action, parents=[common])
+        p.add_argument("id")
+
+    timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
+    timeline.add_argument("id")
+    timeline.add_argument("--json", action="store_true", help="one JSON object per line")
+    timeline.add_argument("--limit", type=int, default=None)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    return load_config(config_path(args.config))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"geodebot: config error: {exc.source}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(config.daemon.log_level, build_redactor(config), quiet=args.command != "serve")
+    handler = {
+        "run": _run,
+        "serve": _serve,
+        "chat": _chat,
+        "sessions": _sessions,
+        "timeline": _timeline,
+    }[args.command]
+    try:
+        return asyncio.run(handler(config, args))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"geodebot: config error: {exc.source}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except (StoreError, IPCError) as exc:
+        print(f"geodebot: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(config: Config, args: argparse.Namespace) -> int:
+    async with AsyncExitStack() as stack:
+        app = await build_app(config, stack)
+        spec = SessionSpec(args.session or new_id("run"), time_budget_s=args.time_budget)
+        result = await app.run_turn(Mode.HEADLESS, spec, args.prompt)
+    if result.ok:
+        print(result.text)
+        return EXIT_OK
+    print(f"geodebot: {result.text}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+async def _serve(config: Config, args: argparse.Namespace) -> int:
+    await serve(config)
+    return EXIT_OK
+
+
+async def _chat(config: Config, args: argparse.Namespace) -> int:
+    session = args.session or f"ipc:{getpass.getuser()}"
+    interactive = sys.stdin.isatty()
+    async with IPCClient(config.state_dir / SOCKET_FILE) as client:
+        pong = await client.request({"op": "ping"})
+        if pong.get("op") != "pong":
+            raise IPCError("the daemon did not answer the ping")
+        if interactive:
+            print(f"geodebot chat, session {session}. Ctrl-D to leave.")
+        status = EXIT_OK
+        while True:
+            line = await asyncio.to_thread(_read_line, "> " if interactive else "")
+            if line is None:
+                return status
+            if not line.strip():
+                continue
+            answer = await client.turn(session, line)
+            if answer.get("op") == "reply":
+                print(answer.get("text", ""), flush=True)
+                if answer.get("outcome") != "completed":
+                    status = EXIT_FAILED
+            else:
+                print(f"geodebot: {answer.get('message', answer)}", file=sys.stderr, flush=True)
+                status = EXIT_FAILED
+
+
+def _read_line(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+async def _open_store(config: Config) -> SQLiteStore:
+    path = config.state_dir / DB_FILE
+    if not path.exists():
+        raise StoreError(f"no geodebot state at {path} (has the daemon run with this config?)")
+    store = SQLiteStore(path)
+    await store.open()
+    return store
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+async def _sessions(config: Config, args: argparse.Namespace) -> int:
+    store = await _open_store(config)
+    try:
+        if args.action == "list":
+            rows = await store.list_sessions()
+            print(f"{'SESSION':<32} {'MODE':<9} {'GEN':>3} {'TURNS':>5}  UPDATED")
+            for r in rows:
+                turns = r.state.get("turns", 0)
+                print(f"{r.id:<32} {r.mode:<9} {r.generation:>3} {turns:>5}  {_when(r.updated_at)}")
+            return EXIT_OK
+        record = await store.get_session(args.id)
+        if record is None:
+            print(f"geodebot: no session {args.id!r}", file=sys.stderr)
+            return EXIT_FAILED
+        if args.action == "reset":
+            record = await store.reset_session(args.id)
+            print(f"session {args.id} reset; generation {record.generation}")
+            return EXIT_OK
+        context = await store.load_context(args.id)
+        pending = await store.pending_batches(args.id)
+        info: dict[str, Any] = {
+            "id": record.id,
+            "mode": record.mode,
+            "generation": record.generation,
+            "created": _when(record.created_at),
+            "updated": _when(record.updated_at),
+            "state": dict(record.state),
+            "guards": dict(record.guards),
+            "context_messages": len(context),
+            "pending_tool_batches": len(pending),
+        }
+        print(json.dumps(info, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    finally:
+        await store.close()
+
+
+async def _timeline(config: Config, args: argparse.Namespace) -> int:
+    store = await _open_store(config)
+    try:
+        events = await store.timeline(args.id, limit=args.limit)
+    finally:
+        await store.close()
+    for e in events:
+        if args.json:
+            row = {"id": e.id, "ts": e.ts, "turn": e.turn_id, "kind": e.kind, "data": e.data}
+            print(json.dumps(row, ensure_ascii=False))
+        else:
+            data = " ".join(f"{k}={v}" for k, v in e.data.items() if v is not None)
+            print(f"{_when(e.ts)}  {e.turn_id or '-':<20} {e.kind:<22} {data}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

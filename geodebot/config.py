@@ -1,0 +1,228 @@
+"""Configuration: TOML validated by pydantic, with errors that name the key.
+
+Pure data plus reading the file. Secrets never sit in the file: ``*_env`` keys name an
+environment variable, and a systemd credential of the same name in ``$CREDENTIALS_DIRECTORY``
+is read too (see :func:`resolve_secret`).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+DEFAULT_CONFIG_PATH = Path("/etc/geodebot/config.toml")
+CONFIG_ENV = "GEODEBOT_CONFIG"
+
+Provider = Literal["anthropic", "openai", "openai-compatible"]
+
+DEFAULT_KEY_ENV: dict[str, str] = {
+    "anthropic": "ANTHROPIC_API_KEY",
+    "openai": "OPENAI_API_KEY",
+    "openai-compatible": "OPENAI_API_KEY",
+}
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used. ``problems`` holds one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(problems))
+        self.source = source
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DaemonConfig(_Strict):
+    state_dir: Path = Path("./var")
+    timezone: str = "UTC"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Turns running at once across all sessions; one turn at a time per session regardless.
+    max_concurrent_turns: Annotated[int, Field(ge=1, le=1024)] = 8
+
+
+class ModelEndpoint(_Strict):
+    provider: Provider = "anthropic"
+    # The exact model id sent to the provider; geodebot never rewrites or upgrades it.
+    name: Annotated[str, Field(min_length=1)] = "claude-sonnet-4-5"
+    base_url: str | None = None
+    api_key_env: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
+
+    @model_validator(mode="after")
+    def _compatible_needs_url(self) -> ModelEndpoint:
+        if self.provider == "openai-compatible" and self.base_url is None:
+            raise ValueError("base_url is required when provider is openai-compatible")
+        return self
+
+    @property
+    def key_env(self) -> str:
+        return self.api_key_env or DEFAULT_KEY_ENV[self.provider]
+
+
+class ModelConfig(ModelEndpoint):
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+    max_retry_wait_s: Annotated[float, Field(gt=0, le=600)] = 30.0
+    request_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 4096
+    # The context window geodebot plans for; compaction starts at budgets.compact_at of it.
+    context_tokens: Annotated[int, Field(ge=1024)] = 200_000
+    fallbacks: tuple[ModelEndpoint, ...] = ()
+
+
+class BudgetConfig(_Strict):
+    daemon_time_s: Annotated[float, Field(gt=0, le=86_400)] = 120.0
+    ipc_time_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
+    headless_time_s: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+    # Upper bound for any HEADLESS request (geodebot run, MCP run_agent), whatever it asks.
+    headless_max_time_s: Annotated[float, Field(gt=0, le=86_400)] = 1800.0
+    max_rounds: Annotated[int, Field(ge=1, le=500)] = 24
+    repair_budget: Annotated[int, Field(ge=0, le=10)] = 2
+    compact_at: Annotated[float, Field(gt=0.1, lt=1.0)] = 0.75
+    # Messages kept verbatim after a compaction.
+    keep_recent_messages: Annotated[int, Field(ge=2, le=1000)] = 8
+
+
+class PromptSource(_Strict):
+    text: str | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PromptSource:
+        if (self.text is None) == (self.file is None):
+            raise ValueError("give exactly one of text or file")
+        return self
+
+
+class PromptConfig(_Strict):
+    sources: tuple[PromptSource, ...] = (
+        PromptSource(
+            text="You are geodebot, a careful assistant running unattended in a team chat. "
+            "Answer concisely. Use only the tools you are given."
+        ),
+    )
+
+
+class Config(_Strict):
+    daemon: DaemonConfig = DaemonConfig()
+    model: ModelConfig = ModelConfig()
+    budgets: BudgetConfig = BudgetConfig()
+    prompt: PromptConfig = PromptConfig()
+    # Where the file was read from; relative paths in it are resolved against its folder.
+    source: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def state_dir(self) -> Path:
+        """``$STATE_DIRECTORY`` (systemd's StateDirectory=) wins over the file's setting."""
+        env = os.environ.get("STATE_DIRECTORY")
+        if env:
+            # systemd may pass several colon-separated directories; the first is ours.
+            return Path(env.split(":")[0])
+        return self._relative(self.daemon.state_dir)
+
+    def _relative(self, path: Path) -> Path:
+        if path.is_absolute() or self.source is None:
+            return path
+        return self.source.parent / path
+
+    def prompt_file(self, path: Path) -> Path:
+        return self._relative(path)
+
+
+def _describe(err: ErrorDetails) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key"
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
+        return f"{loc}: must be one of {expected}"
+    if kind == "missing":
+        return f"{loc}: required"
+    msg = err["msg"]
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def parse_config(data: Mapping[str, Any], *, source: Path | None = None) -> Config:
+    try:
+        config = Config.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(str(source or "<config>"), [_describe(e) for e in exc.errors()]) from None
+    return config.model_copy(update={"source": source})
+
+
+def load_config(path: Path) -> Config:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["file not found"]) from None
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), ["not UTF-8 text"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), [f"invalid TOML: {exc}"]) from None
+    return parse_config(data, source=path.resolve())
+
+
+def config_path(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG_PATH
+
+
+def resolve_secret(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The secret named ``name``: the environment variable, else the systemd credential.
+
+    An empty value counts as missing, so ``FOO=`` in an env file does not pass for a key.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(name)
+    if value:
+        return value.strip()
+    creds = env.get("CREDENTIALS_DIRECTORY")
+    if creds:
+        path = Path(creds) / name
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            return None
+        return text or None
+    return None
+
+
+def secret_names(config: Config) -> Iterable[str]:
+    yield config.model.key_env
+    for fb in config.model.fallbacks:
+        yield fb.key_env

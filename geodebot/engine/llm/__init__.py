@@ -1,0 +1,1 @@
+"""Provider-neutral LLM types and one adapter per provider."""

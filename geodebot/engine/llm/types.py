@@ -1,0 +1,185 @@
+"""Provider-neutral request and response types.
+
+Provider-specific data (Anthropic content blocks, OpenAI tool_call objects) never leaves its
+adapter: the engine, the store and the timeline see only these frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Role = Literal["user", "assistant"]
+StopReason = Literal["end_turn", "tool_use", "max_tokens", "refusal", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUseBlock:
+    """A tool call the model proposed.
+
+    ``arguments`` is what the model sent, parsed. When the model sent something that is not a
+    JSON object (OpenAI sends arguments as a string, which may be garbage), ``arguments`` is
+    empty and ``arguments_error`` says why; the tool layer answers such a call with an error
+    result instead of running it.
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+    arguments_error: str | None = None
+    type: Literal["tool_use"] = "tool_use"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultBlock:
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+    type: Literal["tool_result"] = "tool_result"
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: tuple[Block, ...]
+
+    @staticmethod
+    def user_text(text: str) -> Message:
+        return Message("user", (TextBlock(text),))
+
+    @staticmethod
+    def assistant_text(text: str) -> Message:
+        return Message("assistant", (TextBlock(text),))
+
+    @property
+    def text(self) -> str:
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def tool_uses(self) -> tuple[ToolUseBlock, ...]:
+        return tuple(b for b in self.content if isinstance(b, ToolUseBlock))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "content": [block_to_json(b) for b in self.content]}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Message:
+        role = data["role"]
+        if role not in ("user", "assistant"):
+            raise ValueError(f"unknown message role {role!r}")
+        return Message(role, tuple(block_from_json(b) for b in data["content"]))
+
+
+def block_to_json(block: Block) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ToolUseBlock):
+        out: dict[str, Any] = {
+            "type": "tool_use",
+            "id": block.id,
+            "name": block.name,
+            "arguments": dict(block.arguments),
+        }
+        if block.arguments_error is not None:
+            out["arguments_error"] = block.arguments_error
+        return out
+    return {
+        "type": "tool_result",
+        "tool_use_id": block.tool_use_id,
+        "content": block.content,
+        "is_error": block.is_error,
+    }
+
+
+def block_from_json(data: Mapping[str, Any]) -> Block:
+    kind = data.get("type")
+    if kind == "text":
+        return TextBlock(str(data["text"]))
+    if kind == "tool_use":
+        return ToolUseBlock(
+            id=str(data["id"]),
+            name=str(data["name"]),
+            arguments=dict(data.get("arguments") or {}),
+            arguments_error=data.get("arguments_error"),
+        )
+    if kind == "tool_result":
+        return ToolResultBlock(
+            tool_use_id=str(data["tool_use_id"]),
+            content=str(data["content"]),
+            is_error=bool(data.get("is_error", False)),
+        )
+    raise ValueError(f"unknown content block type {kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSchema:
+    """What the model is shown of a tool: name, description and JSON schema of its input."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    system: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSchema, ...] = ()
+    max_tokens: int = 4096
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    message: Message
+    stop_reason: StopReason
+    usage: Usage = field(default_factory=Usage)
+    provider: str = ""
+    model: str = ""
+    request_id: str | None = None
+
+
+class LLMAdapter(Protocol):
+    """One provider behind one narrow method.
+
+    ``complete`` makes exactly one attempt (no SDK retries) and raises an
+    :class:`~geodebot.engine.llm.errors.LLMError` subclass on failure; retries and fallbacks
+    are the job of :class:`~geodebot.engine.llm.resilient.ResilientLLM`.
+    """
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    async def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+def canonical_json(value: Any) -> str:
+    """Stable JSON used for hashing and storage."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,477 @@
+"""The agent loop: ``AgenticLoop(session).arun(message)``.
+
+Each round has six phases: prepare input, prepare call, call provider, process tools, observe
+and compact, terminate. Durability rules:
+
+* the user message is saved before the first model call;
+* a proposed tool batch is saved (with the assistant message proposing it) before any tool
+  runs, and it does not run if it cannot be saved; the finished batch is saved again;
+* a batch left ``proposed`` by a crash is finished by the next turn or by :meth:`resume`;
+* everything a turn needs is restored from the store, so a restart loses nothing.
+
+The whole turn runs under the session's hard time budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from geodebot.engine import compaction
+from geodebot.engine.compaction import ContextItem
+from geodebot.engine.ledger import content_hash
+from geodebot.engine.llm.errors import LLMContextOverflow, LLMError
+from geodebot.engine.llm.types import (
+    LLMAdapter,
+    LLMRequest,
+    LLMResponse,
+    Message,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+    block_from_json,
+    block_to_json,
+)
+from geodebot.engine.session import Outcome, Session, TurnResult
+from geodebot.engine.tools.registry import ToolCallContext
+from geodebot.engine.verify import VerifyContext, run_verifiers
+from geodebot.store.protocol import NewMessage, StoreError, ToolBatchRecord
+
+log = logging.getLogger(__name__)
+
+# Cleanup after a budget expiry must itself be bounded.
+_CLEANUP_TIMEOUT_S = 5.0
+
+CANCELLED_RESULT = (
+    "cancelled: the turn's time budget ran out; this tool may or may not have acted"
+)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(slots=True)
+class _Turn:
+    id: str
+    user_text: str
+    state: dict[str, Any]
+    guards: dict[str, Any]
+    rounds: int = 0
+    repairs: int = 0
+    usage: Usage = field(default_factory=Usage)
+    forced_compaction: bool = False
+    open_batch: ToolBatchRecord | None = None
+    events: list[tuple[str | None, str, Mapping[str, Any]]] = field(default_factory=list)
+
+
+class AgenticLoop:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._svc = session.services
+
+    # -- entry points ---------------------------------------------------------------------
+    async def arun(self, message: str) -> TurnResult:
+        turn = await self._new_turn(new_id("t"), message)
+        return await self._guarded(turn, self._run(turn, message))
+
+    async def resume(self) -> TurnResult | None:
+        """Finish a turn a crash interrupted after its tool batch was saved."""
+        pending = await self._svc.store.pending_batches(self._session.id)
+        if not pending:
+            return None
+        turn = await self._new_turn(pending[0].turn_id, "")
+        return await self._guarded(turn, self._resume(turn))
+
+    # -- the turn -------------------------------------------------------------------------
+    async def _new_turn(self, turn_id: str, text: str) -> _Turn:
+        record = await self._svc.store.ensure_session(self._session.id, self._session.mode.value)
+        return _Turn(turn_id, text, dict(record.state), dict(record.guards))
+
+    async def _guarded(self, turn: _Turn, work: Awaitable[TurnResult]) -> TurnResult:
+        deadline = asyncio.timeout(self._session.time_budget_s)
+        try:
+            async with deadline:
+                return await work
+        except TimeoutError:
+            if deadline.expired():
+                return await self._budget_exhausted(turn)
+            log.exception("turn %s: unexpected timeout", turn.id)
+            return await self._fail(turn, "internal_error", "An internal timeout stopped the turn.")
+        except StoreError as exc:
+            log.error("turn %s: store failure: %s", turn.id, exc)
+            return self._result(
+                turn,
+                "store_error",
+                "geodebot could not save this conversation, so it stopped the turn.",
+                error="StoreError",
+            )
+        except Exception as exc:
+            # The one catch-all for a turn: the user gets a short answer, the log the details.
+            log.exception("turn %s failed", turn.id)
+            return await self._fail(
+                turn,
+                "internal_error",
+                "Something went wrong inside geodebot; the turn was stopped.",
+                error=type(exc).__name__,
+            )
+
+    async def _run(self, turn: _Turn, message: str) -> TurnResult:
+        items = await self._restore(turn)
+        user = Message.user_text(message)
+        turn.guards["open_turn"] = turn.id
+        turn.events.append(
+            (turn.id, "turn_started", {"mode": self._session.mode.value, "chars": len(message)})
+        )
+        seqs = await self._checkpoint(turn, [NewMessage("user", user.to_json(), turn.id)])
+        items.append(ContextItem(seqs[0], user))
+        self._svc.emit("turn_started", {"session": self._session.id, "turn": turn.id})
+        return await self._rounds(turn, items)
+
+    async def _resume(self, turn: _Turn) -> TurnResult:
+        items = await self._restore(turn)
+        turn.events.append((turn.id, "turn_resumed", {}))
+        return await self._rounds(turn, items)
+
+    async def _restore(self, turn: _Turn) -> list[ContextItem]:
+        """The one restore path: context, then any batch a crash left unfinished."""
+        records = await self._svc.store.load_context(self._session.id)
+        items = [
+            ContextItem(
+                r.seq,
+                Message.from_json(r.content),
+                is_summary=r.kind == "summary",
+                covers_from=r.covers_from,
+            )
+            for r in records
+        ]
+        for batch in await self._svc.store.pending_batches(self._session.id):
+            turn.events.append((batch.turn_id, "tool_batch_recovered", {"batch": batch.id}))
+            calls = [block_from_json(c) for c in batch.calls]
+            await self._execute_batch(
+                turn, items, batch, [c for c in calls if isinstance(c, ToolUseBlock)]
+            )
+        return items
+
+    async def _rounds(self, turn: _Turn, items: list[ContextItem]) -> TurnResult:
+        budgets = self._svc.budgets
+        while turn.rounds < budgets.max_rounds:
+            turn.rounds += 1
+            items = await self._maybe_compact(turn, items, force=False)
+            try:
+                response = await self._call(turn, self._request(items))
+            except LLMContextOverflow as exc:
+                if turn.forced_compaction:
+                    return await self._fail(turn, "model_error", exc.user_message, exc.kind)
+                turn.forced_compaction = True
+                items = await self._maybe_compact(turn, items, force=True)
+                continue
+            except LLMError as exc:
+                return await self._fail(turn, "model_error", exc.user_message, exc.kind)
+            message = response.message
+            if message.tool_uses:
+                await self._process_tools(turn, items, message)
+                continue
+            done = await self._terminate(turn, items, message)
+            if done is not None:
+                return done
+        return await self._fail(
+            turn,
+            "max_rounds",
+            f"I stopped after {budgets.max_rounds} model rounds without finishing.",
+        )
+
+    # -- phases ---------------------------------------------------------------------------
+    def _request(self, items: Sequence[ContextItem]) -> LLMRequest:
+        return LLMRequest(
+            system=self._svc.system_prompt,
+            messages=tuple(item.message for item in items),
+            tools=self._session.plan.schemas(),
+            max_tokens=self._svc.limits.max_tokens,
+        )
+
+    def _llm(self, turn: _Turn) -> LLMAdapter:
+        def on_event(kind: str, data: dict[str, Any]) -> None:
+            turn.events.append((turn.id, kind, data))
+
+        return self._svc.llm(on_event)
+
+    async def _call(self, turn: _Turn, request: LLMRequest) -> LLMResponse:
+        llm = self._llm(turn)
+        started = time.monotonic()
+        request_hash = content_hash(
+            [request.system, [m.to_json() for m in request.messages], [t.name for t in request.tools]]
+        )
+        base = {"session": self._session.id, "turn": turn.id, "request_sha256": request_hash}
+        try:
+            response = await llm.complete(request)
+        except LLMError as exc:
+            elapsed = round((time.monotonic() - started) * 1000)
+            self._svc.ledger.record("model_call", **base, outcome=exc.kind, latency_ms=elapsed)
+            turn.events.append((turn.id, "llm_error", {"kind": exc.kind, "error": str(exc)}))
+            raise
+        elapsed = round((time.monotonic() - started) * 1000)
+        turn.usage = turn.usage + response.usage
+        info = {
+            "provider": response.provider,
+            "model": response.model,
+            "stop_reason": response.stop_reason,
+            "input_tokens": response.usage.input_tokens,
+            "output_tokens": response.usage.output_tokens,
+            "latency_ms": elapsed,
+        }
+        self._svc.ledger.record(
+            "model_call",
+            **base,
+            **info,
+            outcome="ok",
+            response_sha256=content_hash(response.message.to_json()),
+        )
+        turn.events.append((turn.id, "llm_call", info))
+        self._svc.emit("llm_call", {"session": self._session.id, "turn": turn.id, **info})
+        return response
+
+    async def _process_tools(
+        self, turn: _Turn, items: list[ContextItem], message: Message
+    ) -> None:
+        calls = list(message.tool_uses)
+        batch = ToolBatchRecord(
+            id=new_id("b"),
+            session_id=self._session.id,
+            turn_id=turn.id,
+            round=turn.rounds,
+            status="proposed",
+            calls=[block_to_json(c) for c in calls],
+            results=[],
+            created_at=time.time(),
+            finished_at=None,
+        )
+        turn.events.append(
+            (turn.id, "tool_batch_proposed", {"batch": batch.id, "tools": [c.name for c in calls]})
+        )
+        # If this save fails the StoreError ends the turn and no tool has run.
+        seqs = await self._checkpoint(
+            turn, [NewMessage("assistant", message.to_json(), turn.id)], propose_batch=batch
+        )
+        items.append(ContextItem(seqs[0], message))
+        self._svc.emit("batch_saved", {"session": self._session.id, "batch": batch.id})
+        await self._execute_batch(turn, items, batch, calls)
+
+    async def _execute_batch(
+        self,
+        turn: _Turn,
+        items: list[ContextItem],
+        batch: ToolBatchRecord,
+        calls: Sequence[ToolUseBlock],
+    ) -> None:
+        turn.open_batch = batch
+        ctx = ToolCallContext(self._session.id, batch.turn_id, self._session.mode)
+        results = await self._svc.runner.run_batch(self._session.plan, calls, ctx)
+        for call, result in zip(calls, results, strict=True):
+            self._svc.ledger.record(
+                "tool_call",
+                session=self._session.id,
+                turn=batch.turn_id,
+                tool=call.name,
+                arguments_sha256=content_hash(dict(call.arguments)),
+                result_sha256=content_hash(result.content),
+                is_error=result.is_error,
+            )
+            turn.events.append(
+                (
+                    batch.turn_id,
+                    "tool_call",
+                    {"tool": call.name, "is_error": result.is_error, "result_chars": len(result.content)},
+                )
+            )
+        await self._save_results(turn, items, batch, results, "done")
+
+    async def _save_results(
+        self,
+        turn: _Turn,
+        items: list[ContextItem],
+        batch: ToolBatchRecord,
+        results: Sequence[ToolResultBlock],
+        status: str,
+    ) -> None:
+        message = Message("user", tuple(results))
+        finish = (batch.id, [block_to_json(r) for r in results], status)
+        seqs = await self._checkpoint(
+            turn,
+            [NewMessage("user", message.to_json(), batch.turn_id)],
+            finish_batch=finish,  # type: ignore[arg-type]  # status is a BatchStatus literal
+        )
+        turn.open_batch = None
+        items.append(ContextItem(seqs[0], message))
+        self._svc.emit("batch_done", {"session": self._session.id, "batch": batch.id})
+
+    async def _terminate(
+        self, turn: _Turn, items: list[ContextItem], message: Message
+    ) -> TurnResult | None:
+        answer = message.text
+        name, verdict = await run_verifiers(
+            self._svc.verifiers,
+            VerifyContext(self._session.id, turn.id, turn.user_text, answer, turn.rounds),
+        )
+        if verdict.ok:
+            turn.events.append((turn.id, "verify", {"ok": True}))
+            self._close(turn, "completed")
+            await self._checkpoint(turn, [NewMessage("assistant", message.to_json(), turn.id)])
+            return self._result(turn, "completed", answer)
+        turn.events.append(
+            (turn.id, "verify", {"ok": False, "verifier": name, "reason": verdict.reason})
+        )
+        if verdict.repair is None or turn.repairs >= self._svc.budgets.repair_budget:
+            return await self._fail(
+                turn, "verify_failed", f"I could not finish this request: {verdict.reason}."
+            )
+        turn.repairs += 1
+        repair = Message.user_text(verdict.repair)
+        new = [NewMessage("user", repair.to_json(), turn.id)]
+        kept: list[ContextItem] = []
+        # An empty assistant message is rejected by providers; keep only real content.
+        if message.content and answer.strip():
+            new.insert(0, NewMessage("assistant", message.to_json(), turn.id))
+            kept.append(ContextItem(0, message))
+        seqs = await self._checkpoint(turn, new)
+        for seq, item in zip(seqs, [*kept, ContextItem(0, repair)], strict=True):
+            items.append(ContextItem(seq, item.message))
+        return None
+
+    async def _maybe_compact(
+        self, turn: _Turn, items: list[ContextItem], *, force: bool
+    ) -> list[ContextItem]:
+        limit = self._svc.budgets.compact_at * self._svc.limits.context_tokens
+        messages = [i.message for i in items]
+        if not force and compaction.estimate_tokens(messages, self._svc.system_prompt) < limit:
+            return items
+        index = compaction.split_point(items, self._svc.budgets.keep_recent_messages)
+        if index is None:
+            return items
+        old = items[:index]
+        try:
+            text = await compaction.summarise(self._llm(turn), old, self._svc.limits.max_tokens)
+        except LLMError as exc:
+            turn.events.append((turn.id, "compaction_failed", {"kind": exc.kind}))
+            return items
+        if not text:
+            turn.events.append((turn.id, "compaction_failed", {"kind": "empty summary"}))
+            return items
+        first = old[0]
+        covers_from = first.covers_from if first.is_summary and first.covers_from else first.seq
+        covers_to = old[-1].seq
+        summary = compaction.summary_message(text)
+        turn.events.append(
+            (turn.id, "compaction", {"covers_from": covers_from, "covers_to": covers_to})
+        )
+        seqs = await self._checkpoint(
+            turn,
+            [
+                NewMessage(
+                    "user",
+                    summary.to_json(),
+                    turn.id,
+                    kind="summary",
+                    covers_from=covers_from,
+                    covers_to=covers_to,
+                )
+            ],
+        )
+        return [ContextItem(seqs[0], summary, True, covers_from), *items[index:]]
+
+    # -- endings --------------------------------------------------------------------------
+    async def _budget_exhausted(self, turn: _Turn) -> TurnResult:
+        budget = self._session.time_budget_s
+        text = f"Stopped: the time budget of {budget:g} s was used up."
+        try:
+            async with asyncio.timeout(_CLEANUP_TIMEOUT_S):
+                batch = turn.open_batch
+                if batch is not None:
+                    # Close the batch so history stays valid for the provider; the tools
+                    # were cut off, so their outcome is unknown.
+                    results = [
+                        ToolResultBlock(str(c["id"]), CANCELLED_RESULT, is_error=True)
+                        for c in batch.calls
+                    ]
+                    turn.events.append(
+                        (turn.id, "tool_batch_cancelled", {"batch": batch.id, "uncertain": True})
+                    )
+                    await self._save_results(turn, [], batch, results, "abandoned")
+                turn.events.append((turn.id, "budget_exhausted", {"time_budget_s": budget}))
+                return await self._fail(turn, "budget", text, "TimeBudgetExceeded")
+        except (StoreError, TimeoutError) as exc:
+            log.error("turn %s: could not record the budget stop: %s", turn.id, exc)
+            return self._result(turn, "budget", text, error="TimeBudgetExceeded")
+
+    async def _fail(
+        self, turn: _Turn, outcome: Outcome, text: str, error: str | None = None
+    ) -> TurnResult:
+        self._close(turn, outcome, error)
+        try:
+            await self._checkpoint(turn, [])
+        except StoreError as exc:
+            log.error("turn %s: could not record its end: %s", turn.id, exc)
+        return self._result(turn, outcome, text, error=error)
+
+    def _close(self, turn: _Turn, outcome: str, error: str | None = None) -> None:
+        """Account the turn in the session state and queue its final timeline event."""
+        state = turn.state
+        state["last_outcome"] = outcome
+        state["turns"] = int(state.get("turns", 0)) + 1
+        state["input_tokens"] = int(state.get("input_tokens", 0)) + turn.usage.input_tokens
+        state["output_tokens"] = int(state.get("output_tokens", 0)) + turn.usage.output_tokens
+        failures = int(turn.guards.get("consecutive_failures", 0))
+        turn.guards["consecutive_failures"] = 0 if outcome == "completed" else failures + 1
+        turn.guards["open_turn"] = None
+        turn.events.append(
+            (
+                turn.id,
+                "turn_finished",
+                {
+                    "outcome": outcome,
+                    "error": error,
+                    "rounds": turn.rounds,
+                    "input_tokens": turn.usage.input_tokens,
+                    "output_tokens": turn.usage.output_tokens,
+                },
+            )
+        )
+
+    def _result(
+        self, turn: _Turn, outcome: Outcome, text: str, *, error: str | None = None
+    ) -> TurnResult:
+        self._svc.emit(
+            "turn_finished", {"session": self._session.id, "turn": turn.id, "outcome": outcome}
+        )
+        return TurnResult(self._session.id, turn.id, outcome, text, turn.rounds, turn.usage, error)
+
+    # -- persistence ----------------------------------------------------------------------
+    async def _checkpoint(
+        self,
+        turn: _Turn,
+        messages: Sequence[NewMessage],
+        *,
+        propose_batch: ToolBatchRecord | None = None,
+        finish_batch: tuple[str, Sequence[Mapping[str, Any]], Any] | None = None,
+    ) -> list[int]:
+        turn.state["last_turn_id"] = turn.id
+        events = [
+            (turn_id, kind, self._svc.redactor.redact_obj(dict(data)))
+            for turn_id, kind, data in turn.events
+        ]
+        seqs = await self._svc.store.checkpoint(
+            self._session.id,
+            messages=messages,
+            state=turn.state,
+            guards=turn.guards,
+            propose_batch=propose_batch,
+            finish_batch=finish_batch,
+            timeline=events,
+        )
+        turn.events.clear()
+        return seqs

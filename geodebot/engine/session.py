@@ -1,0 +1,125 @@
+"""Sessions: ``create_session(mode, spec)`` and the shared services a session runs on."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from geodebot.config import BudgetConfig
+from geodebot.engine.ledger import EvidenceLedger
+from geodebot.engine.llm.types import LLMAdapter, Usage
+from geodebot.engine.modes import Mode
+from geodebot.engine.tools.registry import ToolPlan, ToolRegistry, ToolRunner
+from geodebot.engine.verify import NonEmptyAnswer, Verifier
+from geodebot.redact import Redactor
+from geodebot.store.protocol import Store
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal[
+    "completed",
+    "budget",
+    "model_error",
+    "store_error",
+    "max_rounds",
+    "verify_failed",
+    "internal_error",
+]
+
+# Lifecycle observers see what happens and never decide; see engine/hooks for decisions.
+Observer = Callable[[str, Mapping[str, Any]], None]
+# Builds the model client for one turn; ``on_event`` receives retry/fallback notices.
+LLMFactory = Callable[[Callable[[str, dict[str, Any]], None]], LLMAdapter]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    max_tokens: int = 4096
+    context_tokens: int = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class EngineServices:
+    """Everything sessions share, wired once by the composition root."""
+
+    store: Store
+    llm: LLMFactory
+    registry: ToolRegistry
+    runner: ToolRunner
+    ledger: EvidenceLedger
+    redactor: Redactor
+    system_prompt: str
+    budgets: BudgetConfig = field(default_factory=BudgetConfig)
+    limits: ModelLimits = field(default_factory=ModelLimits)
+    verifiers: tuple[Verifier, ...] = (NonEmptyAnswer(),)
+    observers: tuple[Observer, ...] = ()
+
+    def emit(self, event: str, data: Mapping[str, Any]) -> None:
+        for observer in self.observers:
+            try:
+                observer(event, data)
+            except Exception:
+                log.exception("observer failed on %s", event)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """What a binding, a job, a terminal or a headless caller asks for."""
+
+    session_id: str
+    # The tool allowlist; empty means no tools at all.
+    tools: tuple[str, ...] = ()
+    # None: the mode's default from [budgets].
+    time_budget_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    session_id: str
+    turn_id: str
+    outcome: Outcome
+    text: str
+    rounds: int = 0
+    usage: Usage = field(default_factory=Usage)
+    # Classified error kind (e.g. "LLMMissingCredential"), for logs and exit codes.
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "completed"
+
+
+def time_budget(mode: Mode, spec: SessionSpec, budgets: BudgetConfig) -> float:
+    default = {
+        Mode.DAEMON: budgets.daemon_time_s,
+        Mode.IPC: budgets.ipc_time_s,
+        Mode.HEADLESS: budgets.headless_time_s,
+    }[mode]
+    budget = spec.time_budget_s if spec.time_budget_s is not None else default
+    if mode is Mode.HEADLESS:
+        budget = min(budget, budgets.headless_max_time_s)
+    return budget
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    id: str
+    mode: Mode
+    plan: ToolPlan
+    time_budget_s: float
+    services: EngineServices = field(repr=False)
+
+
+async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices) -> Session:
+    """Open (or create) the durable session and project its immutable tool plan."""
+    record = await services.store.ensure_session(spec.session_id, mode.value)
+    plan = ToolPlan.project(services.registry, mode, spec.tools, generation=record.generation)
+    return Session(
+        id=spec.session_id,
+        mode=mode,
+        plan=plan,
+        time_budget_s=time_budget(mode, spec, services.budgets),
+        services=services,
+    )

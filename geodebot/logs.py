@@ -1,0 +1,39 @@
+"""Logging: one event per line, JSON when stderr is not a terminal, secrets redacted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from geodebot.redact import RedactingFilter, Redactor
+
+# These log every request URL at INFO, and a Telegram URL carries the bot token.
+_NOISY = ("httpx", "httpcore", "aiosqlite", "asyncio", "anthropic", "openai")
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        row = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_text:
+            row["exc"] = record.exc_text
+        return json.dumps(row, ensure_ascii=False)
+
+
+def setup_logging(level: str, redactor: Redactor, *, quiet: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactingFilter(redactor))
+    if sys.stderr.isatty():
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(JSONFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING if quiet else level.upper())
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,1 @@
+"""Scheduled jobs: triggers that start DAEMON sessions."""

@@ -10,12 +10,10 @@ import argparse
 import asyncio
 import getpass
 import json
-import logging
 import sys
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from pathlib import Path
 from typing import Any
 
 from geodebot import __version__

@@ -56,9 +56,12 @@ def test_engine_and_store_do_not_import_the_edges() -> None:
         for path in modules(sub):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module:
-                    if any(node.module.startswith(edge) for edge in edges):
-                        offenders.append(f"{path.relative_to(PACKAGE)}: {node.module}")
+                if (
+                    isinstance(node, ast.ImportFrom)
+                    and node.module
+                    and any(node.module.startswith(edge) for edge in edges)
+                ):
+                    offenders.append(f"{path.relative_to(PACKAGE)}: {node.module}")
     assert offenders == []
 
 

@@ -47,9 +47,7 @@ log = logging.getLogger(__name__)
 # Cleanup after a budget expiry must itself be bounded.
 _CLEANUP_TIMEOUT_S = 5.0
 
-CANCELLED_RESULT = (
-    "cancelled: the turn's time budget ran out; this tool may or may not have acted"
-)
+CANCELLED_RESULT = "cancelled: the turn's time budget ran out; this tool may or may not have acted"
 
 
 def new_id(prefix: str) -> str:
@@ -205,7 +203,11 @@ class AgenticLoop:
         llm = self._llm(turn)
         started = time.monotonic()
         request_hash = content_hash(
-            [request.system, [m.to_json() for m in request.messages], [t.name for t in request.tools]]
+            [
+                request.system,
+                [m.to_json() for m in request.messages],
+                [t.name for t in request.tools],
+            ]
         )
         base = {"session": self._session.id, "turn": turn.id, "request_sha256": request_hash}
         try:
@@ -236,9 +238,7 @@ class AgenticLoop:
         self._svc.emit("llm_call", {"session": self._session.id, "turn": turn.id, **info})
         return response
 
-    async def _process_tools(
-        self, turn: _Turn, items: list[ContextItem], message: Message
-    ) -> None:
+    async def _process_tools(self, turn: _Turn, items: list[ContextItem], message: Message) -> None:
         calls = list(message.tool_uses)
         batch = ToolBatchRecord(
             id=new_id("b"),
@@ -286,7 +286,11 @@ class AgenticLoop:
                 (
                     batch.turn_id,
                     "tool_call",
-                    {"tool": call.name, "is_error": result.is_error, "result_chars": len(result.content)},
+                    {
+                        "tool": call.name,
+                        "is_error": result.is_error,
+                        "result_chars": len(result.content),
+                    },
                 )
             )
         await self._save_results(turn, items, batch, results, "done")

@@ -1,0 +1,87 @@
+"""kill -9 between "batch saved" and "tools run": the restored session continues."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from geodebot.engine.loop import AgenticLoop
+from geodebot.engine.modes import Mode
+from geodebot.engine.session import SessionSpec, create_session
+from tests.conftest import make_config, marker_lines, open_app
+from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def crash_at_batch_saved(tmp_path: Path, server: FakeLLMServer) -> Path:
+    marker = tmp_path / "marker"
+    config = make_config(tmp_path, server)
+    config_json = json.dumps(config.model_dump(mode="json", exclude={"source"}))
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.crash_child",
+        config_json,
+        str(marker),
+        "batch_saved",
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(child.communicate(), timeout=60)
+    assert child.returncode == -signal.SIGKILL, stderr.decode()
+    assert marker_lines(marker) == [], "the tool must not have run before the kill"
+    return marker
+
+
+async def test_resume_runs_the_saved_batch_and_finishes_the_turn(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "once"}, id="toolu_1")]))
+    marker = await crash_at_batch_saved(tmp_path, llm_server)
+    llm_server.script(Reply("Finished after the restart."))
+    async with AsyncExitStack() as stack:
+        app = await open_app(make_config(tmp_path, llm_server), stack, marker)
+        store = app.services.store
+        pending = await store.pending_batches("crash")
+        assert [b.status for b in pending] == ["proposed"]
+        session = await create_session(
+            Mode.DAEMON, SessionSpec("crash", tools=("write_marker",)), app.services
+        )
+        result = await AgenticLoop(session).resume()
+        assert result is not None
+        assert result.ok, result
+        assert result.text == "Finished after the restart."
+        assert await store.pending_batches("crash") == []
+        assert await AgenticLoop(session).resume() is None
+        roles = [r.role for r in await store.load_context("crash")]
+        assert roles == ["user", "assistant", "user", "assistant"]
+        kinds = [e.kind for e in await store.timeline("crash")]
+        assert "tool_batch_recovered" in kinds
+        assert kinds[-1] == "turn_finished"
+    assert marker_lines(marker) == ["write_marker:once"]
+    resumed = json.dumps(llm_server.requests[-1].json["messages"])
+    assert '"tool_use_id": "toolu_1"' in resumed
+
+
+async def test_next_message_finishes_an_interrupted_batch_first(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "once"}, id="toolu_2")]))
+    marker = await crash_at_batch_saved(tmp_path, llm_server)
+    llm_server.script(Reply("Both handled."))
+    async with AsyncExitStack() as stack:
+        app = await open_app(make_config(tmp_path, llm_server), stack, marker)
+        spec = SessionSpec("crash", tools=("write_marker",))
+        result = await app.run_turn(Mode.DAEMON, spec, "and another thing")
+        assert result.ok
+        assert result.text == "Both handled."
+        assert await app.services.store.pending_batches("crash") == []
+    assert marker_lines(marker) == ["write_marker:once"]
+    sent = llm_server.requests[-1].json["messages"]
+    flat = json.dumps(sent)
+    assert flat.index("toolu_2") < flat.index("and another thing")

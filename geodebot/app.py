@@ -16,8 +16,6 @@ from typing import Any
 from geodebot.config import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
 from geodebot.engine.lanes import Lanes
 from geodebot.engine.ledger import EvidenceLedger
-from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
-from geodebot.engine.llm.openai_adapter import OpenAIAdapter
 from geodebot.engine.llm.resilient import ResilientLLM
 from geodebot.engine.llm.types import LLMAdapter
 from geodebot.engine.loop import AgenticLoop
@@ -76,8 +74,14 @@ def build_adapter(endpoint: ModelEndpoint, config: Config) -> LLMAdapter:
         "base_url": endpoint.base_url,
         "timeout_s": config.model.request_timeout_s,
     }
+    # The SDKs are imported only for the providers configured: importing the anthropic SDK
+    # alone costs seconds, which every CLI command and every daemon start would pay.
     if endpoint.provider == "anthropic":
+        from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
+
         return AnthropicAdapter(**common)
+    from geodebot.engine.llm.openai_adapter import OpenAIAdapter
+
     return OpenAIAdapter(provider=endpoint.provider, **common)
 
 

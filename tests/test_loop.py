@@ -6,7 +6,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,12 @@ def sent_messages(server: FakeLLMServer, index: int = -1) -> list[dict[str, Any]
     messages = body["messages"]
     assert isinstance(messages, list)
     return messages
+
+
+def run_sql(path: Path, sql: str) -> None:
+    """Change the database behind the store's back, as an operator or a failing disk would."""
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute(sql)
 
 
 def tool_results_in(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -127,18 +133,17 @@ async def test_batch_that_cannot_be_saved_does_not_run(
         app = await open_app(make_config(tmp_path, llm_server), stack, marker)
         await app.services.store.ensure_session("nosave", "daemon")
         # A real write failure inside SQLite, as a full disk would cause.
-        with sqlite3.connect(tmp_path / "var" / DB_FILE) as db:
-            db.execute(
-                "CREATE TRIGGER fail_batches BEFORE INSERT ON tool_batches "
-                "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
-            )
+        run_sql(
+            tmp_path / "var" / DB_FILE,
+            "CREATE TRIGGER fail_batches BEFORE INSERT ON tool_batches "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END",
+        )
         spec = SessionSpec("nosave", tools=("write_marker",))
         result = await app.run_turn(Mode.DAEMON, spec, "write")
         assert result.outcome == "store_error"
         assert marker_lines(marker) == []
         assert await app.services.store.pending_batches("nosave") == []
-        with sqlite3.connect(tmp_path / "var" / DB_FILE) as db:
-            db.execute("DROP TRIGGER fail_batches")
+        run_sql(tmp_path / "var" / DB_FILE, "DROP TRIGGER fail_batches")
         # The proposal was never saved, so the session still reads as a valid history.
         again = await app.run_turn(Mode.DAEMON, spec, "hello again")
         assert again.ok
@@ -219,23 +224,24 @@ async def test_max_rounds_guard(tmp_path: Path, llm_server: FakeLLMServer) -> No
 
 
 @pytest.mark.parametrize(
-    ("error", "needle"),
+    ("error", "needle", "attempts"),
     [
-        (Error.unauthorized(), "API key"),
-        (Error.context_overflow(), "too long"),
-        (Error.server(), "unavailable"),
+        (Error.unauthorized(), "API key", 1),
+        # Overflow forces one compaction and one more try before it gives up.
+        (Error.context_overflow(), "too long", 2),
+        (Error.server(), "unavailable", 1),
     ],
 )
 async def test_model_errors_end_the_turn_readably(
-    tmp_path: Path, llm_server: FakeLLMServer, error: Error, needle: str
+    tmp_path: Path, llm_server: FakeLLMServer, error: Error, needle: str, attempts: int
 ) -> None:
-    # Context overflow triggers one forced compaction; with nothing to compact it ends.
-    llm_server.script(error, error)
+    llm_server.script(*[error] * attempts)
     async with AsyncExitStack() as stack:
         app = await open_app(make_config(tmp_path, llm_server), stack, tmp_path / "m")
         result = await app.run_turn(Mode.DAEMON, SessionSpec("err"), "hi")
         assert result.outcome == "model_error"
         assert needle in result.text
+        assert len(llm_server.requests) == attempts
         llm_server.script(Reply("fine now"))
         assert (await app.run_turn(Mode.DAEMON, SessionSpec("err"), "again")).ok
 

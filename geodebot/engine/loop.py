@@ -40,7 +40,7 @@ from geodebot.engine.llm.types import (
 from geodebot.engine.session import Outcome, Session, TurnResult
 from geodebot.engine.tools.registry import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
-from geodebot.store.protocol import NewMessage, StoreError, ToolBatchRecord
+from geodebot.store.protocol import BatchStatus, NewMessage, StoreError, ToolBatchRecord
 
 log = logging.getLogger(__name__)
 
@@ -301,14 +301,14 @@ class AgenticLoop:
         items: list[ContextItem],
         batch: ToolBatchRecord,
         results: Sequence[ToolResultBlock],
-        status: str,
+        status: BatchStatus,
     ) -> None:
         message = Message("user", tuple(results))
         finish = (batch.id, [block_to_json(r) for r in results], status)
         seqs = await self._checkpoint(
             turn,
             [NewMessage("user", message.to_json(), batch.turn_id)],
-            finish_batch=finish,  # type: ignore[arg-type]  # status is a BatchStatus literal
+            finish_batch=finish,
         )
         turn.open_batch = None
         items.append(ContextItem(seqs[0], message))

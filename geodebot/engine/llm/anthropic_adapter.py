@@ -1,0 +1,326 @@
+"""Anthropic Messages API adapter (``anthropic`` SDK 2.x, non-streaming).
+
+One call to :meth:`AnthropicAdapter.complete` is one HTTP attempt: the SDK client is built with
+``max_retries=0`` because retries and fallbacks belong to ``ResilientLLM``, which needs to see
+every failure to put it on the timeline. Every SDK exception is mapped here, once, into the
+:mod:`geodebot.engine.llm.errors` tree; nothing Anthropic-specific leaves this module.
+
+SDK 2.x notes that shape this file: it speaks API version 2026-10-21, sends the key as
+``Authorization: Bearer``, and no longer has sampling parameters (the API answers 400 to
+``temperature``), so ``LLMRequest.temperature`` is not sent.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TypeAlias, TypedDict
+
+import anthropic
+from anthropic.types import (
+    MessageParam,
+    TextBlockParam,
+    ToolParam,
+    ToolResultBlockParam,
+    ToolUseBlockParam,
+)
+
+from geodebot.engine.llm.errors import (
+    LLMAuthError,
+    LLMBadRequest,
+    LLMBillingError,
+    LLMConnectionError,
+    LLMContextOverflow,
+    LLMError,
+    LLMInvalidResponse,
+    LLMMissingCredential,
+    LLMRateLimited,
+    LLMServerError,
+    LLMTimeoutError,
+)
+from geodebot.engine.llm.types import (
+    Block,
+    LLMRequest,
+    LLMResponse,
+    Message,
+    Role,
+    StopReason,
+    TextBlock,
+    ToolResultBlock,
+    ToolSchema,
+    ToolUseBlock,
+    Usage,
+)
+from geodebot.redact import Redactor
+
+PROVIDER = "anthropic"
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+
+_BlockParam: TypeAlias = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
+
+_STOP_REASONS: dict[str, StopReason] = {
+    "end_turn": "end_turn",
+    "stop_sequence": "end_turn",
+    "tool_use": "tool_use",
+    "max_tokens": "max_tokens",
+    # The output was cut short because the context filled up: to the loop that is the same
+    # situation as hitting max_tokens (a truncated answer), not a failed request.
+    "model_context_window_exceeded": "max_tokens",
+    "refusal": "refusal",
+}
+
+# Wording is not a stable API, so these are the fallback after status, type and error_code.
+_CONTEXT_RE = re.compile(
+    r"prompt is too long|context (length|window|limit)|too many (input )?tokens", re.IGNORECASE
+)
+_BILLING_RE = re.compile(
+    r"credit balance|billing|insufficient (credit|funds|quota)|spend(ing)? limit|payment",
+    re.IGNORECASE,
+)
+# SDK 2.x reports spend caps as 429s; waiting does not lift them, so they are billing errors.
+_SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
+_MAX_DETAIL = 300
+
+
+class _Ids(TypedDict):
+    provider: str
+    model: str
+
+
+class AnthropicAdapter:
+    def __init__(
+        self,
+        *,
+        model: str,
+        api_key: str | None,
+        api_key_env: str,
+        base_url: str | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self._model = model
+        self._api_key_env = api_key_env
+        self._redactor = Redactor([api_key] if api_key else [])
+        self._client: anthropic.AsyncAnthropic | None = None
+        # Without a key the daemon must still start; the first turn explains what to set.
+        if api_key and api_key.strip():
+            self._client = anthropic.AsyncAnthropic(
+                api_key=api_key,
+                # Explicit so ANTHROPIC_BASE_URL in the daemon's environment cannot silently
+                # redirect traffic that the config file says goes to Anthropic.
+                base_url=base_url or DEFAULT_BASE_URL,
+                timeout=timeout_s,
+                max_retries=0,
+            )
+
+    @property
+    def provider(self) -> str:
+        return PROVIDER
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        if self._client is None:
+            raise LLMMissingCredential(self._api_key_env, provider=PROVIDER, model=self._model)
+        try:
+            raw = await self._client.messages.with_raw_response.create(
+                model=self._model,
+                max_tokens=request.max_tokens,
+                messages=to_anthropic_messages(request.messages),
+                system=request.system or anthropic.omit,
+                tools=[_tool_param(t) for t in request.tools] if request.tools else anthropic.omit,
+            )
+        except anthropic.APIStatusError as exc:
+            raise self._status_error(exc) from exc
+        except anthropic.APITimeoutError as exc:
+            raise LLMTimeoutError(self._detail("request timed out"), **self._ids()) from exc
+        except anthropic.APIConnectionError as exc:
+            raise LLMConnectionError(self._detail(_connection_detail(exc)), **self._ids()) from exc
+        except anthropic.AnthropicError as exc:
+            # Raised before any HTTP exchange (client-side validation): retrying cannot help.
+            raise LLMBadRequest(self._detail(f"SDK error: {exc}"), **self._ids()) from exc
+        try:
+            return self._response(await raw.parse(), raw.request_id)
+        except (AttributeError, TypeError, ValueError) as exc:
+            # The SDK parses leniently: a body that is not JSON raises json's own error, and a
+            # wrong-shaped one only fails when a missing field is read.
+            raise LLMInvalidResponse(self._detail(f"malformed body: {exc}"), **self._ids()) from exc
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    def _response(self, parsed: object, request_id: str | None) -> LLMResponse:
+        if not isinstance(parsed, anthropic.types.Message):
+            raise LLMInvalidResponse(self._detail("body is not a message object"), **self._ids())
+        blocks: list[Block] = []
+        for block in parsed.content:
+            if isinstance(block, anthropic.types.TextBlock):
+                if block.text:
+                    blocks.append(TextBlock(block.text))
+            elif isinstance(block, anthropic.types.ToolUseBlock):
+                blocks.append(_tool_use(block.id, block.name, block.input))
+            # Thinking and server-tool blocks are never requested; nothing to map them to.
+        # An empty answer is well-formed (the loop's verifier asks again), so it is returned.
+        stop: StopReason = _STOP_REASONS.get(str(parsed.stop_reason), "other")
+        usage = parsed.usage
+        input_tokens = (
+            usage.input_tokens
+            + (usage.cache_creation_input_tokens or 0)
+            + (usage.cache_read_input_tokens or 0)
+        )
+        return LLMResponse(
+            message=Message("assistant", tuple(blocks)),
+            stop_reason=stop,
+            usage=Usage(input_tokens, usage.output_tokens),
+            provider=PROVIDER,
+            model=self._model,
+            request_id=request_id,
+        )
+
+    def _status_error(self, exc: anthropic.APIStatusError) -> LLMError:
+        status = exc.status_code
+        kind = exc.type or ""
+        text = exc.api_message or _body_text(exc.body)
+        detail = self._detail(f"HTTP {status}{f' {kind}' if kind else ''}: {text}")
+        ids = self._ids()
+        billing = (
+            status == 402
+            or kind == "billing_error"
+            or exc.error_code in _SPEND_LIMIT_CODES
+            or (400 <= status < 500 and status != 429 and bool(_BILLING_RE.search(text)))
+        )
+        if billing:
+            return LLMBillingError(detail, status=status, **ids)
+        if status in (429, 529) or kind in ("rate_limit_error", "overloaded_error"):
+            return LLMRateLimited(
+                detail, retry_after=retry_after(exc.response.headers), status=status, **ids
+            )
+        if status in (401, 403):
+            return LLMAuthError(detail, status=status, **ids)
+        # 413 is a body over the size limit: like overflow, only a shorter history fixes it.
+        if status == 413 or (400 <= status < 500 and _CONTEXT_RE.search(text)):
+            return LLMContextOverflow(detail, status=status, **ids)
+        if status == 408:
+            return LLMTimeoutError(detail, status=status, **ids)
+        if status >= 500:
+            return LLMServerError(detail, status=status, **ids)
+        return LLMBadRequest(detail, status=status, **ids)
+
+    def _detail(self, text: str) -> str:
+        text = self._redactor.redact(" ".join(text.split()))
+        if len(text) > _MAX_DETAIL:
+            text = text[: _MAX_DETAIL - 1] + "…"
+        return f"{PROVIDER} {self._model}: {text}"
+
+    def _ids(self) -> _Ids:
+        return {"provider": PROVIDER, "model": self._model}
+
+
+def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:
+    """Our history in Messages API shape.
+
+    Tool results always travel in a user turn and lead it (the API rejects a tool_result after
+    text in the same turn); consecutive same-role turns are merged because the API requires
+    roles to alternate; empty text is dropped because the API rejects blank text blocks.
+    """
+    turns: list[tuple[Role, list[_BlockParam]]] = []
+    for message in messages:
+        for block in message.content:
+            role: Role = "user" if isinstance(block, ToolResultBlock) else message.role
+            param = _block_param(block)
+            if param is None:
+                continue
+            if turns and turns[-1][0] == role:
+                turns[-1][1].append(param)
+            else:
+                turns.append((role, [param]))
+    out: list[MessageParam] = []
+    for role, params in turns:
+        if role == "user":
+            params.sort(key=lambda p: p["type"] != "tool_result")
+            out.append({"role": "user", "content": params})
+        else:
+            out.append({"role": "assistant", "content": params})
+    return out
+
+
+def _block_param(block: Block) -> _BlockParam | None:
+    if isinstance(block, TextBlock):
+        if not block.text.strip():
+            return None
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ToolUseBlock):
+        return {
+            "type": "tool_use",
+            "id": block.id,
+            "name": block.name,
+            "input": dict(block.arguments),
+        }
+    return {
+        "type": "tool_result",
+        "tool_use_id": block.tool_use_id,
+        "content": block.content,
+        "is_error": block.is_error,
+    }
+
+
+def _tool_param(tool: ToolSchema) -> ToolParam:
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": dict(tool.input_schema),
+    }
+
+
+def _tool_use(call_id: str, name: str, arguments: object) -> ToolUseBlock:
+    if isinstance(arguments, Mapping):
+        return ToolUseBlock(id=call_id, name=name, arguments=dict(arguments))
+    return ToolUseBlock(
+        id=call_id,
+        name=name,
+        arguments={},
+        arguments_error=f"tool input is a {type(arguments).__name__}, not a JSON object",
+    )
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asked us to wait, from ``retry-after-ms`` or ``retry-after``."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            value = float(millis) / 1000
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(value):
+                return max(value, 0.0)
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        value = (when - datetime.now(UTC)).total_seconds()
+    return max(value, 0.0) if math.isfinite(value) else None
+
+
+def _body_text(body: object) -> str:
+    if isinstance(body, str):
+        return body
+    return "" if body is None else str(body)
+
+
+def _connection_detail(exc: anthropic.APIConnectionError) -> str:
+    cause = exc.__cause__
+    return f"connection failed ({type(cause).__name__}: {cause})" if cause else "connection failed"

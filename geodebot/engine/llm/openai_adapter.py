@@ -1,0 +1,337 @@
+"""OpenAI Chat Completions adapter (``openai`` SDK 3.x, non-streaming).
+
+Serves both ``provider="openai"`` and ``provider="openai-compatible"`` (Ollama, vLLM, OpenRouter
+and similar servers reached through ``base_url``, which includes ``/v1``). Chat Completions is
+used rather than the Responses API because it is the dialect those servers actually speak.
+
+As with the Anthropic adapter, one call is one HTTP attempt (``max_retries=0``) and every SDK
+exception is mapped once into :mod:`geodebot.engine.llm.errors`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TypedDict
+
+import openai
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
+)
+
+from geodebot.engine.llm.errors import (
+    LLMAuthError,
+    LLMBadRequest,
+    LLMBillingError,
+    LLMConnectionError,
+    LLMContextOverflow,
+    LLMError,
+    LLMInvalidResponse,
+    LLMMissingCredential,
+    LLMRateLimited,
+    LLMServerError,
+    LLMTimeoutError,
+)
+from geodebot.engine.llm.types import (
+    Block,
+    LLMRequest,
+    LLMResponse,
+    Message,
+    StopReason,
+    TextBlock,
+    ToolResultBlock,
+    ToolSchema,
+    ToolUseBlock,
+    Usage,
+)
+from geodebot.redact import Redactor
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+_FINISH_REASONS: dict[str, StopReason] = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "length": "max_tokens",
+    "content_filter": "refusal",
+}
+
+# Compatible servers word their errors freely, so message text backs up the OpenAI codes.
+_CONTEXT_RE = re.compile(
+    r"maximum context length|context (length|window|limit)|prompt is too long|too many tokens",
+    re.IGNORECASE,
+)
+_BILLING_RE = re.compile(
+    r"insufficient (credit|funds|quota|balance)|credit balance|billing|payment required",
+    re.IGNORECASE,
+)
+_BILLING_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
+_MAX_DETAIL = 300
+
+
+class _Ids(TypedDict):
+    provider: str
+    model: str
+
+
+class OpenAIAdapter:
+    def __init__(
+        self,
+        *,
+        model: str,
+        api_key: str | None,
+        api_key_env: str,
+        base_url: str | None = None,
+        timeout_s: float = 120.0,
+        provider: str = "openai",
+    ) -> None:
+        self._model = model
+        self._provider = provider
+        self._api_key_env = api_key_env
+        self._redactor = Redactor([api_key] if api_key else [])
+        self._client: openai.AsyncOpenAI | None = None
+        # Without a key the daemon must still start; the first turn explains what to set.
+        if api_key and api_key.strip():
+            self._client = openai.AsyncOpenAI(
+                api_key=api_key,
+                # Explicit so OPENAI_BASE_URL in the daemon's environment cannot silently
+                # redirect traffic away from what the config file says.
+                base_url=base_url or DEFAULT_BASE_URL,
+                timeout=timeout_s,
+                max_retries=0,
+            )
+
+    @property
+    def provider(self) -> str:
+        return self._provider
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        if self._client is None:
+            raise LLMMissingCredential(self._api_key_env, **self._ids())
+        # OpenAI's own reasoning models reject max_tokens; compatible servers may not know
+        # max_completion_tokens yet, and all of them accept max_tokens.
+        limit = request.max_tokens
+        try:
+            raw = await self._client.chat.completions.with_raw_response.create(
+                model=self._model,
+                messages=to_openai_messages(request.system, request.messages),
+                tools=[_tool_param(t) for t in request.tools] if request.tools else openai.omit,
+                max_completion_tokens=limit if self._provider == "openai" else openai.omit,
+                max_tokens=openai.omit if self._provider == "openai" else limit,
+                temperature=openai.omit if request.temperature is None else request.temperature,
+            )
+        except openai.APIStatusError as exc:
+            raise self._status_error(exc) from exc
+        except openai.APITimeoutError as exc:
+            raise LLMTimeoutError(self._detail("request timed out"), **self._ids()) from exc
+        except openai.APIConnectionError as exc:
+            raise LLMConnectionError(self._detail(_connection_detail(exc)), **self._ids()) from exc
+        except openai.OpenAIError as exc:
+            # Raised before any HTTP exchange (client-side validation): retrying cannot help.
+            raise LLMBadRequest(self._detail(f"SDK error: {exc}"), **self._ids()) from exc
+        try:
+            # with_raw_response is the SDK's legacy wrapper here: parse() is synchronous.
+            return self._response(raw.parse(), raw.request_id)
+        except (AttributeError, TypeError, ValueError) as exc:
+            # The SDK parses leniently: a body that is not JSON raises json's own error, and a
+            # wrong-shaped one only fails when a missing field is read.
+            raise LLMInvalidResponse(self._detail(f"malformed body: {exc}"), **self._ids()) from exc
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    def _response(self, parsed: object, request_id: str | None) -> LLMResponse:
+        if not isinstance(parsed, ChatCompletion) or not parsed.choices:
+            raise LLMInvalidResponse(self._detail("no choices in the response"), **self._ids())
+        # An empty answer is well-formed (the loop's verifier asks again), so it is returned.
+        choice = parsed.choices[0]
+        message = choice.message
+        blocks: list[Block] = []
+        if message.content:
+            blocks.append(TextBlock(message.content))
+        if message.refusal:
+            blocks.append(TextBlock(message.refusal))
+        calls = [_tool_use(call) for call in message.tool_calls or ()]
+        blocks.extend(calls)
+        stop = _FINISH_REASONS.get(str(choice.finish_reason), "other")
+        if message.refusal:
+            stop = "refusal"
+        elif calls and stop == "end_turn":
+            # Some compatible servers (Ollama among them) report "stop" next to tool calls.
+            stop = "tool_use"
+        usage = parsed.usage
+        return LLMResponse(
+            message=Message("assistant", tuple(blocks)),
+            stop_reason=stop,
+            usage=Usage(usage.prompt_tokens, usage.completion_tokens) if usage else Usage(),
+            provider=self._provider,
+            model=self._model,
+            request_id=request_id,
+        )
+
+    def _status_error(self, exc: openai.APIStatusError) -> LLMError:
+        status = exc.status_code
+        code = exc.code or ""
+        kind = exc.type or ""
+        text = _error_message(exc.body)
+        label = " ".join(part for part in (kind, code) if part)
+        detail = self._detail(f"HTTP {status}{f' {label}' if label else ''}: {text}")
+        ids = self._ids()
+        billing = (
+            status == 402
+            or code in _BILLING_CODES
+            or kind in _BILLING_CODES
+            or (400 <= status < 500 and status != 429 and bool(_BILLING_RE.search(text)))
+        )
+        if billing:
+            # insufficient_quota arrives as a 429 but waiting does not refill the account.
+            return LLMBillingError(detail, status=status, **ids)
+        if status == 429 or (status in (503, 529) and "overloaded" in f"{kind} {text}".lower()):
+            headers = exc.response.headers
+            return LLMRateLimited(detail, retry_after=retry_after(headers), status=status, **ids)
+        if status in (401, 403):
+            return LLMAuthError(detail, status=status, **ids)
+        overflow = code == "context_length_exceeded" or bool(_CONTEXT_RE.search(text))
+        # 413 is a body over the size limit: like overflow, only a shorter history fixes it.
+        if status == 413 or (400 <= status < 500 and overflow):
+            return LLMContextOverflow(detail, status=status, **ids)
+        if status == 408:
+            return LLMTimeoutError(detail, status=status, **ids)
+        if status >= 500:
+            return LLMServerError(detail, status=status, **ids)
+        if status == 404:
+            detail += " (check the model name and that base_url ends in /v1)"
+        return LLMBadRequest(detail, status=status, **ids)
+
+    def _detail(self, text: str) -> str:
+        text = self._redactor.redact(" ".join(text.split()))
+        if len(text) > _MAX_DETAIL:
+            text = text[: _MAX_DETAIL - 1] + "…"
+        return f"{self._provider} {self._model}: {text}"
+
+    def _ids(self) -> _Ids:
+        return {"provider": self._provider, "model": self._model}
+
+
+def to_openai_messages(
+    system: str, messages: Sequence[Message]
+) -> list[ChatCompletionMessageParam]:
+    """Our history in Chat Completions shape.
+
+    Tool results become ``role: tool`` messages placed before any user text of the same turn,
+    since the API wants them right after the assistant message that made the calls. A failed
+    result is prefixed so the model can tell it from a real answer: the format has no
+    ``is_error`` flag.
+    """
+    out: list[ChatCompletionMessageParam] = []
+    if system:
+        out.append({"role": "system", "content": system})
+    for message in messages:
+        text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+        if message.role == "assistant":
+            calls = [_call_param(b) for b in message.content if isinstance(b, ToolUseBlock)]
+            if not text and not calls:
+                continue
+            assistant: ChatCompletionAssistantMessageParam = {
+                "role": "assistant",
+                "content": text or None,
+            }
+            if calls:
+                assistant["tool_calls"] = calls
+            out.append(assistant)
+            continue
+        for block in message.content:
+            if isinstance(block, ToolResultBlock):
+                content = f"ERROR: {block.content}" if block.is_error else block.content
+                out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+        if text:
+            out.append({"role": "user", "content": text})
+    return out
+
+
+def _call_param(block: ToolUseBlock) -> ChatCompletionMessageFunctionToolCallParam:
+    return {
+        "id": block.id,
+        "type": "function",
+        "function": {"name": block.name, "arguments": json.dumps(dict(block.arguments))},
+    }
+
+
+def _tool_param(tool: ToolSchema) -> ChatCompletionFunctionToolParam:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": dict(tool.input_schema),
+        },
+    }
+
+
+def _tool_use(call: object) -> ToolUseBlock:
+    if not isinstance(call, ChatCompletionMessageFunctionToolCall):
+        # Custom (free-text) tools are never offered, so such a call cannot be run.
+        call_id, name = str(getattr(call, "id", "")), str(getattr(call, "type", "unknown"))
+        return ToolUseBlock(call_id, name, {}, f"unsupported tool call type {name!r}")
+    raw = call.function.arguments
+    try:
+        arguments = json.loads(raw) if raw.strip() else {}
+    except ValueError as exc:
+        return ToolUseBlock(call.id, call.function.name, {}, f"arguments are not valid JSON: {exc}")
+    if not isinstance(arguments, dict):
+        problem = f"arguments are a JSON {type(arguments).__name__}, not an object"
+        return ToolUseBlock(call.id, call.function.name, {}, problem)
+    return ToolUseBlock(call.id, call.function.name, arguments)
+
+
+def _error_message(body: object) -> str:
+    # The SDK hands over the inner ``error`` object when the body had one.
+    if isinstance(body, Mapping):
+        message = body.get("message")
+        return message if isinstance(message, str) else json.dumps(body, default=str)
+    return "" if body is None else str(body)
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asked us to wait, from ``retry-after-ms`` or ``retry-after``."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            value = float(millis) / 1000
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(value):
+                return max(value, 0.0)
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        value = (when - datetime.now(UTC)).total_seconds()
+    return max(value, 0.0) if math.isfinite(value) else None
+
+
+def _connection_detail(exc: openai.APIConnectionError) -> str:
+    cause = exc.__cause__
+    return f"connection failed ({type(cause).__name__}: {cause})" if cause else "connection failed"

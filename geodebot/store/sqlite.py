@@ -1,0 +1,446 @@
+"""SQLite implementation of :class:`~geodebot.store.protocol.Store`.
+
+One aiosqlite connection serves the whole daemon. Every operation, reads included, runs under
+one asyncio lock: a read interleaved with a half-done write on the same connection would see
+that write's uncommitted rows. Writes are explicit ``BEGIN IMMEDIATE`` transactions so that
+another process holding the database makes us wait on ``busy_timeout`` up front instead of
+failing at commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import re
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import aiosqlite
+
+from geodebot.store.protocol import (
+    BatchStatus,
+    MessageRecord,
+    NewMessage,
+    SessionRecord,
+    Store,
+    StoreError,
+    TimelineEvent,
+    ToolBatchRecord,
+)
+
+__all__ = ["SQLiteStore", "load_migrations", "split_statements"]
+
+_R = TypeVar("_R")
+
+_SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+_BUSY_TIMEOUT_MS = 5_000
+_MIGRATION_NAME = re.compile(r"^(\d{4})_\w+\.sql$")
+_JSON_COLUMNS = frozenset({"state", "guards", "content", "calls", "results", "data"})
+
+_SESSION_COLS = "id, mode, created_at, updated_at, generation, state, guards"
+_MESSAGE_COLS = (
+    "session_id, seq, generation, role, kind, content, turn_id, covers_from, covers_to, created_at"
+)
+_CURRENT_GENERATION = "generation = (SELECT generation FROM sessions WHERE id = :sid)"
+
+# The newest summary of the current generation, then every plain message after the range it
+# covers (a summary without covers_to covers everything before itself). Both halves are range
+# scans on messages_by_kind, so the cost follows the size of the answer, not of the history.
+# "kind DESC" puts the summary half first: 'summary' > 'message'.
+_LOAD_CONTEXT = f"""
+WITH latest AS (
+    SELECT seq, COALESCE(covers_to, seq) AS upto FROM messages
+    WHERE session_id = :sid AND kind = 'summary' AND {_CURRENT_GENERATION}
+    ORDER BY seq DESC LIMIT 1
+)
+SELECT {_MESSAGE_COLS} FROM messages
+WHERE session_id = :sid AND seq = (SELECT seq FROM latest)
+UNION ALL
+SELECT {_MESSAGE_COLS} FROM messages
+WHERE session_id = :sid AND kind = 'message' AND {_CURRENT_GENERATION}
+  AND seq > COALESCE((SELECT upto FROM latest), 0)
+ORDER BY kind DESC, seq
+"""
+
+# One ordered range per kind, merged, so paging never walks older generations.
+_LOAD_MESSAGES = f"""
+SELECT {_MESSAGE_COLS} FROM messages
+WHERE session_id = :sid AND kind = 'message' AND seq > :after AND {_CURRENT_GENERATION}
+UNION ALL
+SELECT {_MESSAGE_COLS} FROM messages
+WHERE session_id = :sid AND kind = 'summary' AND seq > :after AND {_CURRENT_GENERATION}
+ORDER BY seq
+"""
+
+_PENDING_BATCHES = f"""
+SELECT id, session_id, turn_id, round, status, calls, results, created_at, finished_at
+FROM tool_batches
+WHERE session_id = :sid AND status = 'proposed' AND {_CURRENT_GENERATION}
+ORDER BY created_at, round, id
+"""
+
+_BUMP_SESSION = """
+UPDATE sessions SET next_seq = next_seq + ?, updated_at = ?,
+    state = COALESCE(?, state), guards = COALESCE(?, guards)
+WHERE id = ? RETURNING generation, next_seq
+"""
+
+_INSERT_MESSAGE = f"INSERT INTO messages ({_MESSAGE_COLS}) VALUES ({', '.join('?' * 10)})"
+_INSERT_BATCH = """
+INSERT INTO tool_batches (id, session_id, generation, turn_id, round, status, calls, results,
+    created_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+_FINISH_BATCH = """
+UPDATE tool_batches SET status = ?, results = ?, finished_at = ?
+WHERE id = ? AND session_id = ? RETURNING id
+"""
+_INSERT_EVENT = "INSERT INTO timeline (session_id, turn_id, ts, kind, data) VALUES (?, ?, ?, ?, ?)"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _dumps_list(items: Sequence[Mapping[str, Any]]) -> str:
+    return _dumps([dict(item) for item in items])
+
+
+def _record(cls: Callable[..., _R], row: sqlite3.Row) -> _R:
+    """Build a record from a row whose column names are the record's field names."""
+    names = row.keys()  # iterating a Row yields values, not names
+    return cls(**{k: json.loads(row[k]) if k in _JSON_COLUMNS else row[k] for k in names})
+
+
+@contextlib.contextmanager
+def _encoding(what: str) -> Iterator[None]:
+    # Payloads are encoded before the transaction starts, so a bad one writes nothing.
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} failed: payload is not JSON-serialisable: {exc}") from exc
+
+
+def _paged(sql: str, params: dict[str, Any], limit: int | None) -> tuple[str, dict[str, Any]]:
+    if limit is None:
+        return sql, params
+    if limit < 0:
+        raise ValueError("limit must not be negative")
+    return f"{sql} LIMIT :limit", {**params, "limit": limit}
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a migration script into statements.
+
+    Statements are cut at line ends where SQLite considers the text complete, which keeps
+    trigger bodies (``BEGIN ... END;``) whole. Migrations run statement by statement, not via
+    ``executescript``, because that commits the migration's surrounding transaction.
+    """
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        # Trailing comments are harmless; a truncated statement makes SQLite report an error.
+        statements.append(buffer.strip())
+    return statements
+
+
+def load_migrations(root: Traversable | None = None) -> list[tuple[int, str, str]]:
+    """``(version, file name, sql)`` of every ``NNNN_name.sql`` migration, in version order.
+
+    Adding a migration is adding the next-numbered file to ``migrations/``; ``open()`` applies
+    it once, in its own transaction. A statement may span lines but must end at a line end.
+    """
+    directory = root if root is not None else resources.files("geodebot.store") / "migrations"
+    found: dict[int, tuple[int, str, str]] = {}
+    for entry in directory.iterdir():
+        match = _MIGRATION_NAME.match(entry.name)
+        if match is None:
+            continue
+        version = int(match.group(1))
+        if version in found:
+            raise StoreError(f"two migrations share version {version}: {entry.name}")
+        found[version] = (version, entry.name, entry.read_text(encoding="utf-8"))
+    return [found[version] for version in sorted(found)]
+
+
+class SQLiteStore:
+    """A :class:`Store` in one SQLite file, created with mode 0600 on first open."""
+
+    def __init__(self, path: pathlib.Path | str, *, synchronous: str = "FULL") -> None:
+        mode = synchronous.upper()
+        if mode not in _SYNCHRONOUS_MODES:
+            raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS_MODES)}")
+        self.path = pathlib.Path(path)
+        self.synchronous = mode
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def open(self) -> None:
+        if self._db is not None:
+            return
+        what = f"opening store {str(self.path)!r}"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            # O_CREAT leaves an existing file's mode alone; SQLite copies it to -wal and -shm.
+            os.chmod(self.path, 0o600)
+        except OSError as exc:
+            raise StoreError(f"{what} failed: {exc}") from exc
+        db = aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            await db
+            db.row_factory = sqlite3.Row
+            await db.executescript(
+                "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON; "
+                f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}; PRAGMA synchronous={self.synchronous}; "
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL);"
+            )
+        except BaseException as exc:
+            await db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"{what} failed: {exc}") from exc
+            raise
+        self._db = db
+        try:
+            await self._migrate()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        if db is None:
+            return
+        async with self._lock:
+            try:
+                await db.close()
+            except sqlite3.Error as exc:
+                raise StoreError(f"closing store {str(self.path)!r} failed: {exc}") from exc
+
+    async def schema_version(self) -> int:
+        async with self._read("reading the schema version") as db:
+            return await self._version(db)
+
+    @staticmethod
+    async def _version(db: aiosqlite.Connection) -> int:
+        rows = list(await db.execute_fetchall("SELECT MAX(version) FROM schema_migrations"))
+        return int(rows[0][0] or 0)
+
+    async def _migrate(self) -> None:
+        current = await self.schema_version()
+        for version, name, script in load_migrations():
+            if version <= current:
+                continue
+            async with self._write(f"applying migration {name}") as db:
+                # Another process may have applied it since we looked; now we hold the lock.
+                if await self._version(db) >= version:
+                    continue
+                for statement in split_statements(script):
+                    await db.execute(statement)
+                await db.execute(
+                    "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+                    (version, time.time()),
+                )
+
+    # -- transaction plumbing -------------------------------------------------------------
+    def _connection(self, what: str) -> aiosqlite.Connection:
+        if self._db is None:
+            raise StoreError(f"{what} failed: the store is not open")
+        return self._db
+
+    @contextlib.asynccontextmanager
+    async def _read(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
+        db = self._connection(what)
+        async with self._lock:
+            try:
+                yield db
+            except sqlite3.Error as exc:
+                raise StoreError(f"{what} failed: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def _write(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
+        db = self._connection(what)
+        async with self._lock:
+            try:
+                await db.execute("BEGIN IMMEDIATE")
+                yield db
+                await db.execute("COMMIT")
+            except BaseException as exc:
+                # Shielded so a second cancellation cannot skip it; the connection's queue runs
+                # the rollback before anything queued after it.
+                await asyncio.shield(self._rollback(db))
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"{what} failed: {exc}") from exc
+                raise
+
+    @staticmethod
+    async def _rollback(db: aiosqlite.Connection) -> None:
+        # SQLite may already have rolled back by itself (e.g. on SQLITE_FULL).
+        with contextlib.suppress(sqlite3.Error, ValueError):
+            await db.execute("ROLLBACK")
+
+    # -- sessions -------------------------------------------------------------------------
+    async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:
+        """Return the session, creating it if missing; an existing session keeps its mode."""
+        now = time.time()
+        async with self._write(f"ensuring session {session_id!r}") as db:
+            await db.execute(
+                "INSERT INTO sessions (id, mode, created_at, updated_at, generation, state, "
+                "guards, next_seq) VALUES (?, ?, ?, ?, 1, '{}', '{}', 1) "
+                "ON CONFLICT (id) DO NOTHING",
+                (session_id, mode, now, now),
+            )
+            sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?"
+            rows = list(await db.execute_fetchall(sql, (session_id,)))
+        return _record(SessionRecord, rows[0])
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        async with self._read(f"reading session {session_id!r}") as db:
+            sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?"
+            rows = list(await db.execute_fetchall(sql, (session_id,)))
+        return _record(SessionRecord, rows[0]) if rows else None
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        async with self._read("listing sessions") as db:
+            sql = f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, id"
+            rows = await db.execute_fetchall(sql)
+        return [_record(SessionRecord, row) for row in rows]
+
+    async def reset_session(self, session_id: str) -> SessionRecord:
+        what = f"reset of session {session_id!r}"
+        now = time.time()
+        async with self._write(what) as db:
+            sql = (
+                "UPDATE sessions SET generation = generation + 1, state = '{}', guards = '{}', "
+                f"updated_at = ? WHERE id = ? RETURNING {_SESSION_COLS}"
+            )
+            rows = list(await db.execute_fetchall(sql, (now, session_id)))
+            if not rows:
+                raise StoreError(f"{what} failed: no such session")
+            record = _record(SessionRecord, rows[0])
+            await db.execute(
+                "UPDATE tool_batches SET status = 'abandoned', finished_at = ? "
+                "WHERE session_id = ? AND status = 'proposed' AND generation < ?",
+                (now, session_id, record.generation),
+            )
+        return record
+
+    # -- checkpoints ----------------------------------------------------------------------
+    async def checkpoint(
+        self,
+        session_id: str,
+        *,
+        messages: Sequence[NewMessage] = (),
+        state: Mapping[str, Any] | None = None,
+        guards: Mapping[str, Any] | None = None,
+        propose_batch: ToolBatchRecord | None = None,
+        finish_batch: tuple[str, Sequence[Mapping[str, Any]], BatchStatus] | None = None,
+        timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]] = (),
+    ) -> list[int]:
+        what = f"checkpoint of session {session_id!r}"
+        batch = propose_batch
+        if batch is not None and batch.session_id != session_id:
+            raise StoreError(f"{what} failed: batch {batch.id!r} is for {batch.session_id!r}")
+        with _encoding(what):
+            encoded = [
+                (m.role, m.kind, _dumps(dict(m.content)), m.turn_id, m.covers_from, m.covers_to)
+                for m in messages
+            ]
+            state_json = None if state is None else _dumps(dict(state))
+            guards_json = None if guards is None else _dumps(dict(guards))
+            calls = "" if batch is None else _dumps_list(batch.calls)
+            batch_results = "" if batch is None else _dumps_list(batch.results)
+            results = "" if finish_batch is None else _dumps_list(finish_batch[1])
+            events = [(session_id, turn, kind, _dumps(dict(data))) for turn, kind, data in timeline]
+        now = time.time()
+        async with self._write(what) as db:
+            # Reading and bumping the counter in one statement: no look at message history.
+            bump = (len(encoded), now, state_json, guards_json, session_id)
+            counters = list(await db.execute_fetchall(_BUMP_SESSION, bump))
+            if not counters:
+                raise StoreError(f"{what} failed: no such session")
+            generation, next_seq = counters[0]
+            first = next_seq - len(encoded)
+            if encoded:
+                rows = [
+                    (session_id, seq, generation, *m, now) for seq, m in enumerate(encoded, first)
+                ]
+                await db.executemany(_INSERT_MESSAGE, rows)
+            if batch is not None:
+                head = (batch.id, session_id, generation, batch.turn_id, batch.round)
+                tail = (batch.status, calls, batch_results, batch.created_at, batch.finished_at)
+                await db.execute(_INSERT_BATCH, head + tail)
+            if finish_batch is not None:
+                batch_id, _, status = finish_batch
+                finish = (status, results, now, batch_id, session_id)
+                if not list(await db.execute_fetchall(_FINISH_BATCH, finish)):
+                    raise StoreError(f"{what} failed: no tool batch {batch_id!r} in this session")
+            if events:
+                await db.executemany(_INSERT_EVENT, [(s, t, now, k, d) for s, t, k, d in events])
+        return list(range(first, next_seq))
+
+    async def load_context(self, session_id: str) -> list[MessageRecord]:
+        async with self._read(f"loading the context of session {session_id!r}") as db:
+            rows = await db.execute_fetchall(_LOAD_CONTEXT, {"sid": session_id})
+        return [_record(MessageRecord, row) for row in rows]
+
+    async def load_messages(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[MessageRecord]:
+        sql, params = _paged(_LOAD_MESSAGES, {"sid": session_id, "after": after_seq}, limit)
+        async with self._read(f"loading messages of session {session_id!r}") as db:
+            rows = await db.execute_fetchall(sql, params)
+        return [_record(MessageRecord, row) for row in rows]
+
+    async def pending_batches(self, session_id: str) -> list[ToolBatchRecord]:
+        async with self._read(f"loading pending batches of session {session_id!r}") as db:
+            rows = await db.execute_fetchall(_PENDING_BATCHES, {"sid": session_id})
+        return [_record(ToolBatchRecord, row) for row in rows]
+
+    # -- timeline -------------------------------------------------------------------------
+    async def append_timeline(
+        self, session_id: str, turn_id: str | None, kind: str, data: Mapping[str, Any]
+    ) -> int:
+        what = f"timeline append to session {session_id!r}"
+        with _encoding(what):
+            event = (session_id, turn_id, time.time(), kind, _dumps(dict(data)))
+        async with self._write(what) as db:
+            rows = list(await db.execute_fetchall(f"{_INSERT_EVENT} RETURNING id", event))
+        return int(rows[0][0])
+
+    async def timeline(
+        self, session_id: str, *, after_id: int = 0, limit: int | None = None
+    ) -> list[TimelineEvent]:
+        sql, params = _paged(
+            "SELECT id, session_id, turn_id, ts, kind, data FROM timeline "
+            "WHERE session_id = :sid AND id > :after ORDER BY id",
+            {"sid": session_id, "after": after_id},
+            limit,
+        )
+        async with self._read(f"reading the timeline of session {session_id!r}") as db:
+            rows = await db.execute_fetchall(sql, params)
+        return [_record(TimelineEvent, row) for row in rows]
+
+
+if TYPE_CHECKING:
+    _conforms: type[Store] = SQLiteStore

@@ -1,0 +1,398 @@
+"""A scripted fake LLM provider speaking real HTTP, for tests that run the real SDKs.
+
+One aiohttp server on 127.0.0.1 answers both dialects, non-streaming:
+
+* Anthropic Messages API: ``POST /v1/messages``; base_url for the SDK is ``srv.url``.
+* OpenAI Chat Completions: ``POST /v1/chat/completions``; base_url is ``srv.openai_base_url``.
+
+Usage::
+
+    async with FakeLLMServer() as srv:
+        srv.script(
+            Error.rate_limited(1.0),
+            Reply(tool_calls=[Call("shell", {"cmd": "uptime"})]),
+            Reply("done", usage=(120, 8)),
+        )
+        ...  # point a client at srv.url / srv.openai_base_url
+        assert srv.requests[0].path == "/v1/messages"
+        assert srv.requests[-1].json["model"] == "claude-x"
+
+Behaviour:
+
+* ``srv.script(*items)`` appends to ONE FIFO queue, consumed by whichever endpoint is called.
+  When the queue is empty ``srv.default`` answers (it is not consumed); when that is None the
+  server answers 500 saying the script is exhausted.
+* Every request is recorded in ``srv.requests`` (path, lower-cased headers, parsed JSON body),
+  including rejected ones. ``srv.pending`` counts unconsumed items.
+* A request without credentials (``x-api-key`` or ``Authorization: Bearer`` for Anthropic; the
+  latter for OpenAI) is answered 401 in the provider's error shape, without consuming the
+  script. (The anthropic SDK 2.x sends ``Authorization: Bearer``, not ``x-api-key``.)
+* Items: :class:`Reply` (text and/or :class:`Call` tool calls), :class:`Error` (rendered in the
+  endpoint's real error JSON), :class:`Hang` (never answers; ends when the client disconnects
+  or the server stops), :class:`Delay` (wait, then answer another item) and :class:`Raw`
+  (any status and body, for invalid responses).
+* Stop reasons use the Anthropic vocabulary (``end_turn``, ``tool_use``, ``max_tokens``,
+  ``stop_sequence``, ``refusal``) and are translated to OpenAI's ``finish_reason``.
+
+Self-contained (aiohttp and the standard library only) so any test can import it, including
+tests that run ``geodebot`` as a subprocess against a server running in the test's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Self, TypeAlias
+
+from aiohttp import web
+
+Dialect: TypeAlias = Literal["anthropic", "openai"]
+
+ANTHROPIC_PATH = "/v1/messages"
+OPENAI_PATH = "/v1/chat/completions"
+
+_NO_KEY_ANTHROPIC = "x-api-key header is required"
+_NO_KEY_OPENAI = "You didn't provide an API key. Send it as Authorization: Bearer YOUR_KEY."
+_FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "refusal": "content_filter",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """A tool call in a :class:`Reply`.
+
+    ``arguments`` is normally a dict. On the OpenAI endpoint a ``str`` is sent verbatim as the
+    raw ``arguments`` string, so tests can send malformed JSON.
+    """
+
+    name: str
+    arguments: Any
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str = ""
+    tool_calls: Sequence[Call] = ()
+    # Anthropic vocabulary; derived (tool_use if there are calls, else end_turn) when None.
+    stop: str | None = None
+    usage: tuple[int, int] = (10, 5)  # (input tokens, output tokens)
+
+
+@dataclass(frozen=True)
+class Error:
+    """An error response. ``kind`` is the error ``type`` field, ``code`` OpenAI's ``code``
+    (on the Anthropic endpoint it becomes ``error.details.error_code``). ``openai``, when set,
+    is how the same failure looks on the OpenAI endpoint, since the providers differ."""
+
+    status: int
+    kind: str
+    message: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    code: str | None = None
+    openai: Error | None = None
+
+    @classmethod
+    def rate_limited(cls, retry_after: float) -> Error:
+        hdr = {"retry-after": f"{retry_after:g}"}
+        oai = cls(429, "requests", "Rate limit reached for requests.", hdr, "rate_limit_exceeded")
+        return cls(
+            429, "rate_limit_error", "Number of requests exceeds your rate limit.", hdr, openai=oai
+        )
+
+    @classmethod
+    def server(cls) -> Error:
+        oai = cls(500, "server_error", "The server had an error processing your request.")
+        return cls(500, "api_error", "Internal server error", openai=oai)
+
+    @classmethod
+    def overloaded(cls) -> Error:
+        oai = cls(503, "server_error", "The engine is currently overloaded, try again later.")
+        return cls(529, "overloaded_error", "Overloaded", openai=oai)
+
+    @classmethod
+    def unauthorized(cls) -> Error:
+        oai = cls(
+            401, "invalid_request_error", "Incorrect API key provided.", code="invalid_api_key"
+        )
+        return cls(401, "authentication_error", "invalid x-api-key", openai=oai)
+
+    @classmethod
+    def context_overflow(cls) -> Error:
+        oai_text = "This model's maximum context length is 128000 tokens. However, your messages "
+        oai_text += "resulted in 250000 tokens. Please reduce the length of the messages."
+        oai = cls(400, "invalid_request_error", oai_text, code="context_length_exceeded")
+        text = "prompt is too long: 250000 tokens > 200000 maximum"
+        return cls(400, "invalid_request_error", text, openai=oai)
+
+    @classmethod
+    def billing(cls) -> Error:
+        oai_text = "You exceeded your current quota, please check your plan and billing details."
+        oai = cls(429, "insufficient_quota", oai_text, code="insufficient_quota")
+        text = "Your credit balance is too low to access the Anthropic API."
+        return cls(400, "invalid_request_error", text, openai=oai)
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Never answers: holds the request until the client disconnects or the server stops."""
+
+
+@dataclass(frozen=True)
+class Delay:
+    seconds: float
+    then: Item
+
+
+@dataclass(frozen=True)
+class Raw:
+    status: int
+    body: str
+    content_type: str = "application/json"
+
+
+Item: TypeAlias = Reply | Error | Hang | Delay | Raw
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    json: Any  # None when the body was not JSON
+
+
+class FakeLLMServer:
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.default: Item | None = None
+        self.requests: list[RecordedRequest] = []
+        self._host = host
+        self._port = port
+        self._queue: deque[Item] = deque()
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._stopping = asyncio.Event()
+        self._arrived = asyncio.Condition()
+
+    def script(self, *items: Item) -> Self:
+        self._queue.extend(items)
+        return self
+
+    @property
+    def pending(self) -> int:
+        """Scripted items not consumed yet."""
+        return len(self._queue)
+
+    async def wait_for_requests(self, count: int) -> None:
+        """Wait until ``count`` requests have arrived (e.g. before cancelling a hung call).
+
+        Has no timeout of its own: wrap it in ``asyncio.timeout``."""
+        async with self._arrived:
+            await self._arrived.wait_for(lambda: len(self.requests) >= count)
+
+    @property
+    def url(self) -> str:
+        if self._runner is None:
+            raise RuntimeError("FakeLLMServer is not running")
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.url + "/v1"
+
+    async def start(self) -> Self:
+        if self._runner is not None:
+            return self
+        app = web.Application()
+        app.router.add_post(ANTHROPIC_PATH, self._anthropic)
+        app.router.add_post(OPENAI_PATH, self._openai)
+        # Hanging handlers notice the stop flag within a poll, so cleanup never waits long.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._port = runner.addresses[0][1]
+        self._stopping.clear()
+        self._runner = runner
+        return self
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._stopping.set()
+        await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _anthropic(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "anthropic")
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "openai")
+
+    async def _handle(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.requests.append(RecordedRequest(request.path, headers, body))
+        async with self._arrived:
+            self._arrived.notify_all()
+        if not _has_credentials(request, dialect):
+            return self._missing_key(dialect)
+        if not isinstance(body, dict):
+            return self._error(dialect, Error(400, "invalid_request_error", "body is not JSON"))
+        item = self._queue.popleft() if self._queue else self.default
+        if item is None:
+            exhausted = Error(500, "api_error", "FakeLLMServer: script exhausted, no default set")
+            return self._error(dialect, exhausted)
+        return await self._render(request, dialect, body, item)
+
+    async def _render(
+        self, request: web.Request, dialect: Dialect, body: dict[str, Any], item: Item
+    ) -> web.StreamResponse:
+        while isinstance(item, Delay):
+            if await self._wait_stopping(item.seconds):
+                return self._stopped(dialect)
+            item = item.then
+        if isinstance(item, Hang):
+            while not self._stopping.is_set():
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    break
+                await self._wait_stopping(0.05)
+            return self._stopped(dialect)
+        if isinstance(item, Raw):
+            headers = {"Content-Type": item.content_type}
+            return web.Response(status=item.status, body=item.body.encode(), headers=headers)
+        if isinstance(item, Error):
+            return self._error(dialect, item)
+        model = str(body.get("model", "fake-model"))
+        if dialect == "anthropic":
+            return self._anthropic_reply(item, model)
+        return self._openai_reply(item, model)
+
+    def _anthropic_reply(self, reply: Reply, model: str) -> web.Response:
+        n = next(self._ids)
+        content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
+        content += [
+            {
+                "type": "tool_use",
+                "id": c.id or f"toolu_fake_{n}_{i}",
+                "name": c.name,
+                "input": c.arguments,
+            }
+            for i, c in enumerate(reply.tool_calls)
+        ]
+        usage = {"input_tokens": reply.usage[0], "output_tokens": reply.usage[1]}
+        payload = {
+            "id": f"msg_fake_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": reply.stop or ("tool_use" if reply.tool_calls else "end_turn"),
+            "stop_sequence": None,
+            "usage": {**usage, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        }
+        return web.json_response(payload, headers={"request-id": f"req_fake_{n}"})
+
+    def _openai_reply(self, reply: Reply, model: str) -> web.Response:
+        n = next(self._ids)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.text or None,
+            "refusal": None,
+        }
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id or f"call_fake_{n}_{i}", "type": "function", "function": _function(c)}
+                for i, c in enumerate(reply.tool_calls)
+            ]
+        stop = reply.stop or ("tool_use" if reply.tool_calls else "end_turn")
+        choice = {"index": 0, "message": message, "finish_reason": _FINISH_REASONS.get(stop, stop)}
+        prompt, completion = reply.usage
+        payload = {
+            "id": f"chatcmpl-fake{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{**choice, "logprobs": None}],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
+        return web.json_response(payload, headers={"x-request-id": f"req_fake_{n}"})
+
+    def _error(self, dialect: Dialect, error: Error) -> web.Response:
+        n = next(self._ids)
+        if dialect == "anthropic":
+            inner: dict[str, Any] = {"type": error.kind, "message": error.message}
+            if error.code is not None:
+                inner["details"] = {"error_code": error.code}
+            payload = {"type": "error", "error": inner, "request_id": f"req_fake_{n}"}
+            headers = {**error.headers, "request-id": f"req_fake_{n}"}
+            return web.json_response(payload, status=error.status, headers=headers)
+        oai = error.openai or error
+        inner = {"message": oai.message, "type": oai.kind, "param": None, "code": oai.code}
+        headers = {**oai.headers, "x-request-id": f"req_fake_{n}"}
+        # OpenAI has no 529; its overload answer is a 503.
+        status = 503 if oai.status == 529 else oai.status
+        return web.json_response({"error": inner}, status=status, headers=headers)
+
+    def _missing_key(self, dialect: Dialect) -> web.Response:
+        if dialect == "anthropic":
+            return self._error(dialect, Error(401, "authentication_error", _NO_KEY_ANTHROPIC))
+        return self._error(dialect, Error(401, "invalid_request_error", _NO_KEY_OPENAI))
+
+    def _stopped(self, dialect: Dialect) -> web.Response:
+        return self._error(dialect, Error(503, "api_error", "FakeLLMServer is stopping"))
+
+    async def _wait_stopping(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True if the server began stopping meanwhile."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), max(seconds, 0.0))
+        except TimeoutError:
+            return False
+        return True
+
+
+def _function(call: Call) -> dict[str, str]:
+    raw = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+    return {"name": call.name, "arguments": raw}
+
+
+def _has_credentials(request: web.Request, dialect: Dialect) -> bool:
+    auth = request.headers.get("Authorization", "")
+    bearer = auth.lower().startswith("bearer ") and bool(auth[7:].strip())
+    if dialect == "anthropic":
+        return bearer or bool(request.headers.get("x-api-key", "").strip())
+    return bearer

@@ -114,6 +114,49 @@ async def test_unlisted_and_deny_listed_tools_never_run(
     assert all(r.get("is_error") for r in results)
 
 
+async def test_garbage_tool_arguments_get_an_error_result(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    marker = tmp_path / "marker"
+    llm_server.script(
+        Reply(
+            tool_calls=[
+                Call("write_marker", '{"text": "unterminated', id="c1"),
+                Call("write_marker", "[1, 2, 3]", id="c2"),
+                Call("write_marker", '{"text": 42}', id="c3"),
+            ]
+        ),
+        Reply("Sorry."),
+    )
+    config = make_config(tmp_path, llm_server, provider="openai-compatible")
+    async with AsyncExitStack() as stack:
+        app = await open_app(config, stack, marker)
+        spec = SessionSpec("garbage", tools=("write_marker",))
+        result = await app.run_turn(Mode.DAEMON, spec, "go")
+        assert result.ok
+    assert marker_lines(marker) == []
+    tool_messages = [m for m in sent_messages(llm_server, 1) if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == ["c1", "c2", "c3"]
+    assert all("invalid arguments" in m["content"] for m in tool_messages)
+
+
+async def test_overflow_compacts_once_and_retries(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    config = make_config(tmp_path, llm_server, budgets={"keep_recent_messages": 2})
+    async with AsyncExitStack() as stack:
+        app = await open_app(config, stack, tmp_path / "m")
+        for index in range(3):
+            llm_server.script(Reply(f"answer {index}"))
+            assert (await app.run_turn(Mode.IPC, SessionSpec("of"), f"q{index}")).ok
+        llm_server.script(Error.context_overflow(), Reply("summary text"), Reply("fits now"))
+        result = await app.run_turn(Mode.IPC, SessionSpec("of"), "q3")
+        assert result.ok
+        assert result.text == "fits now"
+        context = await app.services.store.load_context("of")
+        assert context[0].kind == "summary"
+
+
 async def test_empty_allowlist_means_no_tools(tmp_path: Path, llm_server: FakeLLMServer) -> None:
     llm_server.script(Reply("ok"))
     async with AsyncExitStack() as stack:
@@ -227,8 +270,8 @@ async def test_max_rounds_guard(tmp_path: Path, llm_server: FakeLLMServer) -> No
     ("error", "needle", "attempts"),
     [
         (Error.unauthorized(), "API key", 1),
-        # Overflow forces one compaction and one more try before it gives up.
-        (Error.context_overflow(), "too long", 2),
+        # With nothing to compact, an overflow cannot be fixed by trying again.
+        (Error.context_overflow(), "too long", 1),
         (Error.server(), "unavailable", 1),
     ],
 )

@@ -164,10 +164,14 @@ class AgenticLoop:
             try:
                 response = await self._call(turn, self._request(items))
             except LLMContextOverflow as exc:
-                if turn.forced_compaction:
+                # One forced compaction, and one more try only if it shortened anything.
+                compacted = None
+                if not turn.forced_compaction:
+                    turn.forced_compaction = True
+                    compacted = await self._maybe_compact(turn, items, force=True)
+                if compacted is None or compacted is items:
                     return await self._fail(turn, "model_error", exc.user_message, exc.kind)
-                turn.forced_compaction = True
-                items = await self._maybe_compact(turn, items, force=True)
+                items = compacted
                 continue
             except LLMError as exc:
                 return await self._fail(turn, "model_error", exc.user_message, exc.kind)

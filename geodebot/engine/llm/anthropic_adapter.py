@@ -12,12 +12,9 @@ SDK 2.x notes that shape this file: it speaks API version 2026-10-21, sends the 
 
 from __future__ import annotations
 
-import email.utils
-import math
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from typing import TypeAlias, TypedDict
+from typing import TypeAlias
 
 import anthropic
 from anthropic.types import (
@@ -28,6 +25,7 @@ from anthropic.types import (
     ToolUseBlockParam,
 )
 
+from geodebot.engine.llm.common import ErrorText, connection_detail, retry_after
 from geodebot.engine.llm.errors import (
     LLMAuthError,
     LLMBadRequest,
@@ -82,12 +80,6 @@ _BILLING_RE = re.compile(
 )
 # SDK 2.x reports spend caps as 429s; waiting does not lift them, so they are billing errors.
 _SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
-_MAX_DETAIL = 300
-
-
-class _Ids(TypedDict):
-    provider: str
-    model: str
 
 
 class AnthropicAdapter:
@@ -102,7 +94,7 @@ class AnthropicAdapter:
     ) -> None:
         self._model = model
         self._api_key_env = api_key_env
-        self._redactor = Redactor([api_key] if api_key else [])
+        self._err = ErrorText(PROVIDER, model, Redactor([api_key] if api_key else []))
         self._client: anthropic.AsyncAnthropic | None = None
         # Without a key the daemon must still start; the first turn explains what to set.
         if api_key and api_key.strip():
@@ -137,18 +129,22 @@ class AnthropicAdapter:
         except anthropic.APIStatusError as exc:
             raise self._status_error(exc) from exc
         except anthropic.APITimeoutError as exc:
-            raise LLMTimeoutError(self._detail("request timed out"), **self._ids()) from exc
+            raise LLMTimeoutError(self._err.detail("request timed out"), **self._err.ids()) from exc
         except anthropic.APIConnectionError as exc:
-            raise LLMConnectionError(self._detail(_connection_detail(exc)), **self._ids()) from exc
+            raise LLMConnectionError(
+                self._err.detail(connection_detail(exc)), **self._err.ids()
+            ) from exc
         except anthropic.AnthropicError as exc:
             # Raised before any HTTP exchange (client-side validation): retrying cannot help.
-            raise LLMBadRequest(self._detail(f"SDK error: {exc}"), **self._ids()) from exc
+            raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
         try:
             return self._response(await raw.parse(), raw.request_id)
         except (AttributeError, TypeError, ValueError) as exc:
             # The SDK parses leniently: a body that is not JSON raises json's own error, and a
             # wrong-shaped one only fails when a missing field is read.
-            raise LLMInvalidResponse(self._detail(f"malformed body: {exc}"), **self._ids()) from exc
+            raise LLMInvalidResponse(
+                self._err.detail(f"malformed body: {exc}"), **self._err.ids()
+            ) from exc
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -156,7 +152,9 @@ class AnthropicAdapter:
 
     def _response(self, parsed: object, request_id: str | None) -> LLMResponse:
         if not isinstance(parsed, anthropic.types.Message):
-            raise LLMInvalidResponse(self._detail("body is not a message object"), **self._ids())
+            raise LLMInvalidResponse(
+                self._err.detail("body is not a message object"), **self._err.ids()
+            )
         blocks: list[Block] = []
         for block in parsed.content:
             if isinstance(block, anthropic.types.TextBlock):
@@ -186,8 +184,8 @@ class AnthropicAdapter:
         status = exc.status_code
         kind = exc.type or ""
         text = exc.api_message or _body_text(exc.body)
-        detail = self._detail(f"HTTP {status}{f' {kind}' if kind else ''}: {text}")
-        ids = self._ids()
+        detail = self._err.detail(f"HTTP {status}{f' {kind}' if kind else ''}: {text}")
+        ids = self._err.ids()
         billing = (
             status == 402
             or kind == "billing_error"
@@ -210,15 +208,6 @@ class AnthropicAdapter:
         if status >= 500:
             return LLMServerError(detail, status=status, **ids)
         return LLMBadRequest(detail, status=status, **ids)
-
-    def _detail(self, text: str) -> str:
-        text = self._redactor.redact(" ".join(text.split()))
-        if len(text) > _MAX_DETAIL:
-            text = text[: _MAX_DETAIL - 1] + "…"
-        return f"{PROVIDER} {self._model}: {text}"
-
-    def _ids(self) -> _Ids:
-        return {"provider": PROVIDER, "model": self._model}
 
 
 def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:
@@ -288,39 +277,7 @@ def _tool_use(call_id: str, name: str, arguments: object) -> ToolUseBlock:
     )
 
 
-def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asked us to wait, from ``retry-after-ms`` or ``retry-after``."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            value = float(millis) / 1000
-        except ValueError:
-            pass
-        else:
-            if math.isfinite(value):
-                return max(value, 0.0)
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        value = (when - datetime.now(UTC)).total_seconds()
-    return max(value, 0.0) if math.isfinite(value) else None
-
-
 def _body_text(body: object) -> str:
     if isinstance(body, str):
         return body
     return "" if body is None else str(body)
-
-
-def _connection_detail(exc: anthropic.APIConnectionError) -> str:
-    cause = exc.__cause__
-    return f"connection failed ({type(cause).__name__}: {cause})" if cause else "connection failed"

@@ -10,13 +10,9 @@ exception is mapped once into :mod:`geodebot.engine.llm.errors`.
 
 from __future__ import annotations
 
-import email.utils
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from typing import TypedDict
 
 import openai
 from openai.types.chat import (
@@ -28,6 +24,7 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
+from geodebot.engine.llm.common import ErrorText, connection_detail, retry_after
 from geodebot.engine.llm.errors import (
     LLMAuthError,
     LLMBadRequest,
@@ -74,12 +71,6 @@ _BILLING_RE = re.compile(
     re.IGNORECASE,
 )
 _BILLING_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
-_MAX_DETAIL = 300
-
-
-class _Ids(TypedDict):
-    provider: str
-    model: str
 
 
 class OpenAIAdapter:
@@ -96,7 +87,7 @@ class OpenAIAdapter:
         self._model = model
         self._provider = provider
         self._api_key_env = api_key_env
-        self._redactor = Redactor([api_key] if api_key else [])
+        self._err = ErrorText(provider, model, Redactor([api_key] if api_key else []))
         self._client: openai.AsyncOpenAI | None = None
         # Without a key the daemon must still start; the first turn explains what to set.
         if api_key and api_key.strip():
@@ -119,7 +110,7 @@ class OpenAIAdapter:
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         if self._client is None:
-            raise LLMMissingCredential(self._api_key_env, **self._ids())
+            raise LLMMissingCredential(self._api_key_env, **self._err.ids())
         # OpenAI's own reasoning models reject max_tokens; compatible servers may not know
         # max_completion_tokens yet, and all of them accept max_tokens.
         limit = request.max_tokens
@@ -135,19 +126,23 @@ class OpenAIAdapter:
         except openai.APIStatusError as exc:
             raise self._status_error(exc) from exc
         except openai.APITimeoutError as exc:
-            raise LLMTimeoutError(self._detail("request timed out"), **self._ids()) from exc
+            raise LLMTimeoutError(self._err.detail("request timed out"), **self._err.ids()) from exc
         except openai.APIConnectionError as exc:
-            raise LLMConnectionError(self._detail(_connection_detail(exc)), **self._ids()) from exc
+            raise LLMConnectionError(
+                self._err.detail(connection_detail(exc)), **self._err.ids()
+            ) from exc
         except openai.OpenAIError as exc:
             # Raised before any HTTP exchange (client-side validation): retrying cannot help.
-            raise LLMBadRequest(self._detail(f"SDK error: {exc}"), **self._ids()) from exc
+            raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
         try:
             # with_raw_response is the SDK's legacy wrapper here: parse() is synchronous.
             return self._response(raw.parse(), raw.request_id)
         except (AttributeError, TypeError, ValueError) as exc:
             # The SDK parses leniently: a body that is not JSON raises json's own error, and a
             # wrong-shaped one only fails when a missing field is read.
-            raise LLMInvalidResponse(self._detail(f"malformed body: {exc}"), **self._ids()) from exc
+            raise LLMInvalidResponse(
+                self._err.detail(f"malformed body: {exc}"), **self._err.ids()
+            ) from exc
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -155,7 +150,9 @@ class OpenAIAdapter:
 
     def _response(self, parsed: object, request_id: str | None) -> LLMResponse:
         if not isinstance(parsed, ChatCompletion) or not parsed.choices:
-            raise LLMInvalidResponse(self._detail("no choices in the response"), **self._ids())
+            raise LLMInvalidResponse(
+                self._err.detail("no choices in the response"), **self._err.ids()
+            )
         # An empty answer is well-formed (the loop's verifier asks again), so it is returned.
         choice = parsed.choices[0]
         message = choice.message
@@ -188,8 +185,8 @@ class OpenAIAdapter:
         kind = exc.type or ""
         text = _error_message(exc.body)
         label = " ".join(part for part in (kind, code) if part)
-        detail = self._detail(f"HTTP {status}{f' {label}' if label else ''}: {text}")
-        ids = self._ids()
+        detail = self._err.detail(f"HTTP {status}{f' {label}' if label else ''}: {text}")
+        ids = self._err.ids()
         billing = (
             status == 402
             or code in _BILLING_CODES
@@ -215,15 +212,6 @@ class OpenAIAdapter:
         if status == 404:
             detail += " (check the model name and that base_url ends in /v1)"
         return LLMBadRequest(detail, status=status, **ids)
-
-    def _detail(self, text: str) -> str:
-        text = self._redactor.redact(" ".join(text.split()))
-        if len(text) > _MAX_DETAIL:
-            text = text[: _MAX_DETAIL - 1] + "…"
-        return f"{self._provider} {self._model}: {text}"
-
-    def _ids(self) -> _Ids:
-        return {"provider": self._provider, "model": self._model}
 
 
 def to_openai_messages(
@@ -303,35 +291,3 @@ def _error_message(body: object) -> str:
         message = body.get("message")
         return message if isinstance(message, str) else json.dumps(body, default=str)
     return "" if body is None else str(body)
-
-
-def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asked us to wait, from ``retry-after-ms`` or ``retry-after``."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            value = float(millis) / 1000
-        except ValueError:
-            pass
-        else:
-            if math.isfinite(value):
-                return max(value, 0.0)
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        value = (when - datetime.now(UTC)).total_seconds()
-    return max(value, 0.0) if math.isfinite(value) else None
-
-
-def _connection_detail(exc: openai.APIConnectionError) -> str:
-    cause = exc.__cause__
-    return f"connection failed ({type(cause).__name__}: {cause})" if cause else "connection failed"

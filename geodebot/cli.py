@@ -95,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StoreError, IPCError) as exc:
         print(f"geodebot: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:
+        # The state directory or socket cannot be created: say which path, not a traceback.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"geodebot: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

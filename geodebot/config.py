@@ -126,11 +126,80 @@ class PromptConfig(_Strict):
     )
 
 
+SafetyName = Literal["read", "write", "dangerous"]
+EffectName = Literal["none", "mutate", "communicate", "administrative"]
+
+
+class ToolsConfig(_Strict):
+    # Root of everything the file tools may touch; relative to the config file's folder.
+    workspace: Path = Path("./workspace")
+    # http_get may fetch only these hosts (exact names, or "*.example.com" for subdomains).
+    http_allow_hosts: tuple[str, ...] = ()
+    # Loopback, private and link-local addresses are refused unless this is true.
+    http_allow_private: bool = False
+    http_max_bytes: Annotated[int, Field(ge=1, le=50_000_000)] = 1_000_000
+    http_timeout_s: Annotated[float, Field(gt=0, le=300)] = 20.0
+    bash_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # How long `geodebot chat` has to answer an approval request before it counts as "no".
+    approval_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+
+
+HookEvent = Literal["PreToolUse", "PostToolUse", "Stop"]
+
+
+class HookConfig(_Strict):
+    """An operator's command hook: gets the event as JSON on stdin, answers JSON on stdout."""
+
+    event: HookEvent
+    command: tuple[str, ...] = Field(min_length=1)
+    # Tool names the hook applies to; empty means every tool (ignored for Stop).
+    tools: tuple[str, ...] = ()
+    timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+
+
+class MCPToolPolicy(_Strict):
+    """What the operator declares about an MCP tool; undeclared tools are never callable."""
+
+    safety: SafetyName
+    effect: EffectName
+    resource_keys: tuple[str, ...] = ()
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+
+
+class MCPServerConfig(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
+    transport: Literal["stdio", "http"] = "stdio"
+    # stdio: the program and its arguments; env lists variables passed through by name.
+    command: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    # http: the streamable-HTTP endpoint.
+    url: str | None = None
+    tools: dict[str, MCPToolPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _transport_fields(self) -> MCPServerConfig:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("command is required for transport stdio")
+        if self.transport == "http" and not self.url:
+            raise ValueError("url is required for transport http")
+        return self
+
+
+class MCPConfig(_Strict):
+    servers: tuple[MCPServerConfig, ...] = ()
+    # A project's own MCP servers (same [[servers]] format); used only once trusted with
+    # `geodebot config trust PATH`, and only while the file is unchanged since.
+    project_config: Path | None = None
+
+
 class Config(_Strict):
     daemon: DaemonConfig = DaemonConfig()
     model: ModelConfig = ModelConfig()
     budgets: BudgetConfig = BudgetConfig()
     prompt: PromptConfig = PromptConfig()
+    tools: ToolsConfig = ToolsConfig()
+    hooks: tuple[HookConfig, ...] = ()
+    mcp: MCPConfig = MCPConfig()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 
@@ -150,6 +219,15 @@ class Config(_Strict):
 
     def prompt_file(self, path: Path) -> Path:
         return self._relative(path)
+
+    @property
+    def workspace(self) -> Path:
+        return self._relative(self.tools.workspace)
+
+    @property
+    def project_mcp_config(self) -> Path | None:
+        path = self.mcp.project_config
+        return None if path is None else self._relative(path)
 
 
 def _describe(err: ErrorDetails) -> str:

@@ -11,7 +11,7 @@ import pytest
 from geodebot.app import App, build_app
 from geodebot.config import Config, parse_config
 from geodebot.engine.session import Observer
-from geodebot.engine.tools.registry import (
+from geodebot.engine.tools import (
     Effect,
     Safety,
     ToolCallContext,

@@ -38,7 +38,7 @@ from geodebot.engine.llm.types import (
     block_to_json,
 )
 from geodebot.engine.session import Outcome, Session, TurnResult
-from geodebot.engine.tools.registry import ToolCallContext
+from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
 from geodebot.store.protocol import BatchStatus, NewMessage, StoreError, ToolBatchRecord
 

@@ -12,10 +12,9 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -24,62 +23,17 @@ import jsonschema
 
 from geodebot.engine.llm.types import ToolResultBlock, ToolSchema, ToolUseBlock, canonical_json
 from geodebot.engine.modes import Mode, denied_tools
+from geodebot.engine.tools.spec import (
+    Effect,
+    Safety,
+    ToolCallContext,
+    ToolError,
+    ToolSpec,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_RESULT_CHARS = 32_000
-
-
-class Safety(StrEnum):
-    READ = "read"
-    WRITE = "write"
-    DANGEROUS = "dangerous"
-
-
-class Effect(StrEnum):
-    NONE = "none"
-    MUTATE = "mutate"
-    COMMUNICATE = "communicate"
-    ADMINISTRATIVE = "administrative"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallContext:
-    session_id: str
-    turn_id: str
-    mode: Mode
-
-
-Handler = Callable[[Mapping[str, Any], ToolCallContext], Awaitable[str]]
-
-
-class ToolError(Exception):
-    """A handler's way to say the call failed in a way the model should read."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    name: str
-    description: str
-    input_schema: Mapping[str, Any]
-    safety: Safety
-    effect: Effect
-    handler: Handler = field(compare=False)
-    resource_keys: tuple[str, ...] = ()
-    timeout_s: float = 30.0
-
-    def schema(self) -> ToolSchema:
-        return ToolSchema(self.name, self.description, self.input_schema)
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema,
-            "safety": self.safety.value,
-            "effect": self.effect.value,
-            "resource_keys": list(self.resource_keys),
-        }
 
 
 class ToolRegistry:

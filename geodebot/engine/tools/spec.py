@@ -1,0 +1,120 @@
+"""What a tool declares about itself, and the context a handler runs in."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from geodebot.engine.llm.types import ToolSchema
+from geodebot.engine.modes import Mode
+
+
+class Safety(StrEnum):
+    READ = "read"
+    WRITE = "write"
+    DANGEROUS = "dangerous"
+
+    @property
+    def rank(self) -> int:
+        return _SAFETY_RANK[self]
+
+
+_SAFETY_RANK = {Safety.READ: 0, Safety.WRITE: 1, Safety.DANGEROUS: 2}
+
+
+class Effect(StrEnum):
+    NONE = "none"
+    MUTATE = "mutate"
+    COMMUNICATE = "communicate"
+    ADMINISTRATIVE = "administrative"
+
+
+class DataClass(StrEnum):
+    """How sensitive the data a call touches is; a rewrite may never make it more so."""
+
+    PUBLIC = "public"
+    INTERNAL = "internal"
+    CONFIDENTIAL = "confidential"
+
+    @property
+    def rank(self) -> int:
+        return _DATA_RANK[self]
+
+
+_DATA_RANK = {DataClass.PUBLIC: 0, DataClass.INTERNAL: 1, DataClass.CONFIDENTIAL: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class CallClass:
+    """The risk of one concrete call: its tool's defaults, or what ``classify`` says."""
+
+    safety: Safety
+    data: DataClass
+
+    def riskier_than(self, other: CallClass) -> bool:
+        return self.safety.rank > other.safety.rank or self.data.rank > other.data.rank
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallContext:
+    session_id: str
+    turn_id: str
+    mode: Mode
+    call_id: str = ""
+
+
+Handler = Callable[[Mapping[str, Any], ToolCallContext], Awaitable[str]]
+Classifier = Callable[[Mapping[str, Any]], CallClass]
+
+
+class ToolError(Exception):
+    """A handler's way to say the call failed in a way the model should read."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    safety: Safety
+    effect: Effect
+    handler: Handler = field(compare=False)
+    # Calls whose keys overlap never run at the same time ("fs:workspace", "net").
+    resource_keys: tuple[str, ...] = ()
+    timeout_s: float = 30.0
+    data_class: DataClass = DataClass.INTERNAL
+    # None: writes and dangerous tools need approval, reads do not.
+    requires_approval: bool | None = None
+    classify: Classifier | None = field(default=None, compare=False)
+
+    @property
+    def needs_approval(self) -> bool:
+        if self.requires_approval is not None:
+            return self.requires_approval
+        return self.safety is not Safety.READ
+
+    @property
+    def effectful(self) -> bool:
+        return self.effect is not Effect.NONE
+
+    def call_class(self, arguments: Mapping[str, Any]) -> CallClass:
+        if self.classify is not None:
+            return self.classify(arguments)
+        return CallClass(self.safety, self.data_class)
+
+    def schema(self) -> ToolSchema:
+        return ToolSchema(self.name, self.description, self.input_schema)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+            "safety": self.safety.value,
+            "effect": self.effect.value,
+            "resource_keys": list(self.resource_keys),
+            "data_class": self.data_class.value,
+            "needs_approval": self.needs_approval,
+        }

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from geodebot.config import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
+from geodebot.engine.executor import ToolExecutor
+from geodebot.engine.hooks import HookRegistry, hooks_from_config, hooks_from_entry_points
 from geodebot.engine.lanes import Lanes
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.resilient import ResilientLLM
@@ -28,7 +30,9 @@ from geodebot.engine.session import (
     TurnResult,
     create_session,
 )
-from geodebot.engine.tools.registry import PlanToolRunner, ToolRegistry, builtin_registry
+from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
+from geodebot.engine.tools.registry import ToolRegistry
+from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.redact import Redactor
 from geodebot.store.sqlite import SQLiteStore
 
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 DB_FILE = "geodebot.db"
 LEDGER_FILE = "ledger.jsonl"
 SOCKET_FILE = "geodebot.sock"
+TRUST_FILE = "trust.json"
 
 
 def build_redactor(config: Config) -> Redactor:
@@ -142,11 +147,28 @@ async def build_app(
     for adapter in chain:
         stack.push_async_callback(adapter.aclose)
 
+    settings = BuiltinSettings(
+        workspace=config.workspace,
+        http_allow_hosts=config.tools.http_allow_hosts,
+        http_allow_private=config.tools.http_allow_private,
+        http_max_bytes=config.tools.http_max_bytes,
+        http_timeout_s=config.tools.http_timeout_s,
+        bash_timeout_s=config.tools.bash_timeout_s,
+    )
+    hooks = HookRegistry([*hooks_from_config(config.hooks), *hooks_from_entry_points()])
+    verifiers: list[Verifier] = [NonEmptyAnswer()]
+    stop_hooks = hooks.stop_verifier()
+    if stop_hooks is not None:
+        verifiers.append(stop_hooks)
+
     services = EngineServices(
         store=store,
         llm=build_llm_factory(chain, config),
-        registry=registry if registry is not None else builtin_registry(),
-        runner=PlanToolRunner(),
+        registry=registry if registry is not None else ToolRegistry(builtin_tools(settings)),
+        runner=ToolExecutor(
+            store=store, hooks=hooks, approval_timeout_s=config.tools.approval_timeout_s
+        ),
+        verifiers=tuple(verifiers),
         ledger=ledger,
         redactor=redactor,
         system_prompt=system_prompt,

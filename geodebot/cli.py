@@ -14,19 +14,21 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 from geodebot import __version__
-from geodebot.app import DB_FILE, SOCKET_FILE, build_app, build_redactor
+from geodebot.app import DB_FILE, SOCKET_FILE, TRUST_FILE, build_app, build_redactor
 from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.config import Config, ConfigError, config_path, load_config
 from geodebot.daemon import serve
 from geodebot.engine.loop import new_id
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import SessionSpec
+from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec
 from geodebot.logs import setup_logging
 from geodebot.store.protocol import StoreError
 from geodebot.store.sqlite import SQLiteStore
+from geodebot.trust import TrustStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -59,6 +61,34 @@ def _parser() -> argparse.ArgumentParser:
         p = sessions_sub.add_parser(action, parents=[common])
         p.add_argument("id")
 
+    operator = sub.add_parser("operator", help="operator switches")
+    operator_sub = operator.add_subparsers(dest="switch", required=True)
+    computer = operator_sub.add_parser(
+        "computer-use", parents=[common], help="allow the computer tool in daemon sessions"
+    )
+    computer.add_argument("state", choices=["on", "off", "status"])
+    computer.add_argument("--for", dest="duration", help="expire after e.g. 30m, 2h, 1d")
+    computer.add_argument("--reason", default="")
+
+    receipts = sub.add_parser("receipts", help="effect receipts of tool calls")
+    receipts_sub = receipts.add_subparsers(dest="action", required=True)
+    listing = receipts_sub.add_parser("list", parents=[common])
+    listing.add_argument("--uncertain", action="store_true", help="only unresolved uncertain")
+    listing.add_argument("--session")
+    listing.add_argument("--limit", type=int, default=100)
+    resolve = receipts_sub.add_parser("resolve", parents=[common])
+    resolve.add_argument("id")
+    resolve.add_argument("--as", dest="resolution", choices=["done", "failed"], required=True)
+
+    config_cmd = sub.add_parser("config", help="configuration trust")
+    config_sub = config_cmd.add_subparsers(dest="action", required=True)
+    trust = config_sub.add_parser("trust", parents=[common], help="trust a project config")
+    trust.add_argument("path")
+
+    mcp = sub.add_parser("mcp", help="geodebot as an MCP server")
+    mcp_sub = mcp.add_subparsers(dest="action", required=True)
+    mcp_sub.add_parser("serve", parents=[common], help="serve run_agent over stdio")
+
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
     timeline.add_argument("id")
     timeline.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -85,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chat": _chat,
         "sessions": _sessions,
         "timeline": _timeline,
+        "operator": _operator,
+        "receipts": _receipts,
+        "config": _config,
+        "mcp": _mcp,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))
@@ -107,7 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _run(config: Config, args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         app = await build_app(config, stack)
-        spec = SessionSpec(args.session or new_id("run"), time_budget_s=args.time_budget)
+        spec = SessionSpec(
+            args.session or new_id("run"),
+            tools=config.tools.headless_tools,
+            preapproved=config.tools.headless_preapproved,
+            time_budget_s=args.time_budget,
+        )
         result = await app.run_turn(Mode.HEADLESS, spec, args.prompt)
     if result.ok:
         print(result.text)
@@ -137,7 +176,7 @@ async def _chat(config: Config, args: argparse.Namespace) -> int:
                 return status
             if not line.strip():
                 continue
-            answer = await client.turn(session, line)
+            answer = await client.turn(session, line, _ask_terminal)
             if answer.get("op") == "reply":
                 print(answer.get("text", ""), flush=True)
                 if answer.get("outcome") != "completed":
@@ -147,6 +186,19 @@ async def _chat(config: Config, args: argparse.Namespace) -> int:
                 status = EXIT_FAILED
 
 
+async def _ask_terminal(request: dict[str, Any]) -> bool:
+    arguments = json.dumps(request.get("arguments", {}), ensure_ascii=False)
+    if len(arguments) > 500:
+        arguments = arguments[:500] + "…"
+    print(
+        f"geodebot asks to run {request.get('tool')} ({request.get('safety')}, "
+        f"{request.get('effect')}) with {arguments}\n  reason: {request.get('reason')}",
+        flush=True,
+    )
+    answer = await asyncio.to_thread(_read_line, "Allow? [y/N] ")
+    return answer is not None and answer.strip().lower() in ("y", "yes")
+
+
 def _read_line(prompt: str) -> str | None:
     try:
         return input(prompt)
@@ -154,9 +206,9 @@ def _read_line(prompt: str) -> str | None:
         return None
 
 
-async def _open_store(config: Config) -> SQLiteStore:
+async def _open_store(config: Config, *, create: bool = False) -> SQLiteStore:
     path = config.state_dir / DB_FILE
-    if not path.exists():
+    if not create and not path.exists():
         raise StoreError(f"no geodebot state at {path} (has the daemon run with this config?)")
     store = SQLiteStore(path)
     await store.open()
@@ -217,6 +269,83 @@ async def _timeline(config: Config, args: argparse.Namespace) -> int:
         else:
             data = " ".join(f"{k}={v}" for k, v in e.data.items() if v is not None)
             print(f"{_when(e.ts)}  {e.turn_id or '-':<20} {e.kind:<22} {data}")
+    return EXIT_OK
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        value, unit = float(text[:-1]), units[text[-1]]
+    except (ValueError, KeyError, IndexError):
+        raise ConfigError("--for", [f"{text!r} is not a duration like 30m, 2h or 1d"]) from None
+    if value <= 0:
+        raise ConfigError("--for", ["the duration must be positive"])
+    return value * unit
+
+
+async def _operator(config: Config, args: argparse.Namespace) -> int:
+    store = await _open_store(config, create=True)
+    try:
+        if args.state == "status":
+            switch = await store.get_switch(COMPUTER_USE_SWITCH)
+        else:
+            expires = time.time() + _duration(args.duration) if args.duration else None
+            switch = await store.set_switch(
+                COMPUTER_USE_SWITCH,
+                args.state == "on",
+                by=getpass.getuser(),
+                expires_at=expires,
+                reason=args.reason,
+            )
+    finally:
+        await store.close()
+    if switch is None or not switch.active(time.time()):
+        state = "off"
+    else:
+        until = f" until {_when(switch.expires_at)}" if switch.expires_at else ""
+        state = f"on{until}"
+    print(f"computer use: {state}")
+    if switch is not None:
+        reason = f" ({switch.reason})" if switch.reason else ""
+        print(f"last set by {switch.set_by} at {_when(switch.set_at)}{reason}")
+    return EXIT_OK
+
+
+async def _receipts(config: Config, args: argparse.Namespace) -> int:
+    store = await _open_store(config)
+    try:
+        if args.action == "resolve":
+            receipt = await store.resolve_receipt(args.id, args.resolution, by=getpass.getuser())
+            print(f"receipt {receipt.id} resolved as {receipt.resolution}")
+            return EXIT_OK
+        rows = await store.list_receipts(
+            status="uncertain" if args.uncertain else None,
+            session_id=args.session,
+            unresolved_only=args.uncertain,
+            limit=args.limit,
+        )
+    finally:
+        await store.close()
+    print(f"{'RECEIPT':<20} {'STATUS':<10} {'RESOLVED':<8} {'TOOL':<20} {'SESSION':<24} ADMITTED")
+    for r in rows:
+        print(
+            f"{r.id:<20} {r.status:<10} {r.resolution or '-':<8} {r.tool:<20} "
+            f"{r.session_id:<24} {_when(r.admitted_at)}"
+        )
+    return EXIT_OK
+
+
+async def _config(config: Config, args: argparse.Namespace) -> int:
+    trust = TrustStore(config.state_dir / TRUST_FILE)
+    entry = trust.trust(Path(args.path), by=getpass.getuser())
+    print(f"trusted {entry.path} (sha256 {entry.sha256[:16]}…); re-run after every change")
+    return EXIT_OK
+
+
+async def _mcp(config: Config, args: argparse.Namespace) -> int:
+    from geodebot.mcp_server import serve_mcp
+
+    await serve_mcp(config)
     return EXIT_OK
 
 

@@ -142,6 +142,19 @@ class ToolsConfig(_Strict):
     bash_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     # How long `geodebot chat` has to answer an approval request before it counts as "no".
     approval_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    # Tools of terminal chat sessions; writes are asked for at the terminal.
+    ipc_tools: tuple[str, ...] = (
+        "get_time",
+        "read_file",
+        "list_dir",
+        "search_files",
+        "write_file",
+        "edit_file",
+    )
+    # Tools of `geodebot run` and MCP run_agent; nobody can approve there, so a write runs only
+    # if it is also in headless_preapproved.
+    headless_tools: tuple[str, ...] = ("get_time",)
+    headless_preapproved: tuple[str, ...] = ()
 
 
 HookEvent = Literal["PreToolUse", "PostToolUse", "Stop"]

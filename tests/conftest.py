@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -12,6 +14,8 @@ from geodebot.app import App, build_app
 from geodebot.config import Config, parse_config
 from geodebot.engine.session import Observer
 from geodebot.engine.tools import (
+    CallClass,
+    DataClass,
     Effect,
     Safety,
     ToolCallContext,
@@ -64,6 +68,13 @@ def make_config(
     return parse_config(data)
 
 
+def with_sections(config: Config, **sections: Any) -> Config:
+    """The same config with whole top-level sections replaced."""
+    data = config.model_dump(mode="json", exclude={"source"})
+    data.update(sections)
+    return parse_config(data)
+
+
 def marker_tool(path: Path, name: str = "write_marker", safety: Safety = Safety.WRITE) -> ToolSpec:
     """A tool whose every run leaves a line in ``path``, so tests can count dispatches."""
 
@@ -103,6 +114,56 @@ def hanging_tool() -> ToolSpec:
     )
 
 
+def lookup_tool(marker: Path) -> ToolSpec:
+    """A read tool whose data class depends on its argument, for rewrite-escalation tests."""
+
+    def classify(arguments: Mapping[str, Any]) -> CallClass:
+        topic = str(arguments.get("topic", ""))
+        data = DataClass.PUBLIC if topic.startswith("public/") else DataClass.CONFIDENTIAL
+        return CallClass(Safety.READ, data)
+
+    async def handler(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
+        with marker.open("a", encoding="utf-8") as handle:
+            # Escaped, so a topic holding a line break still leaves exactly one line.
+            topic = str(arguments["topic"]).encode("unicode_escape").decode("ascii")
+            handle.write(f"lookup:{topic}\n")
+        return f"facts about {arguments['topic']}"
+
+    return ToolSpec(
+        name="lookup",
+        description="Look up a topic.",
+        input_schema={
+            "type": "object",
+            "properties": {"topic": {"type": "string"}},
+            "required": ["topic"],
+        },
+        safety=Safety.READ,
+        effect=Effect.NONE,
+        handler=handler,
+        data_class=DataClass.PUBLIC,
+        classify=classify,
+    )
+
+
+def dying_tool(marker: Path) -> ToolSpec:
+    """Acts (writes the marker), then the process dies before the call can be committed."""
+
+    async def handler(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
+        with marker.open("a", encoding="utf-8") as handle:
+            handle.write(f"write_and_die:{arguments.get('text', '')}\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+        return "unreachable"
+
+    return ToolSpec(
+        name="write_and_die",
+        description="Write the marker, then crash.",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+        safety=Safety.WRITE,
+        effect=Effect.MUTATE,
+        handler=handler,
+    )
+
+
 def marker_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -112,6 +173,9 @@ def tool_registry(marker: Path) -> ToolRegistry:
     registry.register(marker_tool(marker))
     registry.register(marker_tool(marker, name="run_bash", safety=Safety.DANGEROUS))
     registry.register(hanging_tool())
+    registry.register(lookup_tool(marker))
+    registry.register(dying_tool(marker))
+    registry.register(marker_tool(marker, name="computer", safety=Safety.DANGEROUS))
     return registry
 
 

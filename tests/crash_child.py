@@ -1,8 +1,8 @@
 """Runs one DAEMON turn and SIGKILLs its own process at a chosen lifecycle event.
 
-Used by the crash tests as ``python -m tests.crash_child CONFIG_JSON MARKER EVENT``: the kill
-is a real ``kill -9`` of the whole process, so nothing after that point runs, not even
-``finally`` blocks.
+Used by the crash tests as ``python -m tests.crash_child CONFIG_JSON MARKER EVENT TOOL``: the
+kill is a real ``kill -9`` of the whole process, so nothing after that point runs, not even
+``finally`` blocks. EVENT "none" leaves the killing to the tool itself (``write_and_die``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from geodebot.engine.session import SessionSpec
 from tests.conftest import open_app
 
 
-async def main(config_json: str, marker: str, event: str) -> None:
+async def main(config_json: str, marker: str, event: str, tool: str) -> None:
     config = parse_config(json.loads(config_json))
 
     def kill_at(name: str, data: Mapping[str, Any]) -> None:
@@ -32,10 +32,10 @@ async def main(config_json: str, marker: str, event: str) -> None:
 
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, Path(marker), observers=(kill_at,))
-        spec = SessionSpec("crash", tools=("write_marker",))
+        spec = SessionSpec("crash", tools=(tool,), preapproved=(tool,))
         await app.run_turn(Mode.DAEMON, spec, "write the marker")
     print("the turn finished without reaching the kill point", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:5]))

@@ -175,7 +175,7 @@ async def test_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "var"
     blocker.write_text("a file where the state directory should be")
     config = write_config(tmp_path, "")
-    code, out, err = await geodebot("run", "--config", str(config), "hi")
+    code, _, err = await geodebot("run", "--config", str(config), "hi")
     assert code == 1
     assert str(blocker) in err
     assert "Traceback" not in err

@@ -18,7 +18,9 @@ from tests.fakes.llm_server import Call, FakeLLMServer, Reply
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def crash_at_batch_saved(tmp_path: Path, server: FakeLLMServer) -> Path:
+async def crash_child(
+    tmp_path: Path, server: FakeLLMServer, event: str = "batch_saved", tool: str = "write_marker"
+) -> Path:
     marker = tmp_path / "marker"
     config = make_config(tmp_path, server)
     config_json = json.dumps(config.model_dump(mode="json", exclude={"source"}))
@@ -28,13 +30,13 @@ async def crash_at_batch_saved(tmp_path: Path, server: FakeLLMServer) -> Path:
         "tests.crash_child",
         config_json,
         str(marker),
-        "batch_saved",
+        event,
+        tool,
         cwd=ROOT,
         stderr=asyncio.subprocess.PIPE,
     )
     _, stderr = await asyncio.wait_for(child.communicate(), timeout=60)
     assert child.returncode == -signal.SIGKILL, stderr.decode()
-    assert marker_lines(marker) == [], "the tool must not have run before the kill"
     return marker
 
 
@@ -42,7 +44,8 @@ async def test_resume_runs_the_saved_batch_and_finishes_the_turn(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
     llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "once"}, id="toolu_1")]))
-    marker = await crash_at_batch_saved(tmp_path, llm_server)
+    marker = await crash_child(tmp_path, llm_server)
+    assert marker_lines(marker) == [], "the tool must not have run before the kill"
     llm_server.script(Reply("Finished after the restart."))
     async with AsyncExitStack() as stack:
         app = await open_app(make_config(tmp_path, llm_server), stack, marker)
@@ -50,7 +53,9 @@ async def test_resume_runs_the_saved_batch_and_finishes_the_turn(
         pending = await store.pending_batches("crash")
         assert [b.status for b in pending] == ["proposed"]
         session = await create_session(
-            Mode.DAEMON, SessionSpec("crash", tools=("write_marker",)), app.services
+            Mode.DAEMON,
+            SessionSpec("crash", tools=("write_marker",), preapproved=("write_marker",)),
+            app.services,
         )
         result = await AgenticLoop(session).resume()
         assert result is not None
@@ -72,11 +77,12 @@ async def test_next_message_finishes_an_interrupted_batch_first(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
     llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "once"}, id="toolu_2")]))
-    marker = await crash_at_batch_saved(tmp_path, llm_server)
+    marker = await crash_child(tmp_path, llm_server)
+    assert marker_lines(marker) == []
     llm_server.script(Reply("Both handled."))
     async with AsyncExitStack() as stack:
         app = await open_app(make_config(tmp_path, llm_server), stack, marker)
-        spec = SessionSpec("crash", tools=("write_marker",))
+        spec = SessionSpec("crash", tools=("write_marker",), preapproved=("write_marker",))
         result = await app.run_turn(Mode.DAEMON, spec, "and another thing")
         assert result.ok
         assert result.text == "Both handled."
@@ -85,3 +91,32 @@ async def test_next_message_finishes_an_interrupted_batch_first(
     sent = llm_server.requests[-1].json["messages"]
     flat = json.dumps(sent)
     assert flat.index("toolu_2") < flat.index("and another thing")
+
+
+async def test_crash_between_receipt_and_commit_is_uncertain_and_never_rerun(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply(tool_calls=[Call("write_and_die", {"text": "x"}, id="toolu_9")]))
+    marker = await crash_child(tmp_path, llm_server, event="none", tool="write_and_die")
+    assert marker_lines(marker) == ["write_and_die:x"]
+    llm_server.script(Reply("I will check with the operator."))
+    async with AsyncExitStack() as stack:
+        app = await open_app(make_config(tmp_path, llm_server), stack, marker)
+        store = app.services.store
+        # What the daemon does at start: nothing admitted can still be running.
+        swept = await store.mark_admitted_uncertain("restart")
+        assert [r.tool for r in swept] == ["write_and_die"]
+        spec = SessionSpec("crash", tools=("write_and_die",), preapproved=("write_and_die",))
+        session = await create_session(Mode.DAEMON, spec, app.services)
+        result = await AgenticLoop(session).resume()
+        assert result is not None
+        assert result.ok
+        receipts = await store.list_receipts(status="uncertain", unresolved_only=True)
+        assert [r.id for r in receipts] == [swept[0].id]
+        events = [e for e in await store.timeline("crash") if e.kind == "tool_call"]
+        assert events[-1].data["status"] == "uncertain"
+    # The effect happened once, before the crash, and was not repeated.
+    assert marker_lines(marker) == ["write_and_die:x"]
+    told = json.dumps(llm_server.requests[-1].json["messages"])
+    assert "outcome uncertain" in told
+    assert swept[0].id in told

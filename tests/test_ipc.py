@@ -13,9 +13,12 @@ import pytest
 
 from geodebot.channels.ipc import MAX_FRAME_BYTES, IPCClient, IPCError, IPCServer
 from geodebot.engine.session import TurnResult
+from geodebot.engine.tools.spec import Approver
 
 
-async def echo(session: str, text: str) -> TurnResult:
+async def echo(session: str, text: str, approver: Approver) -> TurnResult:
+    if text == "explode":
+        raise RuntimeError("handler bug")
     return TurnResult(session, "t-1", "completed", f"echo: {text}")
 
 
@@ -96,3 +99,10 @@ async def test_client_without_daemon(tmp_path: Path) -> None:
     with pytest.raises(IPCError, match="no geodebot daemon"):
         async with IPCClient(tmp_path / "absent.sock"):
             pass
+
+
+async def test_a_failing_handler_still_answers(tmp_path: Path, server: IPCServer) -> None:
+    async with IPCClient(tmp_path / "g.sock") as client:
+        answer = await client.turn("s", "explode")
+        assert answer == {"op": "error", "message": "the turn failed inside geodebot"}
+        assert (await client.turn("s", "again"))["text"] == "echo: again"

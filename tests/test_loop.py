@@ -75,7 +75,7 @@ async def test_tool_round_trip_runs_the_tool_once(
     llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "one"})]), Reply("Done."))
     async with AsyncExitStack() as stack:
         app = await open_app(make_config(tmp_path, llm_server), stack, marker)
-        spec = SessionSpec("tools", tools=("write_marker",))
+        spec = SessionSpec("tools", tools=("write_marker",), preapproved=("write_marker",))
         result = await app.run_turn(Mode.DAEMON, spec, "write one")
         assert result.ok, result
         assert result.text == "Done."
@@ -181,7 +181,7 @@ async def test_batch_that_cannot_be_saved_does_not_run(
             "CREATE TRIGGER fail_batches BEFORE INSERT ON tool_batches "
             "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END",
         )
-        spec = SessionSpec("nosave", tools=("write_marker",))
+        spec = SessionSpec("nosave", tools=("write_marker",), preapproved=("write_marker",))
         result = await app.run_turn(Mode.DAEMON, spec, "write")
         assert result.outcome == "store_error"
         assert marker_lines(marker) == []

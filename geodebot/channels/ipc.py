@@ -4,8 +4,14 @@ It is the one channel with a person at the other end who can approve tool calls,
 sessions run in IPC mode. Frames, one JSON object per line:
 
 client -> daemon   {"op": "turn", "session": "ID", "text": "..."}   |   {"op": "ping"}
+                   {"op": "approval", "id": "...", "approved": true|false}
 daemon -> client   {"op": "reply", "session", "turn_id", "outcome", "text"}
+                   {"op": "approval_request", "id", "tool", "arguments", "safety", "effect",
+                    "reason"}   (while a turn runs; unanswered requests time out as "no")
                    {"op": "pong"}   |   {"op": "error", "message": "..."}
+
+One turn runs at a time per connection; the connection keeps reading while it runs, so the
+user can answer approval requests.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import json
 import logging
 import os
 import socket
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from geodebot.engine.session import TurnResult
+from geodebot.engine.tools.spec import ApprovalRequest, Approver
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +37,8 @@ MAX_TEXT_CHARS = 100_000
 # sockaddr_un.sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
-TurnHandler = Callable[[str, str], Awaitable[TurnResult]]
+TurnHandler = Callable[[str, str, Approver], Awaitable[TurnResult]]
+ApprovalPrompt = Callable[[dict[str, Any]], Awaitable[bool]]
 
 
 class IPCError(Exception):
@@ -46,6 +55,7 @@ class IPCServer:
         self._on_turn = on_turn
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._turns: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         if len(os.fsencode(self._path)) > MAX_SOCKET_PATH:
@@ -77,9 +87,9 @@ class IPCServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            for task in list(self._clients):
+            for task in [*self._clients, *self._turns]:
                 task.cancel()
-            await asyncio.gather(*self._clients, return_exceptions=True)
+            await asyncio.gather(*self._clients, *self._turns, return_exceptions=True)
             await self._server.wait_closed()
             self._server = None
         with contextlib.suppress(FileNotFoundError):
@@ -89,33 +99,35 @@ class IPCServer:
         task = asyncio.current_task()
         assert task is not None
         self._clients.add(task)
+        conn = _Connection(writer)
         try:
-            await self._serve_client(reader, writer)
+            await self._serve_client(reader, conn)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             self._clients.discard(task)
+            # Nobody is left to answer: pending approvals are a "no". A running turn goes on
+            # (its checkpoints keep the conversation); only its reply has nowhere to go.
+            conn.close()
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    async def _serve_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _serve_client(self, reader: asyncio.StreamReader, conn: _Connection) -> None:
         while True:
             try:
                 line = await reader.readline()
             except ValueError:
                 # The frame was larger than the limit: the stream is no longer framed.
-                writer.write(_encode({"op": "error", "message": "frame too large"}))
-                await writer.drain()
+                await conn.send({"op": "error", "message": "frame too large"})
                 return
             if not line:
                 return
-            writer.write(_encode(await self._answer(line)))
-            await writer.drain()
+            answer = self._handle(line, conn)
+            if answer is not None:
+                await conn.send(answer)
 
-    async def _answer(self, line: bytes) -> dict[str, Any]:
+    def _handle(self, line: bytes, conn: _Connection) -> dict[str, Any] | None:
         try:
             frame = json.loads(line)
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -125,6 +137,10 @@ class IPCServer:
         op = frame.get("op")
         if op == "ping":
             return {"op": "pong"}
+        if op == "approval":
+            if not conn.resolve(frame.get("id"), frame.get("approved") is True):
+                return {"op": "error", "message": "no such approval request"}
+            return None
         if op != "turn":
             return {"op": "error", "message": f"unknown op {op!r}"}
         session, text = frame.get("session"), frame.get("text")
@@ -134,14 +150,86 @@ class IPCServer:
             return {"op": "error", "message": "text must be a non-empty string"}
         if len(text) > MAX_TEXT_CHARS:
             return {"op": "error", "message": f"message longer than {MAX_TEXT_CHARS} characters"}
-        result = await self._on_turn(session, text)
-        return {
-            "op": "reply",
-            "session": result.session_id,
-            "turn_id": result.turn_id,
-            "outcome": result.outcome,
-            "text": result.text,
-        }
+        if conn.turn is not None and not conn.turn.done():
+            return {"op": "error", "message": "a turn is already running on this connection"}
+        conn.turn = asyncio.create_task(self._turn(conn, session, text))
+        self._turns.add(conn.turn)
+        conn.turn.add_done_callback(self._turns.discard)
+        return None
+
+    async def _turn(self, conn: _Connection, session: str, text: str) -> None:
+        try:
+            result = await self._on_turn(session, text, conn)
+        except Exception:
+            # The engine answers its own failures; reaching here is a bug, but the client
+            # must still hear back rather than wait forever.
+            log.exception("IPC turn in session %s failed", session)
+            with contextlib.suppress(ConnectionError):
+                await conn.send({"op": "error", "message": "the turn failed inside geodebot"})
+            return
+        with contextlib.suppress(ConnectionError):
+            await conn.send(
+                {
+                    "op": "reply",
+                    "session": result.session_id,
+                    "turn_id": result.turn_id,
+                    "outcome": result.outcome,
+                    "text": result.text,
+                }
+            )
+
+
+class _Connection:
+    """One client: serialised writes, and the approval requests waiting for its answer."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._lock = asyncio.Lock()
+        self._pending: dict[str, asyncio.Future[bool]] = {}
+        self._closed = False
+        self.turn: asyncio.Task[None] | None = None
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        async with self._lock:
+            self._writer.write(_encode(frame))
+            await self._writer.drain()
+
+    async def approve(self, request: ApprovalRequest) -> bool:
+        if self._closed:
+            return False
+        request_id = uuid.uuid4().hex[:12]
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self.send(
+                {
+                    "op": "approval_request",
+                    "id": request_id,
+                    "tool": request.tool,
+                    "arguments": dict(request.arguments),
+                    "safety": request.safety.value,
+                    "effect": request.effect.value,
+                    "reason": request.reason,
+                }
+            )
+            return await future
+        except ConnectionError:
+            return False
+        finally:
+            self._pending.pop(request_id, None)
+
+    def resolve(self, request_id: object, approved: bool) -> bool:
+        future = self._pending.get(request_id) if isinstance(request_id, str) else None
+        if future is None or future.done():
+            return False
+        future.set_result(approved)
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        for future in self._pending.values():
+            if not future.done():
+                future.set_result(False)
 
 
 class IPCClient:
@@ -170,10 +258,29 @@ class IPCClient:
                 await self._writer.wait_closed()
 
     async def request(self, frame: dict[str, Any]) -> dict[str, Any]:
-        if self._reader is None or self._writer is None:
+        await self.send(frame)
+        return await self.receive()
+
+    async def turn(
+        self, session: str, text: str, on_approval: ApprovalPrompt | None = None
+    ) -> dict[str, Any]:
+        """Run a turn; approval requests on the way go to ``on_approval`` (default: no)."""
+        answer = await self.request({"op": "turn", "session": session, "text": text})
+        while answer.get("op") == "approval_request":
+            approved = await on_approval(answer) if on_approval is not None else False
+            await self.send({"op": "approval", "id": answer.get("id"), "approved": approved})
+            answer = await self.receive()
+        return answer
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        if self._writer is None:
             raise IPCError("not connected")
         self._writer.write(_encode(frame))
         await self._writer.drain()
+
+    async def receive(self) -> dict[str, Any]:
+        if self._reader is None:
+            raise IPCError("not connected")
         line = await self._reader.readline()
         if not line:
             raise IPCError("the daemon closed the connection")
@@ -181,6 +288,3 @@ class IPCClient:
         if not isinstance(answer, dict):
             raise IPCError("the daemon sent a malformed frame")
         return answer
-
-    async def turn(self, session: str, text: str) -> dict[str, Any]:
-        return await self.request({"op": "turn", "session": session, "text": text})

@@ -274,30 +274,24 @@ class AgenticLoop:
         calls: Sequence[ToolUseBlock],
     ) -> None:
         turn.open_batch = batch
-        ctx = ToolCallContext(self._session.id, batch.turn_id, self._session.mode)
-        results = await self._svc.runner.run_batch(self._session.plan, calls, ctx)
-        for call, result in zip(calls, results, strict=True):
+        ctx = ToolCallContext(
+            self._session.id, batch.turn_id, self._session.mode, approver=self._session.approver
+        )
+        outcomes = await self._svc.runner.run_batch(self._session.plan, calls, ctx)
+        for outcome in outcomes:
             self._svc.ledger.record(
                 "tool_call",
                 session=self._session.id,
                 turn=batch.turn_id,
-                tool=call.name,
-                arguments_sha256=content_hash(dict(call.arguments)),
-                result_sha256=content_hash(result.content),
-                is_error=result.is_error,
+                tool=outcome.call.name,
+                status=outcome.status,
+                reason=outcome.reason,
+                receipt=outcome.receipt_id,
+                arguments_sha256=content_hash(dict(outcome.call.arguments)),
+                result_sha256=content_hash(outcome.result.content),
             )
-            turn.events.append(
-                (
-                    batch.turn_id,
-                    "tool_call",
-                    {
-                        "tool": call.name,
-                        "is_error": result.is_error,
-                        "result_chars": len(result.content),
-                    },
-                )
-            )
-        await self._save_results(turn, items, batch, results, "done")
+            turn.events.append((batch.turn_id, "tool_call", outcome.timeline()))
+        await self._save_results(turn, items, batch, [o.result for o in outcomes], "done")
 
     async def _save_results(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -11,12 +12,17 @@ from geodebot.config import BudgetConfig
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.types import LLMAdapter, Usage
 from geodebot.engine.modes import Mode
-from geodebot.engine.tools.registry import ToolPlan, ToolRegistry, ToolRunner
+from geodebot.engine.tools.plan import BoundToolPlan
+from geodebot.engine.tools.registry import ToolRegistry
+from geodebot.engine.tools.runner import ToolRunner
+from geodebot.engine.tools.spec import Approver
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.redact import Redactor
 from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
+
+COMPUTER_USE_SWITCH = "computer_use"
 
 Outcome = Literal[
     "completed",
@@ -71,8 +77,12 @@ class SessionSpec:
     session_id: str
     # The tool allowlist; empty means no tools at all.
     tools: tuple[str, ...] = ()
+    # Tools the operator pre-authorised for unattended use (a subset of ``tools``).
+    preapproved: tuple[str, ...] = ()
     # None: the mode's default from [budgets].
     time_budget_s: float | None = None
+    # The person at the terminal (IPC only); nobody elsewhere.
+    approver: Approver | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +117,29 @@ def time_budget(mode: Mode, spec: SessionSpec, budgets: BudgetConfig) -> float:
 class Session:
     id: str
     mode: Mode
-    plan: ToolPlan
+    plan: BoundToolPlan
     time_budget_s: float
     services: EngineServices = field(repr=False)
+    approver: Approver | None = field(default=None, repr=False)
 
 
 async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices) -> Session:
     """Open (or create) the durable session and project its immutable tool plan."""
     record = await services.store.ensure_session(spec.session_id, mode.value)
-    plan = ToolPlan.project(services.registry, mode, spec.tools, generation=record.generation)
+    switch = await services.store.get_switch(COMPUTER_USE_SWITCH)
+    plan = BoundToolPlan.project(
+        services.registry.as_mapping(),
+        mode,
+        spec.tools,
+        preapproved=spec.preapproved,
+        computer_use=switch is not None and switch.active(time.time()),
+        generation=record.generation,
+    )
     return Session(
         id=spec.session_id,
         mode=mode,
         plan=plan,
         time_budget_s=time_budget(mode, spec, services.budgets),
         services=services,
+        approver=spec.approver if mode is Mode.IPC else None,
     )

@@ -1,8 +1,13 @@
 """Durable state behind one :class:`Store` protocol (SQLite now, PostgreSQL later)."""
 
 from geodebot.store.protocol import (
+    EffectReceipt,
+    FinishStatus,
     MessageRecord,
     NewMessage,
+    OperatorSwitch,
+    ReceiptStatus,
+    Resolution,
     SessionRecord,
     Store,
     StoreError,
@@ -11,8 +16,13 @@ from geodebot.store.protocol import (
 )
 
 __all__ = [
+    "EffectReceipt",
+    "FinishStatus",
     "MessageRecord",
     "NewMessage",
+    "OperatorSwitch",
+    "ReceiptStatus",
+    "Resolution",
     "SessionRecord",
     "Store",
     "StoreError",

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import pathlib
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
 import aiosqlite
 
@@ -34,15 +33,14 @@ from geodebot.store.protocol import (
     TimelineEvent,
     ToolBatchRecord,
 )
+from geodebot.store.sqlite_receipts import ReceiptsAndSwitches
+from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding, from_row, paged
 
 __all__ = ["SQLiteStore", "load_migrations", "split_statements"]
-
-_R = TypeVar("_R")
 
 _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _BUSY_TIMEOUT_MS = 5_000
 _MIGRATION_NAME = re.compile(r"^(\d{4})_\w+\.sql$")
-_JSON_COLUMNS = frozenset({"state", "guards", "content", "calls", "results", "data"})
 
 _SESSION_COLS = "id, mode, created_at, updated_at, generation, state, guards"
 _MESSAGE_COLS = (
@@ -101,38 +99,6 @@ _FINISH_BATCH = """
 UPDATE tool_batches SET status = ?, results = ?, finished_at = ?
 WHERE id = ? AND session_id = ? RETURNING id
 """
-_INSERT_EVENT = "INSERT INTO timeline (session_id, turn_id, ts, kind, data) VALUES (?, ?, ?, ?, ?)"
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _dumps_list(items: Sequence[Mapping[str, Any]]) -> str:
-    return _dumps([dict(item) for item in items])
-
-
-def _record(cls: Callable[..., _R], row: sqlite3.Row) -> _R:
-    """Build a record from a row whose column names are the record's field names."""
-    names = row.keys()  # iterating a Row yields values, not names
-    return cls(**{k: json.loads(row[k]) if k in _JSON_COLUMNS else row[k] for k in names})
-
-
-@contextlib.contextmanager
-def _encoding(what: str) -> Iterator[None]:
-    # Payloads are encoded before the transaction starts, so a bad one writes nothing.
-    try:
-        yield
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} failed: payload is not JSON-serialisable: {exc}") from exc
-
-
-def _paged(sql: str, params: dict[str, Any], limit: int | None) -> tuple[str, dict[str, Any]]:
-    if limit is None:
-        return sql, params
-    if limit < 0:
-        raise ValueError("limit must not be negative")
-    return f"{sql} LIMIT :limit", {**params, "limit": limit}
 
 
 def split_statements(script: str) -> list[str]:
@@ -174,8 +140,12 @@ def load_migrations(root: Traversable | None = None) -> list[tuple[int, str, str
     return [found[version] for version in sorted(found)]
 
 
-class SQLiteStore:
-    """A :class:`Store` in one SQLite file, created with mode 0600 on first open."""
+class SQLiteStore(ReceiptsAndSwitches):
+    """A :class:`Store` in one SQLite file, created with mode 0600 on first open.
+
+    Effect receipts and operator switches live in :class:`ReceiptsAndSwitches`; they run
+    through this class's transactions.
+    """
 
     def __init__(self, path: pathlib.Path | str, *, synchronous: str = "FULL") -> None:
         mode = synchronous.upper()
@@ -312,19 +282,19 @@ class SQLiteStore:
             )
             sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?"
             rows = list(await db.execute_fetchall(sql, (session_id,)))
-        return _record(SessionRecord, rows[0])
+        return from_row(SessionRecord, rows[0])
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         async with self._read(f"reading session {session_id!r}") as db:
             sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?"
             rows = list(await db.execute_fetchall(sql, (session_id,)))
-        return _record(SessionRecord, rows[0]) if rows else None
+        return from_row(SessionRecord, rows[0]) if rows else None
 
     async def list_sessions(self) -> list[SessionRecord]:
         async with self._read("listing sessions") as db:
             sql = f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, id"
             rows = await db.execute_fetchall(sql)
-        return [_record(SessionRecord, row) for row in rows]
+        return [from_row(SessionRecord, row) for row in rows]
 
     async def reset_session(self, session_id: str) -> SessionRecord:
         what = f"reset of session {session_id!r}"
@@ -337,7 +307,7 @@ class SQLiteStore:
             rows = list(await db.execute_fetchall(sql, (now, session_id)))
             if not rows:
                 raise StoreError(f"{what} failed: no such session")
-            record = _record(SessionRecord, rows[0])
+            record = from_row(SessionRecord, rows[0])
             await db.execute(
                 "UPDATE tool_batches SET status = 'abandoned', finished_at = ? "
                 "WHERE session_id = ? AND status = 'proposed' AND generation < ?",
@@ -361,17 +331,17 @@ class SQLiteStore:
         batch = propose_batch
         if batch is not None and batch.session_id != session_id:
             raise StoreError(f"{what} failed: batch {batch.id!r} is for {batch.session_id!r}")
-        with _encoding(what):
+        with encoding(what):
             encoded = [
-                (m.role, m.kind, _dumps(dict(m.content)), m.turn_id, m.covers_from, m.covers_to)
+                (m.role, m.kind, dumps(dict(m.content)), m.turn_id, m.covers_from, m.covers_to)
                 for m in messages
             ]
-            state_json = None if state is None else _dumps(dict(state))
-            guards_json = None if guards is None else _dumps(dict(guards))
-            calls = "" if batch is None else _dumps_list(batch.calls)
-            batch_results = "" if batch is None else _dumps_list(batch.results)
-            results = "" if finish_batch is None else _dumps_list(finish_batch[1])
-            events = [(session_id, turn, kind, _dumps(dict(data))) for turn, kind, data in timeline]
+            state_json = None if state is None else dumps(dict(state))
+            guards_json = None if guards is None else dumps(dict(guards))
+            calls = "" if batch is None else dumps_list(batch.calls)
+            batch_results = "" if batch is None else dumps_list(batch.results)
+            results = "" if finish_batch is None else dumps_list(finish_batch[1])
+            events = [(session_id, turn, kind, dumps(dict(data))) for turn, kind, data in timeline]
         now = time.time()
         async with self._write(what) as db:
             # Reading and bumping the counter in one statement: no look at message history.
@@ -396,42 +366,42 @@ class SQLiteStore:
                 if not list(await db.execute_fetchall(_FINISH_BATCH, finish)):
                     raise StoreError(f"{what} failed: no tool batch {batch_id!r} in this session")
             if events:
-                await db.executemany(_INSERT_EVENT, [(s, t, now, k, d) for s, t, k, d in events])
+                await db.executemany(INSERT_EVENT, [(s, t, now, k, d) for s, t, k, d in events])
         return list(range(first, next_seq))
 
     async def load_context(self, session_id: str) -> list[MessageRecord]:
         async with self._read(f"loading the context of session {session_id!r}") as db:
             rows = await db.execute_fetchall(_LOAD_CONTEXT, {"sid": session_id})
-        return [_record(MessageRecord, row) for row in rows]
+        return [from_row(MessageRecord, row) for row in rows]
 
     async def load_messages(
         self, session_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[MessageRecord]:
-        sql, params = _paged(_LOAD_MESSAGES, {"sid": session_id, "after": after_seq}, limit)
+        sql, params = paged(_LOAD_MESSAGES, {"sid": session_id, "after": after_seq}, limit)
         async with self._read(f"loading messages of session {session_id!r}") as db:
             rows = await db.execute_fetchall(sql, params)
-        return [_record(MessageRecord, row) for row in rows]
+        return [from_row(MessageRecord, row) for row in rows]
 
     async def pending_batches(self, session_id: str) -> list[ToolBatchRecord]:
         async with self._read(f"loading pending batches of session {session_id!r}") as db:
             rows = await db.execute_fetchall(_PENDING_BATCHES, {"sid": session_id})
-        return [_record(ToolBatchRecord, row) for row in rows]
+        return [from_row(ToolBatchRecord, row) for row in rows]
 
     # -- timeline -------------------------------------------------------------------------
     async def append_timeline(
         self, session_id: str, turn_id: str | None, kind: str, data: Mapping[str, Any]
     ) -> int:
         what = f"timeline append to session {session_id!r}"
-        with _encoding(what):
-            event = (session_id, turn_id, time.time(), kind, _dumps(dict(data)))
+        with encoding(what):
+            event = (session_id, turn_id, time.time(), kind, dumps(dict(data)))
         async with self._write(what) as db:
-            rows = list(await db.execute_fetchall(f"{_INSERT_EVENT} RETURNING id", event))
+            rows = list(await db.execute_fetchall(f"{INSERT_EVENT} RETURNING id", event))
         return int(rows[0][0])
 
     async def timeline(
         self, session_id: str, *, after_id: int = 0, limit: int | None = None
     ) -> list[TimelineEvent]:
-        sql, params = _paged(
+        sql, params = paged(
             "SELECT id, session_id, turn_id, ts, kind, data FROM timeline "
             "WHERE session_id = :sid AND id > :after ORDER BY id",
             {"sid": session_id, "after": after_id},
@@ -439,7 +409,7 @@ class SQLiteStore:
         )
         async with self._read(f"reading the timeline of session {session_id!r}") as db:
             rows = await db.execute_fetchall(sql, params)
-        return [_record(TimelineEvent, row) for row in rows]
+        return [from_row(TimelineEvent, row) for row in rows]
 
 
 if TYPE_CHECKING:

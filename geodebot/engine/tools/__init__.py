@@ -1,13 +1,11 @@
 """Tool specs, the registry, the bound plan, and the runner port the loop dispatches to."""
 
-from geodebot.engine.tools.registry import (
-    PlanToolRunner,
-    ToolPlan,
-    ToolRegistry,
-    ToolRunner,
-    builtin_registry,
-)
+from geodebot.engine.tools.plan import BoundToolPlan
+from geodebot.engine.tools.registry import ToolRegistry, builtin_registry
+from geodebot.engine.tools.runner import ToolOutcome, ToolRunner
 from geodebot.engine.tools.spec import (
+    ApprovalRequest,
+    Approver,
     CallClass,
     DataClass,
     Effect,
@@ -18,14 +16,16 @@ from geodebot.engine.tools.spec import (
 )
 
 __all__ = [
+    "ApprovalRequest",
+    "Approver",
+    "BoundToolPlan",
     "CallClass",
     "DataClass",
     "Effect",
-    "PlanToolRunner",
     "Safety",
     "ToolCallContext",
     "ToolError",
-    "ToolPlan",
+    "ToolOutcome",
     "ToolRegistry",
     "ToolRunner",
     "ToolSpec",

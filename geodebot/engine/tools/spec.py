@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from geodebot.engine.llm.types import ToolSchema
 from geodebot.engine.modes import Mode
@@ -58,11 +58,29 @@ class CallClass:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    session_id: str
+    turn_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    safety: Safety
+    effect: Effect
+    reason: str
+
+
+class Approver(Protocol):
+    """A person who can say yes or no; only IPC sessions have one."""
+
+    async def approve(self, request: ApprovalRequest) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallContext:
     session_id: str
     turn_id: str
     mode: Mode
     call_id: str = ""
+    approver: Approver | None = field(default=None, compare=False)
 
 
 Handler = Callable[[Mapping[str, Any], ToolCallContext], Awaitable[str]]

@@ -1,0 +1,417 @@
+"""The tool authority pipeline: a model's proposal is not a permission.
+
+Per call, in this order (each step a small method; a refusal in steps 1-5 returns an error
+result and nothing is dispatched):
+
+1. scope: the tool is in the session's BoundToolPlan;
+2. request middleware may rewrite arguments; a rewrite that makes the call riskier (higher
+   safety level or data class) is refused;
+3. policy (mode deny list, malformed arguments) and JSON-schema validation;
+4. PreToolUse hooks: block, rewrite (then 2-3 run again on the new arguments), or ask;
+5. approval: IPC asks the terminal user; DAEMON and HEADLESS have nobody to ask, so a call
+   that needs approval is refused unless the operator pre-authorised the tool;
+6. effect receipt for effectful tools, admitted before dispatch; a repeated identical call in
+   the same turn is a replay and is not run again; an uncertain one is never re-run;
+7. resource locks, then dispatch under the tool's deadline;
+8. PostToolUse hooks may add context or withhold the result;
+9. the outcome (result, refusal or error) goes back to the loop, which puts it on the timeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import jsonschema
+
+from geodebot.engine.hooks import HookRegistry
+from geodebot.engine.llm.types import ToolResultBlock, ToolUseBlock, canonical_json
+from geodebot.engine.modes import Mode, denied_tools
+from geodebot.engine.tools.plan import COMPUTER, BoundToolPlan
+from geodebot.engine.tools.runner import OutcomeStatus, ToolOutcome
+from geodebot.engine.tools.spec import (
+    ApprovalRequest,
+    CallClass,
+    ToolCallContext,
+    ToolError,
+    ToolSpec,
+)
+from geodebot.store.protocol import EffectReceipt, Store
+
+log = logging.getLogger(__name__)
+
+MAX_RESULT_CHARS = 32_000
+MAX_REWRITES = 3
+
+# Rewrites the arguments of a call before policy sees them (e.g. normalising paths).
+Middleware = Callable[[ToolSpec, Mapping[str, Any], ToolCallContext], Mapping[str, Any]]
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    spec: ToolSpec
+    call: ToolUseBlock  # with the final arguments
+    receipt: EffectReceipt | None
+    approved: bool | None
+
+
+class ResourceLocks:
+    """Calls whose resource keys overlap run one after the other, in any batch."""
+
+    def __init__(self) -> None:
+        # Keys come from tool declarations, a small fixed set, so locks are never dropped.
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, keys: Sequence[str]) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            # Sorted acquisition: two calls can never wait on each other's keys.
+            for key in sorted(set(keys)):
+                await stack.enter_async_context(self._locks.setdefault(key, asyncio.Lock()))
+            yield
+
+
+def receipt_key(ctx: ToolCallContext, tool: str, arguments: Mapping[str, Any]) -> str:
+    material = canonical_json([ctx.session_id, ctx.turn_id, tool, dict(arguments)])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+class ToolExecutor:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        hooks: HookRegistry | None = None,
+        middlewares: Sequence[Middleware] = (),
+        approval_timeout_s: float = 120.0,
+    ) -> None:
+        self._store = store
+        self._hooks = hooks if hooks is not None else HookRegistry()
+        self._middlewares = tuple(middlewares)
+        self._approval_timeout_s = approval_timeout_s
+        self._locks = ResourceLocks()
+
+    async def run_batch(
+        self, plan: BoundToolPlan, calls: Sequence[ToolUseBlock], ctx: ToolCallContext
+    ) -> list[ToolOutcome]:
+        outcomes: list[ToolOutcome | None] = [None] * len(calls)
+        admitted: list[tuple[int, _Admitted]] = []
+        first_of_receipt: dict[str, int] = {}
+        duplicates: list[tuple[int, int]] = []
+        # Authorisation is sequential so approval prompts reach the user one at a time.
+        for index, call in enumerate(calls):
+            call_ctx = replace(ctx, call_id=call.id)
+            try:
+                grant = await self._authorise(plan, call, call_ctx)
+                outcome, grant = await self._admit(grant, call_ctx, first_of_receipt)
+            except _Refused as refusal:
+                outcomes[index] = _refused(call, refusal)
+                continue
+            if outcome is not None:
+                outcomes[index] = outcome
+            elif grant.receipt is not None and grant.receipt.id in first_of_receipt:
+                duplicates.append((index, first_of_receipt[grant.receipt.id]))
+            else:
+                if grant.receipt is not None:
+                    first_of_receipt[grant.receipt.id] = index
+                admitted.append((index, grant))
+        dispatched = await asyncio.gather(
+            *(self._dispatch(grant, replace(ctx, call_id=grant.call.id)) for _, grant in admitted)
+        )
+        for (index, _), outcome in zip(admitted, dispatched, strict=True):
+            outcomes[index] = outcome
+        for index, original in duplicates:
+            first = outcomes[original]
+            assert first is not None
+            outcomes[index] = _replay(calls[index], first.result, first.receipt_id)
+        return [o for o in outcomes if o is not None]
+
+    # -- steps 1-5 --------------------------------------------------------------------------
+    async def _authorise(
+        self, plan: BoundToolPlan, call: ToolUseBlock, ctx: ToolCallContext
+    ) -> _Admitted:
+        spec = self._scope(plan, call)
+        if call.arguments_error is not None:
+            raise _Refused("invalid_arguments", f"invalid arguments: {call.arguments_error}")
+        original = self._classify(spec, call.arguments)
+        arguments = self._middleware(spec, call.arguments, ctx, original)
+        self._validate(spec, arguments)
+        arguments, ask = await self._pre_hooks(spec, arguments, ctx, original)
+        approved = await self._approval(plan, spec, arguments, ctx, ask)
+        return _Admitted(spec, replace(call, arguments=dict(arguments)), None, approved)
+
+    def _scope(self, plan: BoundToolPlan, call: ToolUseBlock) -> ToolSpec:
+        spec = plan.get(call.name)
+        if spec is None:
+            raise _Refused(
+                "not_in_plan", f"tool {call.name[:80]!r} is not available in this session"
+            )
+        # Defence in depth: the plan already left these out, but a plan built wrongly must
+        # still not hand an unattended session a shell.
+        if call.name in denied_tools(plan.mode) and not (
+            call.name == COMPUTER and plan.mode is Mode.DAEMON
+        ):
+            raise _Refused("denied_by_mode", f"tool {call.name} is never available here")
+        return spec
+
+    def _classify(self, spec: ToolSpec, arguments: Mapping[str, Any]) -> CallClass:
+        try:
+            return spec.call_class(arguments)
+        except Exception as exc:
+            raise _Refused("invalid_arguments", f"arguments cannot be classified: {exc}") from exc
+
+    def _middleware(
+        self,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any],
+        ctx: ToolCallContext,
+        original: CallClass,
+    ) -> Mapping[str, Any]:
+        for middleware in self._middlewares:
+            rewritten = middleware(spec, arguments, ctx)
+            if rewritten != arguments:
+                self._check_rewrite(spec, rewritten, original, "middleware")
+                arguments = rewritten
+        return arguments
+
+    def _check_rewrite(
+        self, spec: ToolSpec, arguments: Mapping[str, Any], original: CallClass, by: str
+    ) -> None:
+        if self._classify(spec, arguments).riskier_than(original):
+            raise _Refused(
+                "rewrite_escalates",
+                f"a {by} rewrite would make this {spec.name} call riskier; refused",
+            )
+
+    def _validate(self, spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
+        validator = jsonschema.Draft202012Validator(dict(spec.input_schema))
+        problems = []
+        try:
+            for err in validator.iter_errors(dict(arguments)):
+                where = "/".join(str(p) for p in err.absolute_path) or "arguments"
+                problems.append(f"{where[:80]}: {err.message[:200]}")
+                if len(problems) >= 5:
+                    break
+        except RecursionError:
+            problems.append("arguments are nested too deeply")
+        if problems:
+            raise _Refused("invalid_arguments", "invalid arguments: " + "; ".join(problems))
+
+    async def _pre_hooks(
+        self,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any],
+        ctx: ToolCallContext,
+        original: CallClass,
+    ) -> tuple[Mapping[str, Any], str | None]:
+        ask: str | None = None
+        for _ in range(MAX_REWRITES + 1):
+            outcome = await self._hooks.pre_tool_use(_payload("PreToolUse", spec, arguments, ctx))
+            if outcome.blocked is not None:
+                raise _Refused("blocked_by_hook", f"blocked: {outcome.blocked}")
+            ask = outcome.ask or ask
+            if outcome.arguments is None or outcome.arguments == arguments:
+                return arguments, ask
+            # A rewrite goes through the checks again, as if the model had proposed it.
+            self._check_rewrite(spec, outcome.arguments, original, "hook")
+            self._validate(spec, outcome.arguments)
+            arguments = outcome.arguments
+        raise _Refused("blocked_by_hook", "hooks kept rewriting the call; refused")
+
+    async def _approval(
+        self,
+        plan: BoundToolPlan,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any],
+        ctx: ToolCallContext,
+        ask: str | None,
+    ) -> bool | None:
+        if not spec.needs_approval and ask is None:
+            return None
+        if ctx.mode is Mode.IPC and ctx.approver is not None:
+            request = ApprovalRequest(
+                ctx.session_id,
+                ctx.turn_id,
+                spec.name,
+                dict(arguments),
+                spec.safety,
+                spec.effect,
+                ask or f"{spec.name} is a {spec.safety.value} tool",
+            )
+            try:
+                async with asyncio.timeout(self._approval_timeout_s):
+                    approved = await ctx.approver.approve(request)
+            except TimeoutError:
+                approved = False
+            if not approved:
+                raise _Refused("approval_denied", f"the user did not approve {spec.name}")
+            return True
+        # A hook that asks for a person is never overridden by a standing pre-authorisation.
+        if ask is None and spec.name in plan.preapproved:
+            return True
+        raise _Refused(
+            "needs_approval",
+            f"{spec.name} needs approval and nobody can approve in {ctx.mode.value} mode"
+            + (f" ({ask})" if ask else "; an operator can pre-authorise it on the binding or job"),
+        )
+
+    # -- step 6 -----------------------------------------------------------------------------
+    async def _admit(
+        self, grant: _Admitted, ctx: ToolCallContext, this_batch: Mapping[str, int]
+    ) -> tuple[ToolOutcome | None, _Admitted]:
+        spec, call = grant.spec, grant.call
+        if not spec.effectful:
+            return None, grant
+        receipt = EffectReceipt(
+            id=f"r-{uuid.uuid4().hex[:16]}",
+            key=receipt_key(ctx, spec.name, call.arguments),
+            session_id=ctx.session_id,
+            turn_id=ctx.turn_id,
+            call_id=call.id,
+            tool=spec.name,
+            effect=spec.effect.value,
+            arguments_sha256=hashlib.sha256(
+                canonical_json(dict(call.arguments)).encode()
+            ).hexdigest(),
+            status="admitted",
+            admitted_at=time.time(),
+        )
+        stored, inserted = await self._store.admit_receipt(receipt)
+        grant = replace(grant, receipt=stored)
+        if inserted or stored.id in this_batch:
+            return None, grant
+        if stored.status in ("committed", "failed"):
+            result = str(stored.outcome.get("result", ""))
+            block = ToolResultBlock(call.id, result, bool(stored.outcome.get("is_error")))
+            return _replay(call, block, stored.id), grant
+        if stored.status == "admitted":
+            stored = await self._store.finish_receipt(
+                stored.id, "uncertain", {"reason": "found unfinished after an interruption"}
+            )
+        message = (
+            f"outcome uncertain: an earlier attempt of this exact {spec.name} call was "
+            f"interrupted and may or may not have acted. It was not run again; an operator "
+            f"can reconcile receipt {stored.id}."
+        )
+        return (
+            ToolOutcome(
+                call,
+                ToolResultBlock(call.id, message, is_error=True),
+                "uncertain",
+                "receipt_uncertain",
+                stored.id,
+            ),
+            grant,
+        )
+
+    # -- steps 7-8 --------------------------------------------------------------------------
+    async def _dispatch(self, grant: _Admitted, ctx: ToolCallContext) -> ToolOutcome:
+        spec, call, receipt = grant.spec, grant.call, grant.receipt
+        status: OutcomeStatus = "ok"
+        reason: str | None = None
+        async with self._locks.hold(spec.resource_keys):
+            try:
+                async with asyncio.timeout(spec.timeout_s):
+                    text, is_error = await spec.handler(call.arguments, ctx), False
+            except TimeoutError:
+                text = f"{spec.name} did not finish within {spec.timeout_s:g} s"
+                status, reason, is_error = "error", "deadline", True
+                if receipt is not None:
+                    text += "; it may have acted before it was stopped"
+                    await self._finish(receipt, "uncertain", {"reason": "deadline"})
+                    status = "uncertain"
+            except ToolError as exc:
+                text, status, reason, is_error = str(exc), "error", "tool_error", True
+                await self._finish(receipt, "failed", {"result": text, "is_error": True})
+            except asyncio.CancelledError:
+                # The turn's budget ran out mid-call: whatever it did is unknown.
+                await asyncio.shield(self._finish(receipt, "uncertain", {"reason": "cancelled"}))
+                raise
+            except Exception as exc:
+                # The handler broke without saying what it did: for an effect, that is unknown.
+                log.exception("tool %s failed", spec.name)
+                text = f"{spec.name} failed unexpectedly ({type(exc).__name__})"
+                status = "uncertain" if receipt is not None else "error"
+                reason, is_error = "crashed", True
+                await self._finish(receipt, "uncertain", {"reason": f"crashed: {exc!r}"[:300]})
+            else:
+                text = _truncate(text)
+                await self._finish(receipt, "committed", {"result": text, "is_error": False})
+        result = ToolResultBlock(call.id, _truncate(text), is_error)
+        if status == "ok":
+            result = await self._post_hooks(spec, call, ctx, result)
+        return ToolOutcome(
+            call,
+            result,
+            status,
+            reason,
+            receipt.id if receipt else None,
+            grant.approved,
+        )
+
+    async def _finish(
+        self,
+        receipt: EffectReceipt | None,
+        status: Literal["committed", "failed", "uncertain"],
+        outcome: Mapping[str, Any],
+    ) -> None:
+        if receipt is not None:
+            await self._store.finish_receipt(receipt.id, status, outcome)
+
+    async def _post_hooks(
+        self, spec: ToolSpec, call: ToolUseBlock, ctx: ToolCallContext, result: ToolResultBlock
+    ) -> ToolResultBlock:
+        payload = _payload("PostToolUse", spec, call.arguments, ctx)
+        payload["result"] = result.content
+        post = await self._hooks.post_tool_use(payload)
+        if post.withheld is not None:
+            return ToolResultBlock(call.id, f"result withheld by policy: {post.withheld}", True)
+        if post.context:
+            extra = "\n\n".join(post.context)
+            return ToolResultBlock(call.id, _truncate(f"{result.content}\n\n[note] {extra}"))
+        return result
+
+
+def _payload(
+    event: str, spec: ToolSpec, arguments: Mapping[str, Any], ctx: ToolCallContext
+) -> dict[str, Any]:
+    return {
+        "event": event,
+        "session": ctx.session_id,
+        "turn": ctx.turn_id,
+        "mode": ctx.mode.value,
+        "tool": spec.name,
+        "arguments": dict(arguments),
+        "safety": spec.safety.value,
+        "effect": spec.effect.value,
+    }
+
+
+def _refused(call: ToolUseBlock, refusal: _Refused) -> ToolOutcome:
+    block = ToolResultBlock(call.id, f"refused: {refusal}", is_error=True)
+    return ToolOutcome(call, block, "refused", refusal.reason)
+
+
+def _replay(call: ToolUseBlock, original: ToolResultBlock, receipt_id: str | None) -> ToolOutcome:
+    note = "(this exact call already ran in this turn; it was not run again) "
+    block = ToolResultBlock(call.id, note + original.content, original.is_error)
+    return ToolOutcome(call, block, "replayed", "replay", receipt_id)
+
+
+def _truncate(text: str) -> str:
+    if len(text) <= MAX_RESULT_CHARS:
+        return text
+    return text[:MAX_RESULT_CHARS] + f"\n[truncated {len(text) - MAX_RESULT_CHARS} characters]"

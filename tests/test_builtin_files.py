@@ -1,8 +1,5 @@
 """The workspace file tools: behaviour on disk and every confinement rule."""
 
-# Tests arrange and inspect small trees under tmp_path directly; blocking the loop for that
-# is harmless here, and going through threads would only hide what is being checked.
-
 from __future__ import annotations
 
 import asyncio

@@ -16,6 +16,7 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.tools import ToolCallContext, ToolError, ToolSpec
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.builtin import files as files_mod
+from geodebot.engine.tools.builtin import paths as paths_mod
 
 CTX = ToolCallContext(session_id="s", turn_id="t", mode=Mode.IPC)
 
@@ -328,7 +329,7 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_refused(
     (ws / "d").mkdir(parents=True)
     (ws / "d/f.txt").write_text("inside\n")
     (outside / "f.txt").write_text("TOP SECRET\n")
-    checked = files_mod._inside
+    checked = paths_mod.inside
 
     def check_then_swap(root: Path, rel: PurePosixPath) -> Path:
         real = checked(root, rel)
@@ -338,7 +339,9 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_refused(
             (ws / "d").symlink_to(outside)
         return real
 
-    monkeypatch.setattr(files_mod, "_inside", check_then_swap)
+    # The race cannot be timed from outside, so the check itself makes the swap happen.
+    monkeypatch.setattr(files_mod, "inside", check_then_swap)
+    monkeypatch.setattr(paths_mod, "inside", check_then_swap)
     message = await call.error(tool, path="d/f.txt", content="pwned")
     assert message == "d/f.txt: is a symlink (or changed while opening); refused"
     assert (outside / "f.txt").read_text() == "TOP SECRET\n"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geodebot.engine.tools.builtin.files import ensure_workspace
+from geodebot.engine.tools.builtin.paths import ensure_workspace
 from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
 
 if TYPE_CHECKING:

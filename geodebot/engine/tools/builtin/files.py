@@ -1,27 +1,29 @@
-"""Workspace file tools. Every path stays inside the workspace, symlinks included.
-
-Paths are checked twice: lexically (relative, no ``..``) and after resolving every existing
-component. The resolved path is then opened one component at a time from a descriptor of the
-workspace with ``O_NOFOLLOW``, so a symlink swapped in after the check makes the open fail
-instead of escaping.
-"""
+"""Workspace file tools: read, list, search, write and edit, confined by ``paths``."""
 
 from __future__ import annotations
 
 import asyncio
 import codecs
 import contextlib
-import errno
 import io
 import os
 import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
+from geodebot.engine.tools.builtin.paths import (
+    inside,
+    locate,
+    open_dir,
+    open_file,
+    open_regular,
+    os_errors,
+    parent_fd,
+)
 from geodebot.engine.tools.spec import (
     Effect,
     Handler,
@@ -53,121 +55,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def ensure_workspace(workspace: Path) -> Path:
-    """Create the workspace (0700) if missing and return its resolved path."""
-    try:
-        workspace.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
-    else:
-        # mkdir's mode is filtered by the umask; this makes it exact.
-        workspace.chmod(0o700)
-    if not workspace.is_dir():
-        raise ToolError("the workspace is not a directory")
-    return workspace.resolve()
-
-
-def _relative(raw: object) -> PurePosixPath:
-    if not isinstance(raw, str) or not raw:
-        raise ToolError("path must be a non-empty string")
-    if "\x00" in raw:
-        raise ToolError("path contains a NUL byte")
-    try:
-        size = len(raw.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ToolError("path is not valid UTF-8") from None
-    if size > MAX_PATH_BYTES:
-        raise ToolError(f"path is too long ({size} bytes; the limit is {MAX_PATH_BYTES})")
-    rel = PurePosixPath(raw)
-    if rel.is_absolute():
-        raise ToolError(f"{raw}: absolute paths are refused; use a path relative to the workspace")
-    if ".." in rel.parts:
-        raise ToolError(f"{raw}: '..' is not allowed in paths")
-    if any(len(part.encode()) > MAX_NAME_BYTES for part in rel.parts):
-        raise ToolError(f"{raw}: a path component is longer than {MAX_NAME_BYTES} bytes")
-    return rel
-
-
-def _locate(workspace: Path, raw: object) -> tuple[Path, PurePosixPath, str]:
-    root = ensure_workspace(workspace)
-    rel = _relative(raw)
-    return root, rel, rel.as_posix()
-
-
-def _inside(root: Path, rel: PurePosixPath) -> Path:
-    real = Path(os.path.realpath(root / rel))
-    if not real.is_relative_to(root):
-        raise ToolError(f"{rel}: resolves outside the workspace (through a symlink); refused")
-    return real
-
-
-@contextlib.contextmanager
-def _os_errors(shown: str) -> Iterator[None]:
-    try:
-        yield
-    except FileNotFoundError:
-        raise ToolError(f"{shown}: no such file or directory") from None
-    except NotADirectoryError:
-        raise ToolError(f"{shown}: not a directory (or a parent of it is not)") from None
-    except IsADirectoryError:
-        raise ToolError(f"{shown}: is a directory") from None
-    except PermissionError:
-        raise ToolError(f"{shown}: permission denied") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ToolError(f"{shown}: is a symlink (or changed while opening); refused") from None
-        raise ToolError(f"{shown}: {exc.strerror or exc}") from None
-
-
-def _open_dir(root: Path, parts: tuple[str, ...], *, create: bool = False) -> int:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
-            try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except NotADirectoryError:
-                # O_DIRECTORY reports a symlink as "not a directory"; say what it is.
-                if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
-                    raise OSError(errno.ELOOP, "symlink") from None
-                raise
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_regular(dir_fd: int, name: str, shown: str, max_bytes: int | None = None) -> BinaryIO:
-    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ToolError(f"{shown}: is a directory (use list_dir)")
-        if not stat.S_ISREG(st.st_mode):
-            raise ToolError(f"{shown}: not a regular file")
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise ToolError(f"{shown}: too large ({st.st_size} bytes; limit {max_bytes})")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _open_file(root: Path, real: Path, shown: str, max_bytes: int | None = None) -> BinaryIO:
-    parts = real.relative_to(root).parts
-    if not parts:
-        raise ToolError(f"{shown}: is a directory (use list_dir)")
-    dir_fd = _open_dir(root, parts[:-1])
-    try:
-        return _open_regular(dir_fd, parts[-1], shown, max_bytes)
-    finally:
-        os.close(dir_fd)
-
-
 def _sniff_text(head: bytes, shown: str) -> None:
     if b"\x00" in head:
         raise ToolError(f"{shown}: binary file; refused")
@@ -178,9 +65,9 @@ def _sniff_text(head: bytes, shown: str) -> None:
 
 
 def _read_file(workspace: Path, raw: str, offset: int, limit: int | None) -> str:
-    root, rel, shown = _locate(workspace, raw)
-    real = _inside(root, rel)
-    with _os_errors(shown), _open_file(root, real, shown) as handle:
+    root, rel, shown = locate(workspace, raw)
+    real = inside(root, rel)
+    with os_errors(shown), open_file(root, real, shown) as handle:
         _sniff_text(handle.read(SNIFF_BYTES), shown)
         handle.seek(0)
         with io.TextIOWrapper(handle, encoding="utf-8", errors="strict") as text:
@@ -224,10 +111,10 @@ def _take_lines(text: io.TextIOWrapper, offset: int, limit: int | None) -> str:
 
 
 def _list_dir(workspace: Path, raw: str) -> str:
-    root, rel, shown = _locate(workspace, raw)
-    real = _inside(root, rel)
-    with _os_errors(shown):
-        fd = _open_dir(root, real.relative_to(root).parts)
+    root, rel, shown = locate(workspace, raw)
+    real = inside(root, rel)
+    with os_errors(shown):
+        fd = open_dir(root, real.relative_to(root).parts)
         try:
             with os.scandir(fd) as entries:
                 names = sorted(entry.name for entry in entries)
@@ -261,8 +148,8 @@ def _describe(dir_fd: int, name: str) -> str:
 def _search(
     workspace: Path, pattern: str, regex: bool, ignore_case: bool, glob: str | None, raw: str
 ) -> str:
-    root, rel, shown = _locate(workspace, raw)
-    base = _inside(root, rel)
+    root, rel, shown = locate(workspace, raw)
+    base = inside(root, rel)
     try:
         matcher = re.compile(pattern if regex else re.escape(pattern), re.I if ignore_case else 0)
     except re.error as exc:
@@ -313,7 +200,7 @@ def _search_one(
     if not real.is_relative_to(root):
         return None
     try:
-        with _open_file(root, real, "", MAX_SEARCH_FILE_BYTES) as handle:
+        with open_file(root, real, "", MAX_SEARCH_FILE_BYTES) as handle:
             data = handle.read()
         if b"\x00" in data[:SNIFF_BYTES]:
             return None
@@ -327,14 +214,6 @@ def _search_one(
             if len(hits) >= room:
                 break
     return hits
-
-
-def _parent_fd(root: Path, rel: PurePosixPath, shown: str, *, create: bool) -> int:
-    if not rel.parts:
-        raise ToolError(f"{shown}: is a directory")
-    _inside(root, rel)  # a final symlink leading out gets the clearer message
-    parent = _inside(root, rel.parent)
-    return _open_dir(root, parent.relative_to(root).parts, create=create)
 
 
 def _atomic_write(dir_fd: int, name: str, data: bytes, shown: str) -> bool:
@@ -370,13 +249,13 @@ def _atomic_write(dir_fd: int, name: str, data: bytes, shown: str) -> bool:
 
 
 def _write_file(workspace: Path, raw: str, content: str) -> str:
-    root, rel, shown = _locate(workspace, raw)
+    root, rel, shown = locate(workspace, raw)
     try:
         data = content.encode("utf-8")
     except UnicodeEncodeError:
         raise ToolError("content is not valid UTF-8 text") from None
-    with _os_errors(shown):
-        dir_fd = _parent_fd(root, rel, shown, create=True)
+    with os_errors(shown):
+        dir_fd = parent_fd(root, rel, shown, create=True)
         try:
             created = _atomic_write(dir_fd, rel.name, data, shown)
         finally:
@@ -394,13 +273,13 @@ def _occurrences(text: str, needle: str) -> int:
 
 
 def _edit_file(workspace: Path, raw: str, old_text: str, new_text: str) -> str:
-    root, rel, shown = _locate(workspace, raw)
+    root, rel, shown = locate(workspace, raw)
     if not old_text:
         raise ToolError("old_text must not be empty")
-    with _os_errors(shown):
-        dir_fd = _parent_fd(root, rel, shown, create=False)
+    with os_errors(shown):
+        dir_fd = parent_fd(root, rel, shown, create=False)
         try:
-            with _open_regular(dir_fd, rel.name, shown, MAX_EDIT_BYTES) as handle:
+            with open_regular(dir_fd, rel.name, shown, MAX_EDIT_BYTES) as handle:
                 data = handle.read()
             _sniff_text(data[:SNIFF_BYTES], shown)
             try:

@@ -7,6 +7,7 @@ module for an :class:`App` and drives it.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.resilient import ResilientLLM
 from geodebot.engine.llm.types import LLMAdapter
 from geodebot.engine.loop import AgenticLoop
+from geodebot.engine.mcp.client import MCPServerPool
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import (
     EngineServices,
@@ -31,10 +33,13 @@ from geodebot.engine.session import (
     create_session,
 )
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
+from geodebot.engine.tools.builtin.paths import ensure_workspace
+from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.redact import Redactor
 from geodebot.store.sqlite import SQLiteStore
+from geodebot.trust import TrustStore, load_project_servers
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,7 @@ DB_FILE = "geodebot.db"
 LEDGER_FILE = "ledger.jsonl"
 SOCKET_FILE = "geodebot.sock"
 TRUST_FILE = "trust.json"
+MCP_PREFIX = "mcp__"
 
 
 def build_redactor(config: Config) -> Redactor:
@@ -104,6 +110,28 @@ def build_llm_factory(
     return factory
 
 
+async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> MCPServerPool | None:
+    """The configured MCP servers plus a trusted project's; none start until first used."""
+    servers = list(config.mcp.servers)
+    project = config.project_mcp_config
+    if project is not None:
+        extra, ignored = load_project_servers(project, TrustStore(config.state_dir / TRUST_FILE))
+        if ignored is not None:
+            log.warning("%s", ignored)
+        names = {s.name for s in servers}
+        for server in extra:
+            if server.name in names:
+                log.warning("project MCP server %s ignored: the global config has it", server.name)
+            else:
+                servers.append(server)
+    if not servers:
+        return None
+    # stdio servers run in the workspace, which must exist before the first one starts.
+    pool = MCPServerPool(servers, environ=os.environ, cwd=ensure_workspace(config.workspace))
+    stack.push_async_callback(pool.aclose)
+    return pool
+
+
 @dataclass(frozen=True, slots=True)
 class App:
     config: Config
@@ -155,6 +183,7 @@ async def build_app(
         http_timeout_s=config.tools.http_timeout_s,
         bash_timeout_s=config.tools.bash_timeout_s,
     )
+    pool = await open_mcp_pool(config, stack)
     hooks = HookRegistry([*hooks_from_config(config.hooks), *hooks_from_entry_points()])
     verifiers: list[Verifier] = [NonEmptyAnswer()]
     stop_hooks = hooks.stop_verifier()
@@ -164,7 +193,10 @@ async def build_app(
     services = EngineServices(
         store=store,
         llm=build_llm_factory(chain, config),
-        registry=registry if registry is not None else ToolRegistry(builtin_tools(settings)),
+        tools=ToolCatalog(
+            registry if registry is not None else ToolRegistry(builtin_tools(settings)),
+            {MCP_PREFIX: pool} if pool is not None else {},
+        ),
         runner=ToolExecutor(
             store=store, hooks=hooks, approval_timeout_s=config.tools.approval_timeout_s
         ),

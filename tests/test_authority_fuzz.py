@@ -25,6 +25,7 @@ from geodebot.engine.llm.types import (
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import EngineServices, SessionSpec, create_session
+from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.redact import Redactor
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import ScriptedLLM, text_reply
@@ -78,7 +79,7 @@ async def run_batch(store: SQLiteStore, marker: Path, batch: list[tuple[str, Any
     services = EngineServices(
         store=store,
         llm=lambda on_event: llm,
-        registry=tool_registry(marker),
+        tools=ToolCatalog(tool_registry(marker)),
         runner=ToolExecutor(store=store),
         ledger=EvidenceLedger(None, Redactor()),
         redactor=Redactor(),

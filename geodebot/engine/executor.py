@@ -41,6 +41,7 @@ from geodebot.engine.tools.spec import (
     CallClass,
     ToolCallContext,
     ToolError,
+    ToolOutcomeUnknown,
     ToolSpec,
 )
 from geodebot.store.protocol import EffectReceipt, Store
@@ -333,6 +334,10 @@ class ToolExecutor:
                     text += "; it may have acted before it was stopped"
                     await self._finish(receipt, "uncertain", {"reason": "deadline"})
                     status = "uncertain"
+            except ToolOutcomeUnknown as exc:
+                text, reason, is_error = str(exc), "outcome_unknown", True
+                status = "uncertain" if receipt is not None else "error"
+                await self._finish(receipt, "uncertain", {"reason": text[:300]})
             except ToolError as exc:
                 text, status, reason, is_error = str(exc), "error", "tool_error", True
                 await self._finish(receipt, "failed", {"result": text, "is_error": True})

@@ -12,8 +12,8 @@ from geodebot.config import BudgetConfig
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.types import LLMAdapter, Usage
 from geodebot.engine.modes import Mode
+from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.engine.tools.plan import BoundToolPlan
-from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.tools.runner import ToolRunner
 from geodebot.engine.tools.spec import Approver
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
@@ -52,7 +52,7 @@ class EngineServices:
 
     store: Store
     llm: LLMFactory
-    registry: ToolRegistry
+    tools: ToolCatalog
     runner: ToolRunner
     ledger: EvidenceLedger
     redactor: Redactor
@@ -128,7 +128,7 @@ async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices
     record = await services.store.ensure_session(spec.session_id, mode.value)
     switch = await services.store.get_switch(COMPUTER_USE_SWITCH)
     plan = BoundToolPlan.project(
-        services.registry.as_mapping(),
+        await services.tools.resolve(spec.tools),
         mode,
         spec.tools,
         preapproved=spec.preapproved,

@@ -91,6 +91,10 @@ class ToolError(Exception):
     """A handler's way to say the call failed in a way the model should read."""
 
 
+class ToolOutcomeUnknown(ToolError):
+    """The call failed part-way: it may have acted (e.g. a remote server went away)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     name: str

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from geodebot.engine.tools.builtin.paths import ensure_workspace
-from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
+from geodebot.engine.tools.spec import (
+    Effect,
+    Safety,
+    ToolCallContext,
+    ToolError,
+    ToolOutcomeUnknown,
+    ToolSpec,
+)
 
 if TYPE_CHECKING:
     from geodebot.engine.tools.builtin import BuiltinSettings
@@ -26,10 +33,6 @@ MAX_COMMAND_CHARS = 100_000
 KILL_GRACE_S = 2.0
 _POLL_S = 0.02
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# Cleanups run as tasks of their own so a second cancellation cannot abandon a half-killed
-# group; holding them here keeps them alive until they finish.
-_cleanups: set[asyncio.Task[None]] = set()
 
 
 class _Capture:
@@ -115,7 +118,14 @@ async def _reap(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[Non
             transport.close()
 
 
-async def run_command(command: str, timeout_s: float, workspace: Path) -> str:
+async def run_command(
+    command: str, timeout_s: float, workspace: Path, cleanups: set[asyncio.Task[None]]
+) -> str:
+    """Run ``command``; ``cleanups`` holds the group-kill tasks until they finish.
+
+    Cleanups run as tasks of their own so a second cancellation cannot abandon a half-killed
+    group; the caller's set keeps them referenced, since the loop holds tasks only weakly.
+    """
     root = await asyncio.to_thread(ensure_workspace, workspace)
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -146,12 +156,13 @@ async def run_command(command: str, timeout_s: float, workspace: Path) -> str:
         timed_out = True
     finally:
         cleanup = asyncio.create_task(_reap(proc, readers))
-        _cleanups.add(cleanup)
-        cleanup.add_done_callback(_cleanups.discard)
+        cleanups.add(cleanup)
+        cleanup.add_done_callback(cleanups.discard)
         await asyncio.shield(cleanup)
     body = f"--- stdout ---\n{out.text()}\n--- stderr ---\n{err.text()}"
     if timed_out:
-        raise ToolError(
+        # It ran until it was killed: whatever it changed so far stays changed.
+        raise ToolOutcomeUnknown(
             f"command timed out after {timeout_s:g} s; its process group was killed\n{body}"
         )
     code = proc.returncode
@@ -161,6 +172,7 @@ async def run_command(command: str, timeout_s: float, workspace: Path) -> str:
 
 def bash_tool(settings: BuiltinSettings) -> ToolSpec:
     limit = settings.bash_timeout_s
+    cleanups: set[asyncio.Task[None]] = set()
 
     async def run_bash(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
         command = arguments.get("command")
@@ -173,7 +185,7 @@ def bash_tool(settings: BuiltinSettings) -> ToolSpec:
             raise ToolError("timeout_s must be a number")
         if not 0 < timeout <= limit:
             raise ToolError(f"timeout_s must be more than 0 and at most {limit:g}")
-        return await run_command(command, float(timeout), settings.workspace)
+        return await run_command(command, float(timeout), settings.workspace, cleanups)
 
     return ToolSpec(
         name="run_bash",

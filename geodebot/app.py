@@ -22,7 +22,6 @@ from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.resilient import ResilientLLM
 from geodebot.engine.llm.types import LLMAdapter
 from geodebot.engine.loop import AgenticLoop
-from geodebot.engine.mcp.client import MCPServerPool
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import (
     EngineServices,
@@ -34,7 +33,8 @@ from geodebot.engine.session import (
 )
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.builtin.paths import ensure_workspace
-from geodebot.engine.tools.catalog import ToolCatalog
+from geodebot.engine.tools.catalog import ToolCatalog, ToolSource
+from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.redact import Redactor
@@ -110,7 +110,23 @@ def build_llm_factory(
     return factory
 
 
-async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> MCPServerPool | None:
+def check_tool_lists(config: Config, registry: ToolRegistry) -> None:
+    """Tool lists in the config name real tools that their mode can ever have."""
+    known = registry.names()
+    problems = [
+        f"tools.{key}: {problem}"
+        for key, mode, names in (
+            ("ipc_tools", Mode.IPC, config.tools.ipc_tools),
+            ("headless_tools", Mode.HEADLESS, config.tools.headless_tools),
+            ("headless_preapproved", Mode.HEADLESS, config.tools.headless_preapproved),
+        )
+        for problem in allowlist_problems(mode, names, known)
+    ]
+    if problems:
+        raise ConfigError(str(config.source or "<config>"), problems)
+
+
+async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> ToolSource | None:
     """The configured MCP servers plus a trusted project's; none start until first used."""
     servers = list(config.mcp.servers)
     project = config.project_mcp_config
@@ -126,6 +142,9 @@ async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> MCPServerPool 
                 servers.append(server)
     if not servers:
         return None
+    # Imported only when servers are configured: the mcp SDK alone takes over a second.
+    from geodebot.engine.mcp.client import MCPServerPool
+
     # stdio servers run in the workspace, which must exist before the first one starts.
     pool = MCPServerPool(servers, environ=os.environ, cwd=ensure_workspace(config.workspace))
     stack.push_async_callback(pool.aclose)
@@ -184,6 +203,8 @@ async def build_app(
         bash_timeout_s=config.tools.bash_timeout_s,
     )
     pool = await open_mcp_pool(config, stack)
+    registry = registry if registry is not None else ToolRegistry(builtin_tools(settings))
+    check_tool_lists(config, registry)
     hooks = HookRegistry([*hooks_from_config(config.hooks), *hooks_from_entry_points()])
     verifiers: list[Verifier] = [NonEmptyAnswer()]
     stop_hooks = hooks.stop_verifier()
@@ -194,7 +215,7 @@ async def build_app(
         store=store,
         llm=build_llm_factory(chain, config),
         tools=ToolCatalog(
-            registry if registry is not None else ToolRegistry(builtin_tools(settings)),
+            registry,
             {MCP_PREFIX: pool} if pool is not None else {},
         ),
         runner=ToolExecutor(

@@ -179,3 +179,126 @@ async def test_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 1
     assert str(blocker) in err
     assert "Traceback" not in err
+
+
+async def test_deny_listed_tool_in_a_tool_list_is_a_config_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[tools]\nheadless_tools = ["get_time", "run_bash", "nope"]\n')
+    code, _, err = await geodebot("run", "--config", str(config), "hi")
+    assert code == 2
+    assert "tools.headless_tools: run_bash: never available in headless mode" in err
+    assert "tools.headless_tools: nope: no such tool" in err
+    assert "Traceback" not in err
+
+
+async def test_operator_switch_round_trip(tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, ""))
+    code, out, _ = await geodebot("operator", "computer-use", "status", "--config", config)
+    assert code == 0
+    assert "computer use: off" in out
+    code, out, _ = await geodebot(
+        "operator", "computer-use", "on", "--for", "2h", "--reason", "demo", "--config", config
+    )
+    assert code == 0
+    assert "computer use: on until" in out
+    assert "(demo)" in out
+    code, out, _ = await geodebot("operator", "computer-use", "off", "--config", config)
+    assert "computer use: off" in out
+    code, _, err = await geodebot(
+        "operator", "computer-use", "on", "--for", "soon", "--config", config
+    )
+    assert code == 2
+    assert "not a duration" in err
+
+
+async def test_receipts_list_and_resolve(tmp_path: Path) -> None:
+    from geodebot.store.protocol import EffectReceipt
+    from geodebot.store.sqlite import SQLiteStore
+
+    config = str(write_config(tmp_path, ""))
+    async with SQLiteStore(tmp_path / "var" / "geodebot.db") as store:
+        await store.ensure_session("ops", "daemon")
+        receipt = EffectReceipt(
+            id="r-1",
+            key="k-1",
+            session_id="ops",
+            turn_id="t-1",
+            call_id="c-1",
+            tool="write_file",
+            effect="mutate",
+            arguments_sha256="0" * 64,
+            status="admitted",
+            admitted_at=1.0,
+        )
+        await store.admit_receipt(receipt)
+        await store.mark_admitted_uncertain("restart")
+    code, out, _ = await geodebot("receipts", "list", "--uncertain", "--config", config)
+    assert code == 0
+    assert "r-1" in out
+    assert "write_file" in out
+    code, out, _ = await geodebot("receipts", "resolve", "r-1", "--as", "done", "--config", config)
+    assert code == 0
+    assert "resolved as done" in out
+    code, out, _ = await geodebot("receipts", "list", "--uncertain", "--config", config)
+    assert "r-1" not in out
+    code, _, err = await geodebot("receipts", "resolve", "r-1", "--as", "done", "--config", config)
+    assert code == 1
+    assert "Traceback" not in err
+
+
+async def test_config_trust_pins_the_file(tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, ""))
+    project = tmp_path / "mcp.toml"
+    project.write_text('[[servers]]\nname = "p"\ncommand = ["true"]\n')
+    code, out, _ = await geodebot("config", "trust", str(project), "--config", config)
+    assert code == 0
+    assert "trusted" in out
+    assert (tmp_path / "var" / "trust.json").exists()
+    project.write_text("[[servers]]\nbogus = 1\n")
+    code, _, err = await geodebot("config", "trust", str(project), "--config", config)
+    assert code == 2
+    assert "Traceback" not in err
+
+
+async def test_chat_asks_at_the_terminal_before_a_write(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    from tests.fakes.llm_server import Call
+
+    body = model_table(llm_server, "anthropic") + (
+        f'[tools]\nworkspace = "{tmp_path / "ws"}"\nipc_tools = ["write_file"]\n'
+    )
+    config = str(write_config(tmp_path, body))
+    llm_server.script(
+        Reply(tool_calls=[Call("write_file", {"path": "note.txt", "content": "hi"})]),
+        Reply("Written."),
+        Reply(tool_calls=[Call("write_file", {"path": "other.txt", "content": "no"})]),
+        Reply("Not written."),
+    )
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "geodebot",
+        "serve",
+        "--config",
+        config,
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    socket_path = tmp_path / "var" / "geodebot.sock"
+    try:
+        for _ in range(200):
+            if socket_path.exists():
+                break
+            await asyncio.sleep(0.05)
+        code, out, err = await geodebot(
+            "chat", "--config", config, stdin=b"write note\ny\nwrite other\nn\n"
+        )
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(daemon.communicate(), timeout=30)
+    assert code == 0, err
+    assert out.count("geodebot asks to run write_file") == 2
+    assert "Written." in out
+    assert "Not written." in out
+    assert (tmp_path / "ws" / "note.txt").read_text() == "hi"
+    assert not (tmp_path / "ws" / "other.txt").exists()

@@ -75,7 +75,8 @@ def allowlist_problems(mode: Mode, names: Iterable[str], known: Iterable[str]) -
     known_set = set(known)
     problems = []
     for name in names:
-        if name in denied_tools(mode) and name != COMPUTER:
+        # computer may be listed for DAEMON: the operator switch decides at run time.
+        if name in denied_tools(mode) and not (name == COMPUTER and mode is Mode.DAEMON):
             problems.append(f"{name}: never available in {mode.value} mode")
         elif name not in known_set and not name.startswith("mcp__"):
             problems.append(f"{name}: no such tool")

@@ -229,4 +229,4 @@ async def build_app(
         limits=ModelLimits(config.model.max_tokens, config.model.context_tokens),
         observers=tuple(observers),
     )
-    return App(config, services, Lanes(config.daemon.max_concurrent_turns), state_dir)
+    return App(config, services, Lanes(config.daemon.max_concurrent_sessions), state_dir)

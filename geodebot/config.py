@@ -53,7 +53,11 @@ class DaemonConfig(_Strict):
     timezone: str = "UTC"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Turns running at once across all sessions; one turn at a time per session regardless.
-    max_concurrent_turns: Annotated[int, Field(ge=1, le=1024)] = 8
+    max_concurrent_sessions: Annotated[int, Field(ge=1, le=1024)] = 8
+    # Messages waiting per session while its turn runs; more get a "busy" answer.
+    session_queue: Annotated[int, Field(ge=1, le=1000)] = 10
+    # On SIGTERM, running turns get this long to finish before they are cancelled.
+    shutdown_grace_s: Annotated[float, Field(ge=0, le=600)] = 20.0
 
 
 class ModelEndpoint(_Strict):
@@ -205,6 +209,69 @@ class MCPConfig(_Strict):
     project_config: Path | None = None
 
 
+class _ChannelBase(_Strict):
+    # A channel runs when its table is present and enabled is true.
+    enabled: bool = True
+    # Messages longer than this get a short refusal and no model call.
+    max_message_chars: Annotated[int, Field(ge=1, le=1_000_000)] = 16_000
+
+
+class TelegramConfig(_ChannelBase):
+    token_env: str = "TELEGRAM_BOT_TOKEN"
+    # python-telegram-bot's base_url meaning: the token is appended to it.
+    api_base_url: str = "https://api.telegram.org/bot"
+    poll_timeout_s: Annotated[int, Field(ge=0, le=60)] = 30
+
+
+class SlackConfig(_ChannelBase):
+    bot_token_env: str = "SLACK_BOT_TOKEN"
+    app_token_env: str = "SLACK_APP_TOKEN"
+    # slack_sdk's base_url meaning; the trailing slash matters.
+    api_base_url: str = "https://slack.com/api/"
+
+    @field_validator("api_base_url")
+    @classmethod
+    def _slash(cls, value: str) -> str:
+        if not value.endswith("/"):
+            raise ValueError("must end with / (slack_sdk joins paths onto it)")
+        return value
+
+
+class DiscordConfig(_ChannelBase):
+    token_env: str = "DISCORD_BOT_TOKEN"
+    # discord.py's Route.BASE meaning.
+    api_base_url: str = "https://discord.com/api/v10"
+    gateway_url: str = "wss://gateway.discord.gg/"
+
+
+class ChannelsConfig(_Strict):
+    telegram: TelegramConfig | None = None
+    slack: SlackConfig | None = None
+    discord: DiscordConfig | None = None
+
+
+class BindingConfig(_Strict):
+    platform: Literal["telegram", "slack", "discord"]
+    channel: Annotated[str, Field(min_length=1)]
+    session: Annotated[str, Field(min_length=1, max_length=200)]
+    # channel: one session; thread: each Slack thread / Telegram topic is "<session>/<thread>".
+    scope: Literal["channel", "thread"] = "channel"
+    # Platform user ids; ["*"] is anyone in the channel; empty is nobody.
+    allowed_users: tuple[str, ...] = ()
+    require_mention: bool = False
+    tools: tuple[str, ...] = ()
+    # Tools that may run unattended even though they would need approval.
+    preapproved: tuple[str, ...] = ()
+    time_budget_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+
+    @model_validator(mode="after")
+    def _preapproved_listed(self) -> BindingConfig:
+        missing = [t for t in self.preapproved if t not in self.tools]
+        if missing:
+            raise ValueError(f"preapproved tools must also be in tools: {', '.join(missing)}")
+        return self
+
+
 class Config(_Strict):
     daemon: DaemonConfig = DaemonConfig()
     model: ModelConfig = ModelConfig()
@@ -213,6 +280,8 @@ class Config(_Strict):
     tools: ToolsConfig = ToolsConfig()
     hooks: tuple[HookConfig, ...] = ()
     mcp: MCPConfig = MCPConfig()
+    channels: ChannelsConfig = ChannelsConfig()
+    bindings: tuple[BindingConfig, ...] = ()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 
@@ -232,6 +301,16 @@ class Config(_Strict):
 
     def prompt_file(self, path: Path) -> Path:
         return self._relative(path)
+
+    @model_validator(mode="after")
+    def _bindings_unique(self) -> Config:
+        seen: set[tuple[str, str]] = set()
+        for binding in self.bindings:
+            key = (binding.platform, binding.channel)
+            if key in seen:
+                raise ValueError(f"bindings: {binding.platform} channel {binding.channel} twice")
+            seen.add(key)
+        return self
 
     @property
     def workspace(self) -> Path:
@@ -317,3 +396,16 @@ def secret_names(config: Config) -> Iterable[str]:
     yield config.model.key_env
     for fb in config.model.fallbacks:
         yield fb.key_env
+    yield from channel_secret_names(config)
+
+
+def channel_secret_names(config: Config) -> Iterable[str]:
+    """The secrets of the enabled channels (each is required at startup)."""
+    ch = config.channels
+    if ch.telegram is not None and ch.telegram.enabled:
+        yield ch.telegram.token_env
+    if ch.slack is not None and ch.slack.enabled:
+        yield ch.slack.bot_token_env
+        yield ch.slack.app_token_env
+    if ch.discord is not None and ch.discord.enabled:
+        yield ch.discord.token_env

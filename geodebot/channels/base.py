@@ -1,0 +1,150 @@
+"""What every chat platform adapter is, in geodebot's own types.
+
+An adapter owns one platform SDK client and nothing else: it turns SDK events into
+:class:`Inbound` (``to_inbound``), hands them to an :data:`InboundSink` that commits them to
+the inbox, acknowledges the platform only after the sink returned, and sends
+:class:`OutboundPart` s it is given (``render`` turns our markdown into the platform's format
+and splits it at the platform's limit). The engine never sees an SDK type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Platform = Literal["telegram", "slack", "discord"]
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """One chat message (or slash command) as geodebot sees it."""
+
+    platform: Platform
+    # Unique per platform for this delivery: Telegram update_id, Slack event_id, Discord
+    # message id (or interaction id). Redeliveries carry the same id.
+    event_id: str
+    channel: str  # Telegram chat id, Slack channel id, Discord channel id
+    # Slack thread_ts, Telegram message_thread_id (forum topic); None outside threads.
+    thread: str | None
+    user: str  # the sender's platform user id
+    text: str
+    message_id: str  # the platform's id of the message, to reply to it
+    user_name: str = ""
+    is_bot: bool = False  # sent by a bot (any bot, this one included)
+    is_self: bool = False  # sent by this bot
+    mentions_bot: bool = False
+    is_dm: bool = False
+    ts: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    platform: Platform
+    channel: str
+    thread: str | None = None
+    reply_to: str | None = None  # message id to answer (Telegram reply, Slack thread root)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundPart:
+    """One platform message of a reply: already rendered and within the platform's limit."""
+
+    destination: Destination
+    text: str
+    # Stable across retries and restarts: the idempotency handle for reconciliation
+    # (Discord nonce, Slack message metadata). Unique per (outbox row, part index).
+    key: str
+    index: int = 0
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SentPart:
+    message_id: str
+
+
+class ChannelError(Exception):
+    """Sending failed. ``retry_after`` is set for rate limits (seconds to wait)."""
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, permanent: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        # True when retrying cannot help (chat gone, bot removed, message rejected).
+        self.permanent = permanent
+
+
+class SendUnknown(ChannelError):
+    """The request may or may not have reached the platform (timeout, connection cut)."""
+
+
+# Commits the event to the inbox. When it returns, the platform may be acknowledged; when it
+# raises, the adapter must not acknowledge, so the platform delivers the event again.
+InboundSink = Callable[[Inbound], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCommand:
+    name: str  # without the slash
+    description: str
+
+
+CHAT_COMMANDS: tuple[ChatCommand, ...] = (
+    ChatCommand("help", "What this bot can do"),
+    ChatCommand("status", "Session, model, queue and budget"),
+    ChatCommand("stop", "Cancel the running turn"),
+    ChatCommand("reset", "Start a fresh context (history is kept)"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStatus:
+    platform: Platform
+    connected: bool
+    detail: str = ""
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class Channel(Protocol):
+    """A platform connection. ``start`` returns once connected and receiving."""
+
+    @property
+    def platform(self) -> Platform: ...
+
+    async def start(self, sink: InboundSink) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def render(self, markdown: str) -> list[str]:
+        """Our markdown in the platform's format, split at the platform's limit."""
+
+    async def send(self, part: OutboundPart) -> SentPart:
+        """Send one part. Raises ChannelError (with retry_after on 429) or SendUnknown."""
+
+    async def find_sent(self, part: OutboundPart) -> SentPart | None:
+        """After an unknown outcome: the part's message if the platform can tell, else None.
+
+        Raises NotImplementedError where the platform offers no way to look it up.
+        """
+
+    async def typing(self, destination: Destination) -> None: ...
+
+    def status(self) -> ChannelStatus: ...
+
+
+def command_of(text: str, bot_username: str | None = None) -> str | None:
+    """``/status`` or ``/status@ThisBot`` -> ``status``; anything else -> None."""
+    if not text.startswith("/"):
+        return None
+    head = text[1:].split(maxsplit=1)[0] if len(text) > 1 else ""
+    name, _, target = head.partition("@")
+    if target and bot_username and target.lower() != bot_username.lower():
+        return None
+    known = {c.name for c in CHAT_COMMANDS}
+    return name.lower() if name.lower() in known else None
+
+
+def commands_help(commands: Sequence[ChatCommand] = CHAT_COMMANDS) -> str:
+    return "\n".join(f"/{c.name} - {c.description}" for c in commands)

@@ -1,8 +1,9 @@
 """Fakes of geodebot's own ports, for tests and benchmarks (ours and users').
 
 ``ScriptedLLM`` implements the :class:`~geodebot.engine.llm.types.LLMAdapter` port without any
-network: each ``complete`` call takes the next scripted item. Tests of the SDK adapters
-themselves use fake HTTP servers instead; this is for exercising the engine.
+network: each ``complete`` call takes the next scripted item. ``MemoryChannel`` implements the
+chat Channel port in memory. Tests of the SDK adapters themselves use fake servers instead;
+these are for exercising the engine and the delivery path.
 """
 
 from __future__ import annotations
@@ -12,6 +13,17 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from geodebot.channels.base import (
+    ChannelError,
+    ChannelStatus,
+    Destination,
+    Inbound,
+    InboundSink,
+    OutboundPart,
+    Platform,
+    SendUnknown,
+    SentPart,
+)
 from geodebot.engine.llm.errors import LLMError, LLMInvalidResponse
 from geodebot.engine.llm.types import (
     LLMRequest,
@@ -69,3 +81,89 @@ class ScriptedLLM:
 
     async def aclose(self) -> None:
         return None
+
+
+class MemoryChannel:
+    """An in-memory chat platform implementing the Channel port.
+
+    ``deliver`` plays a platform delivering an event (it awaits the sink, as an adapter would
+    before acknowledging); ``sent`` holds every part that went out. ``fail_next`` queues
+    send failures (a ChannelError with retry_after for a 429, a SendUnknown, ...).
+    """
+
+    def __init__(self, platform: Platform = "telegram", *, limit: int = 4096) -> None:
+        self._platform: Platform = platform
+        self.limit = limit
+        self.sink: InboundSink | None = None
+        self.sent: list[OutboundPart] = []
+        self.sent_ids: dict[str, str] = {}
+        self.typing_calls: list[Destination] = []
+        self.failures: deque[ChannelError] = deque()
+        self.lookups_supported = True
+        self._ids = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def platform(self) -> Platform:
+        return self._platform
+
+    async def start(self, sink: InboundSink) -> None:
+        self.sink = sink
+
+    async def stop(self) -> None:
+        self.sink = None
+
+    async def deliver(self, inbound: Inbound) -> None:
+        if self.sink is None:
+            raise RuntimeError("MemoryChannel is not started")
+        await self.sink(inbound)
+
+    def render(self, markdown: str) -> list[str]:
+        text = markdown.strip()
+        return [text[i : i + self.limit] for i in range(0, len(text), self.limit)]
+
+    def fail_next(self, *errors: ChannelError) -> None:
+        self.failures.extend(errors)
+
+    async def send(self, part: OutboundPart) -> SentPart:
+        await asyncio.sleep(0)
+        if self.failures:
+            error = self.failures.popleft()
+            if isinstance(error, SendUnknown):
+                # The request reached the platform, but nobody heard the answer.
+                self._record(part)
+            raise error
+        return self._record(part)
+
+    def _record(self, part: OutboundPart) -> SentPart:
+        self._ids += 1
+        message_id = str(self._ids)
+        self.sent.append(part)
+        self.sent_ids[part.key] = message_id
+        asyncio.get_running_loop().create_task(self._notify())
+        return SentPart(message_id)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_sent(self, n: int, channel: str | None = None) -> list[str]:
+        """Wait until at least ``n`` parts went to ``channel`` (or anywhere); their texts."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self.texts(channel)) >= n)
+        return self.texts(channel)
+
+    async def find_sent(self, part: OutboundPart) -> SentPart | None:
+        if not self.lookups_supported:
+            raise NotImplementedError
+        message_id = self.sent_ids.get(part.key)
+        return SentPart(message_id) if message_id is not None else None
+
+    async def typing(self, destination: Destination) -> None:
+        self.typing_calls.append(destination)
+
+    def status(self) -> ChannelStatus:
+        return ChannelStatus(self._platform, self.sink is not None)
+
+    def texts(self, channel: str | None = None) -> list[str]:
+        return [p.text for p in self.sent if channel is None or p.destination.channel == channel]

@@ -64,6 +64,8 @@ def make_config(
             **(model or {}),
         },
         "budgets": dict(budgets or {}),
+        # Only tools the test registry has; the defaults name built-ins it leaves out.
+        "tools": {"ipc_tools": ["get_time"], "headless_tools": ["get_time"]},
     }
     return parse_config(data)
 

@@ -23,6 +23,10 @@ BatchStatus = Literal["proposed", "done", "abandoned"]
 ReceiptStatus = Literal["admitted", "committed", "failed", "uncertain"]
 FinishStatus = Literal["committed", "failed", "uncertain"]
 Resolution = Literal["done", "failed"]
+InboxStatus = Literal["pending", "running", "done", "failed", "dropped"]
+InboxFinish = Literal["done", "failed", "dropped"]
+OutboxStatus = Literal["pending", "sent", "failed"]
+OutboxFinish = Literal["sent", "failed"]
 
 
 class StoreError(Exception):
@@ -141,6 +145,71 @@ class OperatorSwitch:
     def active(self, now: float) -> bool:
         """Enabled and not yet expired at ``now``; an expired switch reads as off."""
         return self.enabled and (self.expires_at is None or now < self.expires_at)
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    """One accepted platform event, committed before the platform is acknowledged.
+
+    ``pending`` and ``running`` rows are what a restart must still answer; a ``running`` row
+    found after a restart had its turn cut short and is started again.
+    """
+
+    id: int  # store-assigned, increasing: arrival order
+    platform: str
+    event_id: str  # unique per platform; a redelivery carries the same id
+    session_id: str
+    channel: str
+    thread: str | None
+    user: str
+    text: str
+    message_id: str
+    received_at: float
+    status: InboxStatus
+    attempts: int  # how many times a turn was started for it
+    detail: str = ""
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewOutbound:
+    """A message to deliver: the reply to an inbox row, a job result or a notice."""
+
+    session_id: str
+    platform: str
+    channel: str
+    thread: str | None
+    reply_to: str | None
+    text: str  # the whole reply, markdown; split into parts only when sent
+    kind: str = "reply"  # reply | notice | job  (free text, for reports)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A message written before it is sent, with the progress of its parts."""
+
+    id: int
+    inbox_id: int | None  # the inbox row this answers, if any; at most one reply per row
+    session_id: str
+    platform: str
+    channel: str
+    thread: str | None
+    reply_to: str | None
+    text: str
+    kind: str
+    status: OutboxStatus
+    # index -> platform message id, for parts already confirmed sent
+    sent_parts: Mapping[int, str]
+    # The part being sent when the outcome became unknown (crash, timeout), else None: its
+    # message may exist, so it is looked up before it is sent again.
+    in_flight: int | None
+    attempts: int  # send attempts over all parts
+    created_at: float
+    updated_at: float
+    error: str = ""
+    # Times an in-flight part the platform could not look up was sent again regardless; kept
+    # so that a crash loop cannot turn "resend at most once" into "resend on every restart".
+    blind_resends: int = 0
 
 
 class Store(Protocol):
@@ -282,3 +351,107 @@ class Store(Protocol):
 
     async def switch_history(self, name: str, *, limit: int | None = None) -> list[OperatorSwitch]:
         """Every value the switch was set to, newest first."""
+
+    # -- chat inbox -----------------------------------------------------------------------
+    async def inbox_add(
+        self,
+        *,
+        platform: str,
+        event_id: str,
+        session_id: str,
+        channel: str,
+        thread: str | None,
+        user: str,
+        text: str,
+        message_id: str,
+        cursor: tuple[str, str] | None = None,
+    ) -> tuple[InboxRow, bool]:
+        """Commit an accepted event as ``pending``; ``(stored, True)``.
+
+        A second event with the same ``(platform, event_id)`` writes nothing and returns
+        ``(existing, False)``, also when the two race. ``cursor`` ``(name, value)`` is set in
+        the same transaction, duplicate or not, so a poller's offset never runs ahead of the
+        events it has committed.
+        """
+
+    async def inbox_start(self, inbox_id: int) -> InboxRow:
+        """Mark a ``pending`` or ``running`` row ``running`` and count the attempt.
+
+        Raises :class:`StoreError` for an unknown id or a finished row.
+        """
+
+    async def inbox_finish(
+        self,
+        inbox_id: int,
+        status: InboxFinish,
+        *,
+        detail: str = "",
+        reply: NewOutbound | None = None,
+    ) -> tuple[InboxRow, OutboxRow | None]:
+        """Finish a ``pending`` or ``running`` row and, in the same transaction, write its
+        reply to the outbox: after a crash either both exist or neither does.
+
+        Raises :class:`StoreError` (and writes nothing) for an unknown id or a finished row.
+        """
+
+    async def inbox_unfinished(self) -> list[InboxRow]:
+        """``pending`` and ``running`` rows in arrival order."""
+
+    async def get_inbox(self, inbox_id: int) -> InboxRow | None: ...
+
+    async def find_inbox(self, platform: str, event_id: str) -> InboxRow | None: ...
+
+    async def inbox_counts(self) -> dict[str, int]:
+        """Rows per status, every status present (zero included)."""
+
+    # -- chat outbox ----------------------------------------------------------------------
+    async def outbox_add(self, reply: NewOutbound) -> OutboxRow:
+        """Write a ``pending`` message that answers no inbox row (job result, notice)."""
+
+    async def outbox_begin_part(self, outbox_id: int, index: int) -> OutboxRow:
+        """Record that part ``index`` is about to be sent (``in_flight``, attempts + 1).
+
+        Called before the request goes out, so a crash during it leaves the evidence that the
+        outcome is unknown. Raises :class:`StoreError` unless the row is ``pending``, the part
+        is not already sent and no other part's outcome is still unknown.
+        """
+
+    async def outbox_part_sent(self, outbox_id: int, index: int, message_id: str) -> OutboxRow:
+        """Record part ``index`` as sent as ``message_id`` and clear it from ``in_flight``.
+
+        Recording the same message id again is a no-op; a different one raises
+        :class:`StoreError`. The row must be ``pending``.
+        """
+
+    async def outbox_part_unsent(self, outbox_id: int, index: int) -> OutboxRow:
+        """Record that the send of part ``index`` definitely failed (e.g. a rate limit): its
+        outcome is known again, so ``in_flight`` is cleared.
+
+        A no-op when no part is in flight. Raises :class:`StoreError` when another part is in
+        flight, the part is already sent or the row is not ``pending``.
+        """
+
+    async def outbox_note_blind_resend(self, outbox_id: int) -> OutboxRow:
+        """Count a resend of the in-flight part whose arrival could not be checked.
+
+        Raises :class:`StoreError` unless the row is ``pending`` with a part in flight.
+        """
+
+    async def outbox_finish(
+        self, outbox_id: int, status: OutboxFinish, *, error: str = ""
+    ) -> OutboxRow:
+        """Finish a ``pending`` row; raises :class:`StoreError` for any other status."""
+
+    async def outbox_pending(self, *, platform: str | None = None) -> list[OutboxRow]:
+        """``pending`` rows (of one platform, if given) in id order."""
+
+    async def get_outbox(self, outbox_id: int) -> OutboxRow | None: ...
+
+    async def outbox_counts(self) -> dict[str, int]:
+        """Rows per status, every status present (zero included)."""
+
+    # -- cursors --------------------------------------------------------------------------
+    async def get_cursor(self, name: str) -> str | None:
+        """A named position that survives restarts (a poll offset, a last seen id)."""
+
+    async def set_cursor(self, name: str, value: str) -> None: ...

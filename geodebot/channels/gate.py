@@ -1,0 +1,105 @@
+"""The inbound gate: which chat messages may start a turn at all.
+
+One small check per step, in order; the first that says no decides. Deny by default: an
+unbound channel, a sender not on the binding's list, any bot (this one included) and an
+unmentioned message where a mention is required are dropped without a model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from geodebot.channels.base import Inbound
+from geodebot.config import BindingConfig
+
+DropReason = Literal["unbound", "self", "bot", "user_not_allowed", "no_mention", "empty"]
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    binding: BindingConfig
+    session_id: str
+    # Set when the message is too long to run: it gets this short refusal, no model call.
+    refusal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    reason: DropReason
+
+
+Decision = Accepted | Dropped
+Check = Callable[[Inbound, BindingConfig], DropReason | None]
+
+
+def _self(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
+    return "self" if inbound.is_self else None
+
+
+def _bot(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
+    # Other bots are never answered: two bots answering each other loop forever.
+    return "bot" if inbound.is_bot else None
+
+
+def _sender(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
+    allowed = binding.allowed_users
+    return None if "*" in allowed or inbound.user in allowed else "user_not_allowed"
+
+
+def _mention(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
+    if binding.require_mention and not inbound.mentions_bot and not inbound.is_dm:
+        return "no_mention"
+    return None
+
+
+def _empty(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
+    return "empty" if not inbound.text.strip() else None
+
+
+CHECKS: tuple[Check, ...] = (_self, _bot, _sender, _mention, _empty)
+
+
+class BindingIndex:
+    def __init__(self, bindings: Iterable[BindingConfig]) -> None:
+        self._by_channel: Mapping[tuple[str, str], BindingConfig] = {
+            (b.platform, b.channel): b for b in bindings
+        }
+
+    def find(self, platform: str, channel: str) -> BindingConfig | None:
+        return self._by_channel.get((platform, channel))
+
+    def by_session(self, session_id: str) -> BindingConfig | None:
+        base = session_id.split("/", 1)[0]
+        for binding in self._by_channel.values():
+            if binding.session == base:
+                return binding
+        return None
+
+
+def session_for(binding: BindingConfig, inbound: Inbound) -> str:
+    if binding.scope == "thread" and inbound.thread:
+        return f"{binding.session}/{inbound.thread}"
+    return binding.session
+
+
+def decide(inbound: Inbound, index: BindingIndex, max_chars: int) -> Decision:
+    binding = index.find(inbound.platform, inbound.channel)
+    if binding is None:
+        return Dropped("unbound")
+    for check in CHECKS:
+        reason = check(inbound, binding)
+        if reason is not None:
+            return Dropped(reason)
+    session_id = session_for(binding, inbound)
+    if len(inbound.text) > max_chars:
+        return Accepted(
+            binding,
+            session_id,
+            refusal=(
+                f"That message is {len(inbound.text):,} characters long; the limit here is "
+                f"{max_chars:,}. Please send something shorter."
+            ),
+        )
+    return Accepted(binding, session_id)

@@ -1,0 +1,194 @@
+"""The outbox sender: every reply is a row before it is sent, and is sent exactly once.
+
+Rows of one chat go out one after the other, in order; different chats go out concurrently.
+Each part of a reply is marked in flight before its request and sent after it, so a crash or
+a timeout leaves evidence. A part whose outcome is unknown is looked up where the platform
+allows it (Discord nonce, Slack message metadata); where it does not, it is sent again at
+most once, never blindly over and over. A 429 pauses that chat for Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
+
+from geodebot.channels.base import (
+    Channel,
+    ChannelError,
+    Destination,
+    OutboundPart,
+    Platform,
+    SendUnknown,
+)
+from geodebot.store.protocol import OutboxRow, Store
+
+log = logging.getLogger(__name__)
+
+# Attempts per part before a reply is given up as failed (429s do not count).
+MAX_ATTEMPTS = 6
+# A part whose outcome is unknown may be resent blindly this many times where the platform
+# cannot say whether it arrived.
+MAX_BLIND_RESENDS = 1
+MAX_RETRY_AFTER_S = 300.0
+POLL_S = 5.0
+
+
+def part_key(outbox_id: int, index: int) -> str:
+    return f"gb-{outbox_id}-{index}"
+
+
+class OutboxSender:
+    def __init__(
+        self,
+        store: Store,
+        channels: Mapping[str, Channel],
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._store = store
+        self._channels = channels
+        self._sleep = sleep
+        self._wake = asyncio.Event()
+        self._active: dict[tuple[str, str, str | None], asyncio.Task[None]] = {}
+        self._stopping = False
+        self.sent_parts = 0
+        self.failed_rows = 0
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Deliver pending rows until stopped; a restart picks up whatever is left."""
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                rows = await self._store.outbox_pending()
+            except Exception:
+                log.exception("outbox: cannot read pending rows")
+                rows = []
+            for row in rows:
+                key = (row.platform, row.channel, row.thread)
+                if key in self._active or row.platform not in self._channels:
+                    continue
+                task = asyncio.create_task(self._drain_destination(key))
+                self._active[key] = task
+                task.add_done_callback(functools.partial(self._finished, key))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(POLL_S):
+                    await self._wake.wait()
+
+    async def stop(self, grace_s: float) -> None:
+        """Let in-progress deliveries finish for up to ``grace_s``, then cancel them."""
+        self._stopping = True
+        self._wake.set()
+        tasks = list(self._active.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _finished(self, key: tuple[str, str, str | None], task: asyncio.Task[None]) -> None:
+        self._active.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("outbox delivery to %s failed", key[:2], exc_info=task.exception())
+        # Rows may have arrived for this chat while it was busy.
+        self._wake.set()
+
+    def pending_destinations(self) -> int:
+        return len(self._active)
+
+    async def _drain_destination(self, key: tuple[str, str, str | None]) -> None:
+        platform, channel_id, thread = key
+        while not self._stopping:
+            rows = [
+                r
+                for r in await self._store.outbox_pending(platform=platform)
+                if r.channel == channel_id and r.thread == thread
+            ]
+            if not rows:
+                return
+            try:
+                await self.deliver(rows[0])
+            except _Later:
+                # The platform is unwell: the row stays pending for the next pass.
+                return
+
+    async def deliver(self, row: OutboxRow) -> None:
+        channel = self._channels[row.platform]
+        dest = Destination(cast(Platform, row.platform), row.channel, row.thread, row.reply_to)
+        texts = channel.render(row.text) or ["(empty answer)"]
+        for index, text in enumerate(texts):
+            if index in row.sent_parts:
+                continue
+            part = OutboundPart(dest, text, part_key(row.id, index), index, len(texts))
+            if row.in_flight == index and await self._reconciled(channel, row, part):
+                row = await self._refresh(row)
+                continue
+            if row.in_flight == index:
+                if row.blind_resends >= MAX_BLIND_RESENDS:
+                    await self._store.outbox_finish(
+                        row.id, "failed", error="delivery outcome unknown; not resent again"
+                    )
+                    self.failed_rows += 1
+                    return
+                row = await self._store.outbox_note_blind_resend(row.id)
+            row = await self._send_part(channel, row, part)
+            if row.status != "pending":
+                return
+        await self._store.outbox_finish(row.id, "sent")
+
+    async def _reconciled(self, channel: Channel, row: OutboxRow, part: OutboundPart) -> bool:
+        try:
+            found = await channel.find_sent(part)
+        except NotImplementedError:
+            return False
+        except ChannelError as exc:
+            log.warning("outbox %s: lookup of part %s failed: %s", row.id, part.index, exc)
+            raise _Later from exc
+        if found is None:
+            return False
+        await self._store.outbox_part_sent(row.id, part.index, found.message_id)
+        return True
+
+    async def _send_part(self, channel: Channel, row: OutboxRow, part: OutboundPart) -> OutboxRow:
+        failures = 0
+        while True:
+            row = await self._store.outbox_begin_part(row.id, part.index)
+            try:
+                sent = await channel.send(part)
+            except SendUnknown as exc:
+                log.warning("outbox %s part %s: outcome unknown: %s", row.id, part.index, exc)
+                raise _Later from exc
+            except ChannelError as exc:
+                if exc.permanent:
+                    log.error("outbox %s: %s gave up: %s", row.id, row.platform, exc)
+                    self.failed_rows += 1
+                    return await self._store.outbox_finish(row.id, "failed", error=str(exc)[:300])
+                if exc.retry_after is not None:
+                    # A rate limit says nothing about the message; it was not sent.
+                    await self._store.outbox_part_unsent(row.id, part.index)
+                    await self._sleep(min(exc.retry_after, MAX_RETRY_AFTER_S))
+                    continue
+                failures += 1
+                await self._store.outbox_part_unsent(row.id, part.index)
+                if failures >= MAX_ATTEMPTS:
+                    log.error("outbox %s: still failing after %s tries: %s", row.id, failures, exc)
+                    raise _Later from exc
+                await self._sleep(min(2.0**failures, 60.0) * random.uniform(0.8, 1.2))
+                continue
+            self.sent_parts += 1
+            return await self._store.outbox_part_sent(row.id, part.index, sent.message_id)
+
+    async def _refresh(self, row: OutboxRow) -> OutboxRow:
+        fresh = await self._store.get_outbox(row.id)
+        return fresh if fresh is not None else row
+
+
+class _Later(Exception):
+    """Stop delivering to this chat for now; the row stays pending."""

@@ -1,0 +1,257 @@
+"""From accepted chat message to reply: gate, inbox, per-session lanes, turn, outbox.
+
+The sink every channel adapter calls is :meth:`ChatRouter.accept`. It returns once the event
+is committed to the inbox (the adapter may then acknowledge the platform) and never waits for
+the turn. Each session has a bounded queue worked by one task, so a chat's messages are
+answered one at a time and in arrival order, while different sessions run concurrently up to
+the global cap. Nothing about a session is held in memory once its queue is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, cast
+
+from geodebot.app import App
+from geodebot.channels.base import Destination, Inbound, Platform, command_of, commands_help
+from geodebot.channels.gate import Accepted, BindingIndex, decide
+from geodebot.channels.outbox import OutboxSender
+from geodebot.config import BindingConfig
+from geodebot.engine.modes import Mode
+from geodebot.engine.session import SessionSpec, time_budget
+from geodebot.store.protocol import InboxRow, NewOutbound
+
+log = logging.getLogger(__name__)
+
+TYPING_EVERY_S = 4.0
+FinishStatus = Literal["done", "failed", "dropped"]
+Typing = Callable[[Destination], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Lane:
+    queue: collections.deque[tuple[InboxRow, BindingConfig]] = field(
+        default_factory=collections.deque
+    )
+    worker: asyncio.Task[None] | None = None
+    running: asyncio.Task[None] | None = None
+    stop_requested: bool = False
+
+
+class ChatRouter:
+    def __init__(
+        self,
+        app: App,
+        bindings: Sequence[BindingConfig],
+        outbox: OutboxSender,
+        *,
+        max_chars: Mapping[str, int],
+        typing: Typing | None = None,
+    ) -> None:
+        self._app = app
+        self._store = app.services.store
+        self._index = BindingIndex(bindings)
+        self._outbox = outbox
+        self._max_chars = max_chars
+        self._typing = typing
+        self._queue_limit = app.config.daemon.session_queue
+        self._lanes: dict[str, _Lane] = {}
+        self._closing = False
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    # -- the sink ---------------------------------------------------------------------------
+    async def accept(self, inbound: Inbound) -> None:
+        self.counters["received"] += 1
+        decision = decide(inbound, self._index, self._max_chars.get(inbound.platform, 16_000))
+        if not isinstance(decision, Accepted):
+            self.counters[f"dropped:{decision.reason}"] += 1
+            return
+        row, new = await self._store.inbox_add(
+            platform=inbound.platform,
+            event_id=inbound.event_id,
+            session_id=decision.session_id,
+            channel=inbound.channel,
+            thread=inbound.thread,
+            user=inbound.user,
+            text=inbound.text,
+            message_id=inbound.message_id,
+        )
+        if not new:
+            # A redelivery: it was committed (and will be or was answered) already.
+            self.counters["duplicate"] += 1
+            return
+        self.counters["accepted"] += 1
+        if decision.refusal is not None:
+            await self._answer(row, "dropped", decision.refusal, detail="too_large")
+            return
+        command = command_of(inbound.text)
+        if command is not None:
+            await self._command(row, decision.binding, command)
+            return
+        self._enqueue(row, decision.binding)
+
+    async def recover(self) -> int:
+        """Queue what a previous run accepted but did not answer (in arrival order)."""
+        rows = await self._store.inbox_unfinished()
+        for row in rows:
+            binding = self._index.find(row.platform, row.channel)
+            if binding is None:
+                await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
+                continue
+            self._enqueue(row, binding)
+        return len(rows)
+
+    # -- lanes ------------------------------------------------------------------------------
+    def _enqueue(self, row: InboxRow, binding: BindingConfig) -> None:
+        lane = self._lanes.setdefault(row.session_id, _Lane())
+        if len(lane.queue) >= self._queue_limit:
+            self.counters["busy"] += 1
+            task = asyncio.create_task(
+                self._answer(
+                    row,
+                    "dropped",
+                    "I am still working on earlier messages here; please send this again "
+                    "in a moment.",
+                    detail="busy",
+                )
+            )
+            task.add_done_callback(_log_failure)
+            return
+        lane.queue.append((row, binding))
+        if lane.worker is None or lane.worker.done():
+            lane.worker = asyncio.create_task(self._work(row.session_id, lane))
+
+    async def _work(self, session_id: str, lane: _Lane) -> None:
+        try:
+            while lane.queue and not self._closing:
+                row, binding = lane.queue.popleft()
+                lane.stop_requested = False
+                lane.running = asyncio.create_task(self._turn(row, binding))
+                try:
+                    await lane.running
+                except asyncio.CancelledError:
+                    if not lane.stop_requested:
+                        raise
+                    await self._answer(row, "failed", "Stopped, as asked.", detail="stopped")
+                except Exception:
+                    log.exception("turn for inbox row %s failed", row.id)
+                finally:
+                    lane.running = None
+        finally:
+            if not lane.queue and self._lanes.get(session_id) is lane:
+                del self._lanes[session_id]
+
+    async def _turn(self, row: InboxRow, binding: BindingConfig) -> None:
+        await self._store.inbox_start(row.id)
+        destination = Destination(
+            cast(Platform, row.platform), row.channel, row.thread, row.message_id
+        )
+        typing = asyncio.create_task(self._keep_typing(destination))
+        try:
+            spec = self._spec(row.session_id, binding)
+            result = await self._app.run_turn(Mode.DAEMON, spec, row.text)
+        finally:
+            typing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await typing
+        await self._answer(
+            row, "done" if result.ok else "failed", result.text, detail=result.outcome
+        )
+
+    def _spec(self, session_id: str, binding: BindingConfig) -> SessionSpec:
+        return SessionSpec(
+            session_id,
+            tools=binding.tools,
+            preapproved=binding.preapproved,
+            time_budget_s=binding.time_budget_s,
+        )
+
+    async def _keep_typing(self, destination: Destination) -> None:
+        if self._typing is None:
+            return
+        while True:
+            with contextlib.suppress(Exception):
+                await self._typing(destination)
+            await asyncio.sleep(TYPING_EVERY_S)
+
+    async def _answer(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
+        reply = NewOutbound(
+            session_id=row.session_id,
+            platform=row.platform,
+            channel=row.channel,
+            thread=row.thread,
+            reply_to=row.message_id,
+            text=text,
+        )
+        await self._store.inbox_finish(row.id, status, detail=detail, reply=reply)
+        self._outbox.kick()
+
+    # -- chat commands ----------------------------------------------------------------------
+    async def _command(self, row: InboxRow, binding: BindingConfig, command: str) -> None:
+        session_id = row.session_id
+        lane = self._lanes.get(session_id)
+        if command == "help":
+            text = "I answer messages in this chat.\n\n" + commands_help()
+        elif command == "status":
+            text = await self._status_text(session_id, binding, lane)
+        elif command == "stop":
+            if lane is not None and lane.running is not None and not lane.running.done():
+                lane.stop_requested = True
+                lane.running.cancel()
+                text = "Stopping the running turn."
+            else:
+                text = "Nothing is running here."
+        else:  # reset
+            if await self._store.get_session(session_id) is not None:
+                record = await self._store.reset_session(session_id)
+                text = (
+                    f"Started a fresh context (generation {record.generation}). "
+                    "The earlier history is kept in the store."
+                )
+            else:
+                text = "This chat has no history yet."
+        await self._answer(row, "done", text, detail=f"command:{command}")
+
+    async def _status_text(
+        self, session_id: str, binding: BindingConfig, lane: _Lane | None
+    ) -> str:
+        config = self._app.config
+        budget = time_budget(Mode.DAEMON, self._spec(session_id, binding), config.budgets)
+        running = lane is not None and lane.running is not None and not lane.running.done()
+        queued = len(lane.queue) if lane is not None else 0
+        tools = ", ".join(binding.tools) if binding.tools else "none"
+        return (
+            f"Session: {session_id}\n"
+            f"Model: {config.model.provider} {config.model.name}\n"
+            f"Turn running: {'yes' if running else 'no'}; queued: {queued}\n"
+            f"Time budget per turn: {budget:g} s\n"
+            f"Tools: {tools}"
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def busy_sessions(self) -> int:
+        return len(self._lanes)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking new work; give running turns ``grace_s``, then cancel them.
+
+        A cancelled turn's inbox row stays ``running`` and is answered after the restart.
+        """
+        self._closing = True
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker is not None]
+        if not workers:
+            return
+        _, pending = await asyncio.wait(workers, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("router task failed", exc_info=task.exception())

@@ -1,0 +1,391 @@
+"""Chat inbox, outbox and cursors of :class:`~geodebot.store.sqlite.SQLiteStore`.
+
+A mixin rather than a second store: the methods run inside the store's own transactions and
+lock, and callers keep using the single ``SQLiteStore`` class.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, get_args
+
+import aiosqlite
+
+from geodebot.store.protocol import (
+    InboxFinish,
+    InboxRow,
+    InboxStatus,
+    NewOutbound,
+    OutboxFinish,
+    OutboxRow,
+    OutboxStatus,
+    StoreError,
+)
+from geodebot.store.sqlite_rows import dumps
+
+__all__ = ["ChatInboxOutbox"]
+
+_INBOX_STATUSES: tuple[str, ...] = get_args(InboxStatus)
+_INBOX_FINISHES: frozenset[str] = frozenset(get_args(InboxFinish))
+_OUTBOX_STATUSES: tuple[str, ...] = get_args(OutboxStatus)
+_OUTBOX_FINISHES: frozenset[str] = frozenset(get_args(OutboxFinish))
+
+_INBOX_COLS = (
+    "id, platform, event_id, session_id, channel, thread, user_id, text, message_id, "
+    "received_at, status, attempts, detail, finished_at"
+)
+_OUTBOX_COLS = (
+    "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
+    "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends"
+)
+
+# DO NOTHING + RETURNING yields a row only when this call inserted it, so "was it mine?" needs
+# no second look that another writer could race.
+_ADD_INBOX = f"""
+INSERT INTO inbox (platform, event_id, session_id, channel, thread, user_id, text, message_id,
+    received_at, status, attempts, detail)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, '')
+ON CONFLICT (platform, event_id) DO NOTHING
+RETURNING {_INBOX_COLS}
+"""
+# A row found running was cut short (crash, restart) and is simply started again.
+_START_INBOX = f"""
+UPDATE inbox SET status = 'running', attempts = attempts + 1
+WHERE id = ? AND status IN ('pending', 'running')
+RETURNING {_INBOX_COLS}
+"""
+# The status condition is the guard against a second finish, so a late or repeated finish
+# cannot add a second reply.
+_FINISH_INBOX = f"""
+UPDATE inbox SET status = ?, detail = ?, finished_at = ?
+WHERE id = ? AND status IN ('pending', 'running')
+RETURNING {_INBOX_COLS}
+"""
+_ADD_OUTBOX = f"""
+INSERT INTO outbox (inbox_id, session_id, platform, channel, thread, reply_to, text, kind,
+    status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0)
+RETURNING {_OUTBOX_COLS}
+"""
+_BEGIN_PART = f"""
+UPDATE outbox SET in_flight = ?, attempts = attempts + 1, updated_at = ?
+WHERE id = ? RETURNING {_OUTBOX_COLS}
+"""
+_PART_SENT = f"""
+UPDATE outbox SET sent_parts = ?, in_flight = ?, updated_at = ?
+WHERE id = ? RETURNING {_OUTBOX_COLS}
+"""
+_PART_UNSENT = f"""
+UPDATE outbox SET in_flight = NULL, updated_at = ?
+WHERE id = ? RETURNING {_OUTBOX_COLS}
+"""
+_BLIND_RESEND = f"""
+UPDATE outbox SET blind_resends = blind_resends + 1, updated_at = ?
+WHERE id = ? RETURNING {_OUTBOX_COLS}
+"""
+_FINISH_OUTBOX = f"""
+UPDATE outbox SET status = ?, error = ?, updated_at = ?
+WHERE id = ? AND status = 'pending'
+RETURNING {_OUTBOX_COLS}
+"""
+_SET_CURSOR = """
+INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
+"""
+
+
+class _Transactions(Protocol):
+    """What the mixin needs from the store: its locked read and write transactions."""
+
+    def _read(self, what: str) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
+
+    def _write(self, what: str) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
+
+
+def _inbox(row: sqlite3.Row) -> InboxRow:
+    return InboxRow(
+        id=row["id"],
+        platform=row["platform"],
+        event_id=row["event_id"],
+        session_id=row["session_id"],
+        channel=row["channel"],
+        thread=row["thread"],
+        user=row["user_id"],
+        text=row["text"],
+        message_id=row["message_id"],
+        received_at=row["received_at"],
+        status=row["status"],
+        attempts=row["attempts"],
+        detail=row["detail"],
+        finished_at=row["finished_at"],
+    )
+
+
+def _outbox(row: sqlite3.Row) -> OutboxRow:
+    # JSON object keys are strings; part indexes are ints again once read.
+    parts = json.loads(row["sent_parts"])
+    return OutboxRow(
+        id=row["id"],
+        inbox_id=row["inbox_id"],
+        session_id=row["session_id"],
+        platform=row["platform"],
+        channel=row["channel"],
+        thread=row["thread"],
+        reply_to=row["reply_to"],
+        text=row["text"],
+        kind=row["kind"],
+        status=row["status"],
+        sent_parts={int(index): str(message_id) for index, message_id in parts.items()},
+        in_flight=row["in_flight"],
+        attempts=row["attempts"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        error=row["error"],
+        blind_resends=row["blind_resends"],
+    )
+
+
+def _encode_parts(parts: Mapping[int, str]) -> str:
+    return dumps({str(index): parts[index] for index in sorted(parts)})
+
+
+def _outbound_params(reply: NewOutbound, inbox_id: int | None, now: float) -> tuple[Any, ...]:
+    head = (inbox_id, reply.session_id, reply.platform, reply.channel, reply.thread)
+    return (*head, reply.reply_to, reply.text, reply.kind, now, now)
+
+
+def _counts(rows: Any, statuses: tuple[str, ...]) -> dict[str, int]:
+    counts = dict.fromkeys(statuses, 0)
+    counts.update({row[0]: int(row[1]) for row in rows})
+    return counts
+
+
+async def _inbox_row(db: aiosqlite.Connection, inbox_id: int) -> InboxRow | None:
+    sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE id = ?"
+    rows = list(await db.execute_fetchall(sql, (inbox_id,)))
+    return _inbox(rows[0]) if rows else None
+
+
+async def _outbox_row(db: aiosqlite.Connection, outbox_id: int) -> OutboxRow | None:
+    sql = f"SELECT {_OUTBOX_COLS} FROM outbox WHERE id = ?"
+    rows = list(await db.execute_fetchall(sql, (outbox_id,)))
+    return _outbox(rows[0]) if rows else None
+
+
+async def _why_finished(db: aiosqlite.Connection, inbox_id: int) -> str:
+    current = await _inbox_row(db, inbox_id)
+    if current is None:
+        return "no such inbox row"
+    return f"it is already {current.status!r}"
+
+
+async def _pending_outbox_row(db: aiosqlite.Connection, outbox_id: int, what: str) -> OutboxRow:
+    """The row as the caller's write transaction sees it; raises unless it is pending."""
+    current = await _outbox_row(db, outbox_id)
+    if current is None:
+        raise StoreError(f"{what} failed: no such outbox row")
+    if current.status != "pending":
+        raise StoreError(f"{what} failed: it is already {current.status!r}")
+    return current
+
+
+class ChatInboxOutbox:
+    # -- inbox ----------------------------------------------------------------------------
+    async def inbox_add(
+        self: _Transactions,
+        *,
+        platform: str,
+        event_id: str,
+        session_id: str,
+        channel: str,
+        thread: str | None,
+        user: str,
+        text: str,
+        message_id: str,
+        cursor: tuple[str, str] | None = None,
+    ) -> tuple[InboxRow, bool]:
+        what = f"adding event {event_id!r} of {platform!r} to the inbox"
+        if not platform or not event_id:
+            # An empty id would make every later event of the platform a "duplicate".
+            raise StoreError(f"{what} failed: platform and event id must not be empty")
+        now = time.time()
+        params = (platform, event_id, session_id, channel, thread, user, text, message_id, now)
+        async with self._write(what) as db:
+            inserted = list(await db.execute_fetchall(_ADD_INBOX, params))
+            if cursor is not None:
+                await db.execute(_SET_CURSOR, (*cursor, now))
+            if inserted:
+                return _inbox(inserted[0]), True
+            sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
+            existing = list(await db.execute_fetchall(sql, (platform, event_id)))
+        return _inbox(existing[0]), False
+
+    async def inbox_start(self: _Transactions, inbox_id: int) -> InboxRow:
+        what = f"starting inbox row {inbox_id}"
+        async with self._write(what) as db:
+            rows = list(await db.execute_fetchall(_START_INBOX, (inbox_id,)))
+            if not rows:
+                reason = await _why_finished(db, inbox_id)
+                raise StoreError(f"{what} failed: {reason}; only an unfinished row can start")
+        return _inbox(rows[0])
+
+    async def inbox_finish(
+        self: _Transactions,
+        inbox_id: int,
+        status: InboxFinish,
+        *,
+        detail: str = "",
+        reply: NewOutbound | None = None,
+    ) -> tuple[InboxRow, OutboxRow | None]:
+        what = f"finishing inbox row {inbox_id} as {status!r}"
+        if status not in _INBOX_FINISHES:
+            raise StoreError(f"{what} failed: status must be one of {sorted(_INBOX_FINISHES)}")
+        now = time.time()
+        async with self._write(what) as db:
+            rows = list(await db.execute_fetchall(_FINISH_INBOX, (status, detail, now, inbox_id)))
+            if not rows:
+                reason = await _why_finished(db, inbox_id)
+                raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
+            outbound = None
+            if reply is not None:
+                params = _outbound_params(reply, inbox_id, now)
+                added = list(await db.execute_fetchall(_ADD_OUTBOX, params))
+                outbound = _outbox(added[0])
+        return _inbox(rows[0]), outbound
+
+    async def inbox_unfinished(self: _Transactions) -> list[InboxRow]:
+        sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
+        async with self._read("listing unfinished inbox rows") as db:
+            rows = await db.execute_fetchall(sql)
+        return [_inbox(row) for row in rows]
+
+    async def get_inbox(self: _Transactions, inbox_id: int) -> InboxRow | None:
+        async with self._read(f"reading inbox row {inbox_id}") as db:
+            return await _inbox_row(db, inbox_id)
+
+    async def find_inbox(self: _Transactions, platform: str, event_id: str) -> InboxRow | None:
+        sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
+        async with self._read(f"finding event {event_id!r} of {platform!r}") as db:
+            rows = list(await db.execute_fetchall(sql, (platform, event_id)))
+        return _inbox(rows[0]) if rows else None
+
+    async def inbox_counts(self: _Transactions) -> dict[str, int]:
+        async with self._read("counting inbox rows") as db:
+            rows = await db.execute_fetchall("SELECT status, COUNT(*) FROM inbox GROUP BY status")
+        return _counts(rows, _INBOX_STATUSES)
+
+    # -- outbox ---------------------------------------------------------------------------
+    async def outbox_add(self: _Transactions, reply: NewOutbound) -> OutboxRow:
+        now = time.time()
+        async with self._write(f"adding a {reply.kind!r} message to the outbox") as db:
+            rows = list(await db.execute_fetchall(_ADD_OUTBOX, _outbound_params(reply, None, now)))
+        return _outbox(rows[0])
+
+    async def outbox_begin_part(self: _Transactions, outbox_id: int, index: int) -> OutboxRow:
+        what = f"beginning part {index} of outbox row {outbox_id}"
+        if index < 0:
+            raise StoreError(f"{what} failed: a part index must not be negative")
+        async with self._write(what) as db:
+            current = await _pending_outbox_row(db, outbox_id, what)
+            if index in current.sent_parts:
+                # Sending it again would post the same text twice.
+                raise StoreError(f"{what} failed: that part is already sent")
+            if current.in_flight is not None and current.in_flight != index:
+                # Overwriting in_flight would erase the only trace that part's outcome is open.
+                raise StoreError(
+                    f"{what} failed: the outcome of part {current.in_flight} is still unknown"
+                )
+            rows = list(await db.execute_fetchall(_BEGIN_PART, (index, time.time(), outbox_id)))
+        return _outbox(rows[0])
+
+    async def outbox_part_sent(
+        self: _Transactions, outbox_id: int, index: int, message_id: str
+    ) -> OutboxRow:
+        what = f"recording part {index} of outbox row {outbox_id} as sent"
+        if index < 0:
+            raise StoreError(f"{what} failed: a part index must not be negative")
+        async with self._write(what) as db:
+            current = await _pending_outbox_row(db, outbox_id, what)
+            known = current.sent_parts.get(index)
+            if known == message_id:
+                return current
+            if known is not None:
+                raise StoreError(f"{what} failed: it was already sent as {known!r}")
+            parts = _encode_parts({**current.sent_parts, index: message_id})
+            in_flight = None if current.in_flight == index else current.in_flight
+            params = (parts, in_flight, time.time(), outbox_id)
+            rows = list(await db.execute_fetchall(_PART_SENT, params))
+        return _outbox(rows[0])
+
+    async def outbox_part_unsent(self: _Transactions, outbox_id: int, index: int) -> OutboxRow:
+        what = f"recording part {index} of outbox row {outbox_id} as not sent"
+        async with self._write(what) as db:
+            current = await _pending_outbox_row(db, outbox_id, what)
+            if index in current.sent_parts:
+                raise StoreError(f"{what} failed: it is already sent")
+            if current.in_flight is None:
+                return current
+            if current.in_flight != index:
+                raise StoreError(f"{what} failed: part {current.in_flight} is in flight")
+            rows = list(await db.execute_fetchall(_PART_UNSENT, (time.time(), outbox_id)))
+        return _outbox(rows[0])
+
+    async def outbox_note_blind_resend(self: _Transactions, outbox_id: int) -> OutboxRow:
+        what = f"counting a blind resend of outbox row {outbox_id}"
+        async with self._write(what) as db:
+            current = await _pending_outbox_row(db, outbox_id, what)
+            if current.in_flight is None:
+                raise StoreError(f"{what} failed: no part is in flight")
+            rows = list(await db.execute_fetchall(_BLIND_RESEND, (time.time(), outbox_id)))
+        return _outbox(rows[0])
+
+    async def outbox_finish(
+        self: _Transactions, outbox_id: int, status: OutboxFinish, *, error: str = ""
+    ) -> OutboxRow:
+        what = f"finishing outbox row {outbox_id} as {status!r}"
+        if status not in _OUTBOX_FINISHES:
+            raise StoreError(f"{what} failed: status must be one of {sorted(_OUTBOX_FINISHES)}")
+        async with self._write(what) as db:
+            params = (status, error, time.time(), outbox_id)
+            rows = list(await db.execute_fetchall(_FINISH_OUTBOX, params))
+            if not rows:
+                current = await _outbox_row(db, outbox_id)
+                reason = "no such outbox row" if current is None else f"it is {current.status!r}"
+                raise StoreError(f"{what} failed: {reason}; only a pending row can finish")
+        return _outbox(rows[0])
+
+    async def outbox_pending(
+        self: _Transactions, *, platform: str | None = None
+    ) -> list[OutboxRow]:
+        where, params = "status = 'pending'", []
+        if platform is not None:
+            where += " AND platform = ?"
+            params.append(platform)
+        sql = f"SELECT {_OUTBOX_COLS} FROM outbox WHERE {where} ORDER BY id"
+        async with self._read("listing pending outbox rows") as db:
+            rows = await db.execute_fetchall(sql, params)
+        return [_outbox(row) for row in rows]
+
+    async def get_outbox(self: _Transactions, outbox_id: int) -> OutboxRow | None:
+        async with self._read(f"reading outbox row {outbox_id}") as db:
+            return await _outbox_row(db, outbox_id)
+
+    async def outbox_counts(self: _Transactions) -> dict[str, int]:
+        async with self._read("counting outbox rows") as db:
+            rows = await db.execute_fetchall("SELECT status, COUNT(*) FROM outbox GROUP BY status")
+        return _counts(rows, _OUTBOX_STATUSES)
+
+    # -- cursors --------------------------------------------------------------------------
+    async def get_cursor(self: _Transactions, name: str) -> str | None:
+        async with self._read(f"reading cursor {name!r}") as db:
+            sql = "SELECT value FROM cursors WHERE name = ?"
+            rows = list(await db.execute_fetchall(sql, (name,)))
+        return str(rows[0][0]) if rows else None
+
+    async def set_cursor(self: _Transactions, name: str, value: str) -> None:
+        async with self._write(f"setting cursor {name!r}") as db:
+            await db.execute(_SET_CURSOR, (name, value, time.time()))

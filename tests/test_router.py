@@ -1,0 +1,322 @@
+"""The delivery path without a platform SDK: gate, inbox, lanes, turns, outbox.
+
+The chat side is geodebot.testing.MemoryChannel (a port fake); the model side is the real
+anthropic SDK against the fake model server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geodebot.app import App
+from geodebot.channels.base import ChannelError, Inbound, SendUnknown
+from geodebot.channels.outbox import OutboxSender
+from geodebot.channels.router import ChatRouter
+from geodebot.testing import MemoryChannel
+from tests.conftest import make_config, open_app, with_sections
+from tests.fakes.llm_server import Delay, FakeLLMServer, Reply
+
+ids = itertools.count(1000)
+
+
+def message(text: str, *, channel: str = "c1", user: str = "u1", **extra: Any) -> Inbound:
+    n = next(ids)
+    fields: dict[str, Any] = {
+        "platform": "telegram",
+        "event_id": str(n),
+        "channel": channel,
+        "thread": None,
+        "user": user,
+        "text": text,
+        "message_id": f"m{n}",
+    }
+    fields.update(extra)
+    return Inbound(**fields)
+
+
+BINDINGS = [
+    {"platform": "telegram", "channel": "c1", "session": "s1", "allowed_users": ["u1"]},
+    {"platform": "telegram", "channel": "c2", "session": "s2", "allowed_users": ["*"]},
+    {
+        "platform": "telegram",
+        "channel": "c3",
+        "session": "s3",
+        "allowed_users": ["*"],
+        "require_mention": True,
+    },
+]
+
+
+@dataclass
+class Harness:
+    app: App
+    router: ChatRouter
+    outbox: OutboxSender
+    chat: MemoryChannel
+    llm: FakeLLMServer
+    concurrency: list[int]
+
+    async def replies(self, n: int, channel: str | None = None) -> list[str]:
+        async with asyncio.timeout(20):
+            return await self.chat.wait_sent(n, channel)
+
+
+@asynccontextmanager
+async def harness(
+    tmp_path: Path,
+    llm: FakeLLMServer,
+    *,
+    daemon: Mapping[str, Any] | None = None,
+    limit: int = 50,
+) -> AsyncIterator[Harness]:
+    config = with_sections(
+        make_config(tmp_path, llm),
+        bindings=BINDINGS,
+        daemon={"state_dir": str(tmp_path / "var"), **(daemon or {})},
+    )
+    running = 0
+    peaks: list[int] = [0]
+
+    def observe(event: str, data: Mapping[str, Any]) -> None:
+        nonlocal running
+        if event == "turn_started":
+            running += 1
+            peaks[0] = max(peaks[0], running)
+        elif event == "turn_finished":
+            running -= 1
+
+    async with AsyncExitStack() as stack:
+        app = await open_app(config, stack, tmp_path / "marker", observers=(observe,))
+        chat = MemoryChannel("telegram", limit=limit)
+        outbox = OutboxSender(app.services.store, {"telegram": chat}, sleep=_fast_sleep)
+        router = ChatRouter(
+            app, config.bindings, outbox, max_chars={"telegram": 500}, typing=chat.typing
+        )
+        await chat.start(router.accept)
+        sender = asyncio.create_task(outbox.run())
+        try:
+            yield Harness(app, router, outbox, chat, llm, peaks)
+        finally:
+            await router.drain(1)
+            await outbox.stop(1)
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+
+
+async def _fast_sleep(seconds: float) -> None:
+    # Retry-After is honoured, scaled down so the suite stays quick.
+    await asyncio.sleep(min(seconds, 0.05))
+
+
+async def test_bound_message_is_answered_in_its_chat(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply("hello back"))
+    async with harness(tmp_path, llm_server) as h:
+        inbound = message("hello")
+        await h.chat.deliver(inbound)
+        assert await h.replies(1) == ["hello back"]
+        part = h.chat.sent[0]
+        assert (part.destination.channel, part.destination.reply_to) == ("c1", inbound.message_id)
+        assert h.chat.typing_calls
+
+
+@pytest.mark.parametrize(
+    ("inbound", "reason"),
+    [
+        (message("hi", channel="unbound"), "unbound"),
+        (message("hi", user="stranger"), "user_not_allowed"),
+        (message("hi", is_self=True, is_bot=True), "self"),
+        (message("hi", channel="c2", is_bot=True), "bot"),
+        (message("hi", channel="c3"), "no_mention"),
+    ],
+    ids=["unbound", "stranger", "self", "other-bot", "no-mention"],
+)
+async def test_gate_drops_without_a_model_call(
+    tmp_path: Path, llm_server: FakeLLMServer, inbound: Inbound, reason: str
+) -> None:
+    async with harness(tmp_path, llm_server) as h:
+        await h.chat.deliver(inbound)
+        await asyncio.sleep(0.2)
+        assert h.router.counters[f"dropped:{reason}"] == 1
+        assert sum((await h.app.services.store.inbox_counts()).values()) == 0
+    assert llm_server.requests == []
+    assert h.chat.sent == []
+
+
+async def test_mention_and_dm_pass_the_mention_rule(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("yes?")
+    async with harness(tmp_path, llm_server) as h:
+        await h.chat.deliver(message("@bot hi", channel="c3", mentions_bot=True))
+        assert await h.replies(1) == ["yes?"]
+
+
+async def test_redelivered_event_is_answered_once(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("once")
+    async with harness(tmp_path, llm_server) as h:
+        inbound = message("hi")
+        await h.chat.deliver(inbound)
+        await h.chat.deliver(inbound)
+        await h.replies(1)
+        await asyncio.sleep(0.3)
+        assert h.chat.texts() == ["once"]
+        assert h.router.counters["duplicate"] == 1
+    assert len(llm_server.requests) == 1
+
+
+async def test_queued_messages_are_answered_in_order(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Delay(0.5, Reply("first")), Reply("second"), Reply("third"))
+    async with harness(tmp_path, llm_server) as h:
+        for text in ("one", "two", "three"):
+            await h.chat.deliver(message(text))
+        assert await h.replies(3) == ["first", "second", "third"]
+    asked = [r.json["messages"][-1]["content"][-1]["text"] for r in llm_server.requests]
+    assert asked == ["one", "two", "three"]
+
+
+async def test_sessions_run_concurrently_up_to_the_cap(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Delay(0.4, Reply("done"))
+    async with harness(tmp_path, llm_server, daemon={"max_concurrent_sessions": 2}) as h:
+        bindings = [("c1", "u1"), ("c2", "anyone")]
+        for channel, user in bindings * 2:
+            await h.chat.deliver(message("go", channel=channel, user=user))
+        await h.replies(4)
+    assert h.concurrency[0] == 2
+
+
+async def test_full_session_queue_answers_busy(tmp_path: Path, llm_server: FakeLLMServer) -> None:
+    llm_server.default = Delay(0.5, Reply("slow"))
+    async with harness(tmp_path, llm_server, daemon={"session_queue": 1}, limit=4096) as h:
+        for text in ("a", "b", "c"):
+            await h.chat.deliver(message(text))
+        texts = await h.replies(3)
+        await asyncio.sleep(0.3)
+    assert sum("still working" in t for t in texts) == 1
+    assert texts.count("slow") == 2
+    assert len(h.chat.texts()) == 3
+
+
+async def test_too_long_message_gets_a_refusal_and_no_model_call(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    async with harness(tmp_path, llm_server, limit=4096) as h:
+        await h.chat.deliver(message("x" * 501))
+        texts = await h.replies(1)
+    assert "limit here is 500" in "".join(texts)
+    assert llm_server.requests == []
+
+
+async def test_chat_commands(tmp_path: Path, llm_server: FakeLLMServer) -> None:
+    llm_server.script(Reply("remember 42"), Delay(30, Reply("never")))
+    async with harness(tmp_path, llm_server, limit=4096) as h:
+        await h.chat.deliver(message("/help"))
+        assert "/status" in "".join(await h.replies(1))
+        await h.chat.deliver(message("note 42"))
+        await h.replies(2)
+        await h.chat.deliver(message("/status"))
+        status = "".join(await h.replies(3))
+        assert "Session: s1" in status
+        assert "model-under-test-1" in status
+        await h.chat.deliver(message("/reset"))
+        assert "fresh context" in "".join(await h.replies(4))
+        assert await h.app.services.store.load_context("s1") == []
+        await h.chat.deliver(message("long job"))
+        await asyncio.sleep(0.3)
+        await h.chat.deliver(message("/stop"))
+        texts = await h.replies(6)
+    assert "Stopping the running turn." in "".join(texts)
+    assert "Stopped, as asked." in "".join(texts)
+
+
+async def test_rate_limited_send_is_retried_and_arrives_once(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply("after the pause"))
+    async with harness(tmp_path, llm_server) as h:
+        h.chat.fail_next(ChannelError("429", retry_after=1.0))
+        await h.chat.deliver(message("hi"))
+        assert await h.replies(1) == ["after the pause"]
+        await asyncio.sleep(0.2)
+        assert h.chat.texts() == ["after the pause"]
+
+
+async def test_unknown_send_outcome_is_reconciled_not_resent(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply("exactly once"))
+    async with harness(tmp_path, llm_server) as h:
+        h.chat.fail_next(SendUnknown("timed out"))
+        await h.chat.deliver(message("hi"))
+        await h.replies(1)
+        h.outbox.kick()
+        await asyncio.sleep(0.5)
+        rows = await h.app.services.store.outbox_pending()
+    assert h.chat.texts() == ["exactly once"]
+    assert rows == []
+
+
+async def test_unknown_outcome_without_lookup_is_resent_at_most_once(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply("maybe twice"))
+    async with harness(tmp_path, llm_server) as h:
+        h.chat.lookups_supported = False
+        h.chat.fail_next(SendUnknown("timed out"), SendUnknown("timed out again"))
+        await h.chat.deliver(message("hi"))
+        await h.replies(2)
+        for _ in range(3):
+            h.outbox.kick()
+            await asyncio.sleep(0.3)
+        counts = await h.app.services.store.outbox_counts()
+    assert h.chat.texts() == ["maybe twice", "maybe twice"]
+    assert counts.get("failed") == 1
+
+
+async def test_long_reply_arrives_split_complete_and_in_order(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    answer = "".join(f"{i:04d}" for i in range(60))
+    llm_server.script(Reply(answer))
+    async with harness(tmp_path, llm_server) as h:
+        await h.chat.deliver(message("long please"))
+        parts = await h.replies(5)
+    assert all(len(p) <= 50 for p in parts)
+    assert "".join(parts) == answer
+
+
+async def test_unanswered_messages_are_answered_after_a_restart(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("answered after restart")
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        # What a crash leaves: a committed event whose turn never finished.
+        row, _ = await store.inbox_add(
+            platform="telegram",
+            event_id="crash-1",
+            session_id="s1",
+            channel="c1",
+            thread=None,
+            user="u1",
+            text="are you there?",
+            message_id="m-crash",
+        )
+        await store.inbox_start(row.id)
+        assert await h.router.recover() == 1
+        assert await h.replies(1) == ["answered after restart"]

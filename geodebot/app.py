@@ -122,6 +122,12 @@ def check_tool_lists(config: Config, registry: ToolRegistry) -> None:
         )
         for problem in allowlist_problems(mode, names, known)
     ]
+    for index, binding in enumerate(config.bindings):
+        for key, names in (("tools", binding.tools), ("preapproved", binding.preapproved)):
+            problems += [
+                f"bindings.{index}.{key}: {problem}"
+                for problem in allowlist_problems(Mode.DAEMON, names, known)
+            ]
     if problems:
         raise ConfigError(str(config.source or "<config>"), problems)
 

@@ -8,7 +8,11 @@ import signal
 from contextlib import AsyncExitStack
 
 from geodebot.app import App, build_app
+from geodebot.channels.base import Destination
+from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer
+from geodebot.channels.outbox import OutboxSender
+from geodebot.channels.router import ChatRouter
 from geodebot.config import Config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
@@ -27,34 +31,77 @@ def ipc_handler(app: App) -> IPCServer:
     return IPCServer(app.socket_path, on_turn)
 
 
+async def _sweep_receipts(app: App) -> None:
+    # No call can still be running after a restart: what was admitted is uncertain.
+    uncertain = await app.services.store.mark_admitted_uncertain(
+        "geodebot restarted while the call ran"
+    )
+    for receipt in uncertain:
+        log.warning(
+            "effect receipt %s (%s in session %s) is uncertain; reconcile it with "
+            "geodebot receipts resolve",
+            receipt.id,
+            receipt.tool,
+            receipt.session_id,
+        )
+
+
 async def serve(config: Config) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    grace = config.daemon.shutdown_grace_s
     try:
         async with AsyncExitStack() as stack:
             app = await build_app(config, stack)
-            # No call can still be running after a restart: what was admitted is uncertain.
-            uncertain = await app.services.store.mark_admitted_uncertain(
-                "geodebot restarted while the call ran"
-            )
-            for receipt in uncertain:
-                log.warning(
-                    "effect receipt %s (%s in session %s) is uncertain; reconcile it with "
-                    "geodebot receipts resolve",
-                    receipt.id,
-                    receipt.tool,
-                    receipt.session_id,
+            await _sweep_receipts(app)
+            store = app.services.store
+            channels = build_channels(config, store)
+
+            async def typing(destination: Destination) -> None:
+                await channels[destination.platform].typing(destination)
+
+            outbox = OutboxSender(store, channels)
+            max_chars = {
+                name: table.max_message_chars
+                for name, table in (
+                    ("telegram", config.channels.telegram),
+                    ("slack", config.channels.slack),
+                    ("discord", config.channels.discord),
                 )
+                if table is not None
+            }
+            router = ChatRouter(app, config.bindings, outbox, max_chars=max_chars, typing=typing)
+            recovered = await router.recover()
+            if recovered:
+                log.info("answering %s message(s) accepted before the restart", recovered)
+            sender = asyncio.create_task(outbox.run())
+            supervisor = ChannelSupervisor(channels, router.accept)
+            # Callbacks run last-pushed first: running turns drain, their replies go out,
+            # and only then do the platform connections close.
+            stack.push_async_callback(supervisor.stop)
+            stack.push_async_callback(_stop_task, sender)
+            stack.push_async_callback(outbox.stop, grace)
+            stack.push_async_callback(router.drain, grace)
+            await supervisor.start()
+
             ipc = ipc_handler(app)
             await ipc.start()
             stack.push_async_callback(ipc.close)
             log.info(
-                "geodebot serving: state in %s, chat socket %s", app.state_dir, app.socket_path
+                "geodebot serving: state in %s, chat socket %s, channels: %s",
+                app.state_dir,
+                app.socket_path,
+                ", ".join(channels) or "none",
             )
             await stop.wait()
-            log.info("shutting down")
+            log.info("shutting down (grace %s s)", grace)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _stop_task(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

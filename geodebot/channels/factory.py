@@ -1,0 +1,118 @@
+"""Builds the enabled platform channels from the config and keeps them connected.
+
+Each SDK is imported only when its channel is enabled: a daemon that only speaks Telegram
+never pays for discord.py or slack_bolt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Mapping
+
+from geodebot.channels.base import Channel, InboundSink
+from geodebot.config import Config, ConfigError, resolve_secret
+from geodebot.store.protocol import Store
+
+log = logging.getLogger(__name__)
+
+
+def _secret(problems: list[str], key: str, name: str) -> str:
+    value = resolve_secret(name)
+    if value is None:
+        problems.append(
+            f"{key}: the environment variable {name} is not set (nor the systemd credential)"
+        )
+        return ""
+    return value
+
+
+def build_channels(config: Config, store: Store) -> dict[str, Channel]:
+    """One channel per enabled table; a missing secret is a startup error naming it."""
+    problems: list[str] = []
+    channels: dict[str, Channel] = {}
+    ch = config.channels
+    if ch.telegram is not None and ch.telegram.enabled:
+        token = _secret(problems, "channels.telegram.token_env", ch.telegram.token_env)
+        if token:
+            from geodebot.channels.telegram import TelegramChannel
+
+            channels["telegram"] = TelegramChannel(ch.telegram, token, cursor_store=store)
+    if ch.slack is not None and ch.slack.enabled:
+        bot = _secret(problems, "channels.slack.bot_token_env", ch.slack.bot_token_env)
+        app = _secret(problems, "channels.slack.app_token_env", ch.slack.app_token_env)
+        if bot and app:
+            from geodebot.channels.slack import SlackChannel
+
+            channels["slack"] = SlackChannel(ch.slack, bot_token=bot, app_token=app)
+    if ch.discord is not None and ch.discord.enabled:
+        token = _secret(problems, "channels.discord.token_env", ch.discord.token_env)
+        if token:
+            from geodebot.channels.discord_channel import DiscordChannel
+
+            bound = [b.channel for b in config.bindings if b.platform == "discord"]
+            channels["discord"] = DiscordChannel(
+                ch.discord, token, bound_channels=bound, cursor_store=store
+            )
+    if problems:
+        raise ConfigError(str(config.source or "<config>"), problems)
+    for binding in config.bindings:
+        if binding.platform not in channels:
+            log.warning(
+                "binding %s (%s %s) has no enabled channel; it will not receive messages",
+                binding.session,
+                binding.platform,
+                binding.channel,
+            )
+    return channels
+
+
+class ChannelSupervisor:
+    """Starts every channel; one that cannot connect is retried with backoff while the
+    others run. (Once connected, each SDK keeps its own connection alive.)"""
+
+    def __init__(self, channels: Mapping[str, Channel], sink: InboundSink) -> None:
+        self._channels = channels
+        self._sink = sink
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ready: dict[str, asyncio.Event] = {name: asyncio.Event() for name in channels}
+
+    async def start(self, first_attempt_s: float = 30.0) -> None:
+        """Start all channels; returns when each connected or its first attempt timed out."""
+        for name, channel in self._channels.items():
+            self._tasks.append(asyncio.create_task(self._keep_starting(name, channel)))
+        waits = [event.wait() for event in self.ready.values()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(first_attempt_s):
+                    await asyncio.gather(*waits)
+
+    async def _keep_starting(self, name: str, channel: Channel) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await channel.start(self._sink)
+            except Exception:
+                log.error(
+                    "channel %s could not start; retrying in %.0f s", name, delay, exc_info=True
+                )
+                with contextlib.suppress(Exception):
+                    await channel.stop()
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 300.0)
+                continue
+            log.info("channel %s connected", name)
+            self.ready[name].set()
+            return
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for name, channel in self._channels.items():
+            try:
+                await channel.stop()
+            except Exception:
+                log.exception("channel %s did not stop cleanly", name)

@@ -320,3 +320,12 @@ async def test_unanswered_messages_are_answered_after_a_restart(
         await store.inbox_start(row.id)
         assert await h.router.recover() == 1
         assert await h.replies(1) == ["answered after restart"]
+
+
+async def test_a_command_after_a_mention_is_still_a_command(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    async with harness(tmp_path, llm_server, limit=4096) as h:
+        await h.chat.deliver(message("<@U0BOT> /help", channel="c3", mentions_bot=True))
+        assert "/status" in (await h.replies(1))[0]
+    assert llm_server.requests == []

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -29,6 +30,8 @@ from geodebot.store.protocol import InboxRow, NewOutbound
 log = logging.getLogger(__name__)
 
 TYPING_EVERY_S = 4.0
+# "@bot /status" is a command too: Slack and Discord write mentions as <@id>, Telegram as @name.
+_LEADING_MENTION = re.compile(r"^\s*(<@!?[A-Za-z0-9]+>|@\w+)\s+(?=/)")
 FinishStatus = Literal["done", "failed", "dropped"]
 Typing = Callable[[Destination], Awaitable[None]]
 
@@ -89,7 +92,7 @@ class ChatRouter:
         if decision.refusal is not None:
             await self._answer(row, "dropped", decision.refusal, detail="too_large")
             return
-        command = command_of(inbound.text)
+        command = command_of(_LEADING_MENTION.sub("", inbound.text, count=1))
         if command is not None:
             await self._command(row, decision.binding, command)
             return

@@ -1,0 +1,412 @@
+"""Slack over Socket Mode: slack-bolt's AsyncApp behind slack_sdk's aiohttp Socket Mode client.
+
+Acknowledgement: Bolt runs with ``process_before_response=True``, so the envelope is acked only
+after our listener returned, i.e. after the sink committed the event. A sink that raises makes
+the listener raise; Bolt turns that into a 500 and its Socket Mode handler sends no ack, so
+Slack delivers the event again (``retry_attempt`` > 0, same ``event_id``). Dropping repeats of
+one event id is the daemon's job.
+
+``message`` and ``app_mention``: a mention in a channel the bot is in arrives twice, as two
+events with different ids but the same (channel, ts). Both are listened to (a workspace may
+subscribe to only one of them); the first event to claim a message delivers it and the other
+is acked and dropped. A claim is released when the sink fails, so a redelivery can still win.
+The claims live in memory: a restart between the two events can let both through.
+
+Sending: the client has no retry handlers; the outbox decides about retries, and a blind SDK
+retry after a timeout could post a message twice. Every message carries the part's key as
+message metadata, which ``find_sent`` looks for after an unknown outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from geodebot.channels.base import (
+    ChannelError,
+    ChannelStatus,
+    Destination,
+    Inbound,
+    InboundSink,
+    OutboundPart,
+    Platform,
+    SendUnknown,
+    SentPart,
+)
+from geodebot.channels.render import render_for
+from geodebot.config import SlackConfig
+
+log = logging.getLogger(__name__)
+
+METADATA_EVENT_TYPE = "geodebot_outbox"
+# Subtypes that are a person (or bot) saying something; edits, deletions, joins and the
+# like are acked and dropped.
+_CONVERSATIONAL_SUBTYPES = frozenset(
+    {"bot_message", "thread_broadcast", "file_share", "me_message"}
+)
+# fmt: off
+_PERMANENT_ERRORS = frozenset({
+    "channel_not_found", "not_in_channel", "is_archived", "msg_too_long", "no_text",
+    "invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
+    "missing_scope", "no_permission", "restricted_action", "restricted_action_read_only_channel",
+    "restricted_action_thread_only_channel", "restricted_action_non_threadable_channel",
+    "cannot_reply_to_message", "invalid_metadata_format", "invalid_metadata_schema",
+    "metadata_too_large", "team_access_not_granted", "ekm_access_denied", "invalid_arguments",
+})
+# fmt: on
+# Slack documents these as "some aspect of the operation may have succeeded".
+_MAYBE_DONE_ERRORS = frozenset({"internal_error", "fatal_error"})
+_HISTORY_PAGES, _HISTORY_LIMIT = 2, 100
+# Replies come oldest first, so the newest reply of a long thread is on the last page.
+_REPLIES_PAGES, _REPLIES_LIMIT = 10, 200
+_CLAIMS_KEPT = 4096
+
+
+def to_inbound(
+    body: Mapping[str, Any], bot_user_id: str, bot_id: str | None = None
+) -> Inbound | None:
+    """An Events API ``event_callback`` body as an Inbound, or None for events we do not act on."""
+    event = body.get("event")
+    if not isinstance(event, Mapping) or event.get("type") not in ("message", "app_mention"):
+        return None
+    subtype = event.get("subtype")
+    if (subtype is not None and subtype not in _CONVERSATIONAL_SUBTYPES) or event.get("hidden"):
+        return None
+    channel, ts = event.get("channel"), event.get("ts")
+    if not channel or not ts:
+        return None
+    text = str(event.get("text") or "")
+    sender_bot = event.get("bot_id")
+    user = str(event.get("user") or sender_bot or "")
+    profile = event.get("user_profile")
+    name = ""
+    if isinstance(profile, Mapping):
+        name = str(profile.get("display_name") or profile.get("real_name") or "")
+    mention = f"<@{bot_user_id}>"
+    return Inbound(
+        platform="slack",
+        event_id=str(body.get("event_id") or f"{channel}:{ts}"),
+        channel=str(channel),
+        thread=str(event["thread_ts"]) if event.get("thread_ts") else None,
+        user=user,
+        text=text,
+        message_id=str(ts),
+        user_name=name or str(event.get("username") or ""),
+        is_bot=bool(sender_bot) or subtype == "bot_message",
+        is_self=(bool(bot_user_id) and user == bot_user_id)
+        or (bot_id is not None and sender_bot == bot_id),
+        mentions_bot=event.get("type") == "app_mention"
+        or mention in text
+        or f"<@{bot_user_id}|" in text,
+        is_dm=event.get("channel_type") == "im",
+        ts=_float(ts),
+    )
+
+
+class SlackChannel:
+    """The Slack adapter; tokens are resolved by the caller (``config.*_env`` name them)."""
+
+    def __init__(
+        self,
+        config: SlackConfig,
+        *,
+        bot_token: str,
+        app_token: str,
+        ping_interval_s: float = 10.0,
+        request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 30.0,
+        stop_grace_s: float = 2.0,
+    ) -> None:
+        self._config = config
+        self._bot_token = bot_token
+        self._app_token = app_token
+        self._ping_interval = ping_interval_s
+        self._request_timeout = request_timeout_s
+        self._connect_timeout = connect_timeout_s
+        self._stop_grace = stop_grace_s
+        self._session: aiohttp.ClientSession | None = None
+        self._client: AsyncWebClient | None = None
+        self._handler: AsyncSocketModeHandler | None = None
+        self._sink: InboundSink | None = None
+        self._bot_user_id = ""
+        self._bot_id: str | None = None
+        self._claims: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        names = "received delivered ignored duplicates sink_errors sent send_errors"
+        self._counters: dict[str, int] = dict.fromkeys(names.split(), 0)
+
+    @property
+    def platform(self) -> Platform:
+        return "slack"
+
+    @property
+    def bot_user_id(self) -> str:
+        return self._bot_user_id
+
+    async def start(self, sink: InboundSink) -> None:
+        if self._handler is not None:
+            raise RuntimeError("SlackChannel already started")
+        self._sink = sink
+        self._stopping = False
+        # Both SDK clients need a running loop at construction (aiohttp sessions, and the
+        # Socket Mode client starts its message processor task in __init__).
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._request_timeout)
+        )
+        self._client = AsyncWebClient(
+            token=self._bot_token,
+            base_url=self._config.api_base_url,
+            session=self._session,
+            retry_handlers=[],
+        )
+        try:
+            auth = await self._client.auth_test()
+            self._bot_user_id = str(auth.get("user_id") or "")
+            self._bot_id = auth.get("bot_id")
+            self._handler = AsyncSocketModeHandler(
+                self._build_app(self._client), self._app_token, ping_interval=self._ping_interval
+            )
+            # Asking for the URL ourselves turns a bad app token into an error here; the SDK's
+            # connect() would retry it forever.
+            self._handler.client.wss_uri = await self._handler.client.issue_new_wss_url()
+            async with asyncio.timeout(self._connect_timeout):
+                await self._handler.connect_async()  # type: ignore[no-untyped-call]
+        except BaseException as exc:
+            await self._close()
+            if isinstance(exc, TimeoutError):
+                raise ChannelError("Slack: Socket Mode did not connect in time") from exc
+            if isinstance(exc, SlackClientError | aiohttp.ClientError):
+                raise _to_channel_error(exc, "start") from exc
+            raise
+        log.info("slack: connected as %s", self._bot_user_id)
+
+    def _build_app(self, client: AsyncWebClient) -> AsyncApp:
+        app = AsyncApp(
+            name="geodebot.slack",
+            client=client,  # carries the bot token; passing token= too only earns a warning
+            process_before_response=True,
+            # Socket Mode has no signatures, url_verification or ssl_check requests.
+            request_verification_enabled=False,
+            url_verification_enabled=False,
+            ssl_check_enabled=False,
+            attaching_function_token_enabled=False,
+            attaching_conversation_kwargs_enabled=False,
+        )
+
+        async def on_message(body: dict[str, Any]) -> None:
+            await self._deliver(body)
+
+        async def on_other(body: dict[str, Any]) -> None:
+            # An unhandled event is answered 404 by Bolt, i.e. never acked and redelivered.
+            self._counters["ignored"] += 1
+
+        async def on_error(error: Exception, body: dict[str, Any]) -> None:
+            event_id = body.get("event_id") if isinstance(body, dict) else None
+            log.warning(
+                "slack: event %s not acknowledged, Slack will redeliver: %r", event_id, error
+            )
+
+        app.event("message")(on_message)
+        app.event("app_mention")(on_message)
+        app.event(re.compile(".*"))(on_other)
+        app.error(on_error)
+        return app
+
+    async def _deliver(self, body: dict[str, Any]) -> None:
+        self._counters["received"] += 1
+        if self._stopping or self._sink is None:
+            # Raising (not returning) keeps Bolt from acking what was never committed.
+            raise ChannelError("Slack channel is stopping")
+        inbound = to_inbound(body, self._bot_user_id, self._bot_id)
+        if inbound is None:
+            self._counters["ignored"] += 1
+            return
+        key = (inbound.channel, inbound.message_id)
+        owner = self._claims.get(key)
+        if owner is not None and owner != inbound.event_id:
+            self._counters["duplicates"] += 1
+            return
+        self._claims[key] = inbound.event_id
+        self._claims.move_to_end(key)
+        while len(self._claims) > _CLAIMS_KEPT:
+            self._claims.popitem(last=False)
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        try:
+            await self._sink(inbound)
+        except BaseException:
+            if self._claims.get(key) == inbound.event_id:
+                del self._claims[key]
+            self._counters["sink_errors"] += 1
+            raise
+        finally:
+            self._inflight.discard(task)
+        self._counters["delivered"] += 1
+
+    async def stop(self) -> None:
+        # In-flight sink calls get a moment to commit and be acked over the still-open socket;
+        # whatever is cut off is not acked and comes again after a restart.
+        self._stopping = True
+        if self._inflight:
+            await asyncio.wait(set(self._inflight), timeout=self._stop_grace)
+        late = set(self._inflight)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        await self._close()
+
+    async def _close(self) -> None:
+        handler, self._handler = self._handler, None
+        if handler is not None:
+            await handler.close_async()  # type: ignore[no-untyped-call]
+            sm = handler.client
+            # close() only cancels the client's tasks; awaiting them keeps teardown quiet.
+            tasks = [t for t in (sm.message_processor, sm.current_session_monitor) if t]
+            if sm.message_receiver is not None:
+                tasks.append(sm.message_receiver)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        self._client = None
+
+    def render(self, markdown: str) -> list[str]:
+        return render_for("slack", markdown)
+
+    async def send(self, part: OutboundPart) -> SentPart:
+        client = self._require_client()
+        dest = part.destination
+        try:
+            response = await client.chat_postMessage(
+                channel=dest.channel,
+                text=part.text,
+                thread_ts=_thread_ts(dest),
+                mrkdwn=True,
+                metadata={"event_type": METADATA_EVENT_TYPE, "event_payload": {"key": part.key}},
+            )
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            self._counters["send_errors"] += 1
+            raise _to_channel_error(exc, "chat.postMessage") from exc
+        self._counters["sent"] += 1
+        return SentPart(str(response["ts"]))
+
+    async def find_sent(self, part: OutboundPart) -> SentPart | None:
+        client = self._require_client()
+        dest = part.destination
+        thread = _thread_ts(dest)
+        pages, limit = (
+            (_REPLIES_PAGES, _REPLIES_LIMIT) if thread else (_HISTORY_PAGES, _HISTORY_LIMIT)
+        )
+        cursor: str | None = None
+        try:
+            for _ in range(pages):
+                if thread:
+                    response = await client.conversations_replies(
+                        channel=dest.channel,
+                        ts=thread,
+                        include_all_metadata=True,
+                        limit=limit,
+                        cursor=cursor,
+                    )
+                else:
+                    response = await client.conversations_history(
+                        channel=dest.channel, include_all_metadata=True, limit=limit, cursor=cursor
+                    )
+                for message in response.get("messages") or []:
+                    if self._carries_key(message, part.key):
+                        return SentPart(str(message["ts"]))
+                cursor = (response.get("response_metadata") or {}).get("next_cursor")
+                if not cursor:
+                    break
+        except SlackApiError as exc:
+            if _error_code(exc) == "thread_not_found":
+                return None
+            raise _to_channel_error(exc, "find_sent") from exc
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise _to_channel_error(exc, "find_sent") from exc
+        return None
+
+    def _carries_key(self, message: Mapping[str, Any], key: str) -> bool:
+        sender = message.get("bot_id")
+        if sender is not None and self._bot_id is not None and sender != self._bot_id:
+            return False  # metadata is app-written, but only ours counts
+        metadata = message.get("metadata")
+        if not isinstance(metadata, Mapping) or metadata.get("event_type") != METADATA_EVENT_TYPE:
+            return False
+        payload = metadata.get("event_payload")
+        return isinstance(payload, Mapping) and payload.get("key") == key
+
+    async def typing(self, destination: Destination) -> None:
+        # Slack offers bots no typing indicator outside RTM (retired, and not Socket Mode);
+        # assistant.threads.setStatus needs the AI-app feature and an assistant thread.
+        return None
+
+    def status(self) -> ChannelStatus:
+        sm = self._handler.client if self._handler is not None else None
+        ws = sm.current_session if sm is not None else None
+        connected = sm is not None and not sm.closed and ws is not None and not ws.closed
+        detail = f"bot {self._bot_user_id}" if self._bot_user_id else "not started"
+        return ChannelStatus("slack", connected, detail, dict(self._counters))
+
+    def _require_client(self) -> AsyncWebClient:
+        if self._client is None:
+            raise ChannelError("Slack channel is not started")
+        return self._client
+
+
+def _thread_ts(dest: Destination) -> str | None:
+    """Replies go into the thread of the message they answer, except top-level DM messages.
+
+    Slack DM channel ids start with D; a DM is a one-to-one chat where a thread per answer
+    only hides the reply.
+    """
+    if dest.thread:
+        return dest.thread
+    if dest.reply_to and not dest.channel.startswith("D"):
+        return dest.reply_to
+    return None
+
+
+def _error_code(exc: SlackApiError) -> str:
+    data = getattr(exc.response, "data", None)
+    return str(data.get("error") or "") if isinstance(data, dict) else ""
+
+
+def _to_channel_error(exc: BaseException, what: str) -> ChannelError:
+    if isinstance(exc, SlackApiError):
+        resp = exc.response
+        status = int(getattr(resp, "status_code", None) or getattr(resp, "status", 0) or 0)
+        code = _error_code(exc)
+        message = f"Slack {what}: {code or 'HTTP ' + str(status)}"
+        if status == 429 or code == "ratelimited":
+            headers = getattr(resp, "headers", None) or {}
+            retry_after = _float(headers.get("Retry-After"), default=1.0)
+            return ChannelError(message, retry_after=retry_after)
+        if code in _MAYBE_DONE_ERRORS or (status >= 500 and not code):
+            return SendUnknown(message)
+        return ChannelError(message, permanent=code in _PERMANENT_ERRORS)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # No connection was made, so nothing reached Slack.
+        return ChannelError(f"Slack {what}: cannot connect: {exc}")
+    if isinstance(exc, aiohttp.ClientError | TimeoutError):
+        return SendUnknown(f"Slack {what}: {type(exc).__name__}: {exc}")
+    return ChannelError(f"Slack {what}: {type(exc).__name__}: {exc}", permanent=True)
+
+
+def _float(value: object, default: float = 0.0) -> float:
+    try:
+        return float(str(value))
+    except ValueError:
+        return default

@@ -9,7 +9,20 @@ import sys
 from geodebot.redact import RedactingFilter, Redactor
 
 # These log every request URL at INFO, and a Telegram URL carries the bot token.
-_NOISY = ("httpx", "httpcore", "aiosqlite", "asyncio", "anthropic", "openai")
+_NOISY = (
+    "httpx",
+    "httpcore",
+    "aiosqlite",
+    "asyncio",
+    "anthropic",
+    "openai",
+    "mcp",
+    "telegram",
+    "slack_bolt",
+    "slack_sdk",
+    # discord.py logs interaction tokens (valid for 15 minutes) at DEBUG.
+    "discord",
+)
 
 
 class JSONFormatter(logging.Formatter):

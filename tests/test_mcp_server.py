@@ -27,16 +27,15 @@ UNATTENDED_DENY = {"run_bash", "computer", "delegate_task"}
 
 
 def write_config(tmp_path: Path, server: FakeLLMServer, budgets: str = "") -> Path:
-    # The operator lists the never-headless tools too, even pre-approves them: HEADLESS must
-    # still leave them out.
+    # Listing run_bash or computer here is refused at startup (tested with the CLI); the
+    # model asking for them anyway must still get refusals.
     path = tmp_path / "config.toml"
     path.write_text(
         f'[daemon]\nstate_dir = "{tmp_path / "var"}"\nlog_level = "debug"\n'
         f'[model]\nprovider = "anthropic"\nname = "mcp-model-3"\nbase_url = "{server.url}"\n'
         f'api_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
         f"[budgets]\n{budgets}\n"
-        '[tools]\nheadless_tools = ["get_time", "run_bash", "computer", "delegate_task"]\n'
-        'headless_preapproved = ["run_bash", "computer"]\n'
+        '[tools]\nheadless_tools = ["get_time"]\n'
     )
     return path
 

@@ -51,7 +51,7 @@ async def test_declared_tool_is_callable_and_undeclared_is_not_in_the_plan(
                 fake_server("fake", declared={"echo": {"safety": "read", "effect": "none"}})
             ]
         },
-        tools={"workspace": str(tmp_path / "ws")},
+        tools={"workspace": str(tmp_path / "ws"), "ipc_tools": [], "headless_tools": []},
     )
     llm_server.script(
         Reply(
@@ -93,7 +93,7 @@ async def test_project_servers_are_ignored_until_trusted(
     config = with_sections(
         make_config(tmp_path, llm_server),
         mcp={"project_config": str(path)},
-        tools={"workspace": str(tmp_path / "ws")},
+        tools={"workspace": str(tmp_path / "ws"), "ipc_tools": [], "headless_tools": []},
     )
     spec = SessionSpec("p", tools=("mcp__proj__echo",))
     async with AsyncExitStack() as stack:

@@ -1,0 +1,499 @@
+"""Discord adapter: one ``discord.Client`` behind geodebot's :class:`Channel` port.
+
+* Endpoints. discord.py reads REST URLs from the class attribute ``Route.BASE`` and a plain
+  Client dials the class attribute ``DiscordWebSocket.DEFAULT_GATEWAY`` (it never asks
+  ``/gateway/bot``). Setting those would redirect every discord.py client in the process, so
+  they stay untouched: *our* client's own ``HTTPClient`` rebases ``request`` (every REST call;
+  interaction callbacks go through it too) and ``ws_connect`` (first connect, re-identify).
+  Resumes use READY's ``resume_gateway_url``. discord.py's ``Webhook``/``InteractionResponse``
+  helpers bypass ``request`` and would reach discord.com; we do not use them.
+* Compression. ``Client.connect`` always asks for zlib-stream (zstd-stream when ``zstandard``
+  or ``compression.zstd`` imports); ``from_client(compress=False)`` exists but connect never
+  passes it. Real Discord and the fake both speak it, so nothing is patched.
+* Threads are threads of their parent (``channel`` = parent id, ``thread`` = thread id), like
+  Slack: a binding on a channel covers its threads. Replies go to the thread.
+* Catch-up. Discord never redelivers. After each (re)connect, every bound channel's history
+  after the cursor ``discord:last:<channel>`` (the newest ``CATCH_UP_LIMIT``) goes through the
+  sink again, oldest first (the daemon drops duplicates by ``event_id``). Until that pass
+  succeeds live messages do not move the cursor, so it never skips a gap; deliveries per
+  channel are serialised so it only moves forward.
+* Sending. ``Messageable.send`` has no ``enforce_nonce`` keyword: discord.py sends
+  ``enforce_nonce: true`` with every nonce. The nonce hashes the part key, so a resend of a
+  part within Discord's window returns the first message. discord.py sleeps through 429s
+  (one wait is capped by ``max_ratelimit_timeout``, beyond that ``RateLimited``) and retries
+  500/502/504 itself; ``SEND_TIMEOUT_S`` bounds the whole call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+import warnings
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
+
+import aiohttp
+import yarl
+
+with warnings.catch_warnings():
+    # discord.py imports audioop for voice (deprecated since 3.11); we never use voice.
+    warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
+    import discord
+    from discord.gateway import DiscordWebSocket
+    from discord.http import HTTPClient, Route
+
+from geodebot.channels.base import (
+    CHAT_COMMANDS,
+    ChannelError,
+    ChannelStatus,
+    Destination,
+    Inbound,
+    InboundSink,
+    OutboundPart,
+    Platform,
+    SendUnknown,
+    SentPart,
+)
+from geodebot.channels.render import render_for
+from geodebot.config import DiscordConfig
+
+log = logging.getLogger(__name__)
+
+MAX_CHARS = 2000
+START_TIMEOUT_S = 30.0
+SEND_TIMEOUT_S = 90.0
+MAX_RATELIMIT_WAIT_S = 30.0  # discord.py raises it to 30 anyway
+NONCE_WINDOW_S = 120.0  # Discord dedups nonces for "a few minutes": stay well inside
+GUILD_READY_TIMEOUT_S = 0.5  # discord.py waits this long after the last GUILD_CREATE
+CATCH_UP_LIMIT = 100
+FIND_SENT_LOOKBACK = 50
+INTERACTION_TTL_S = 14 * 60.0  # interaction tokens live 15 minutes
+_CURSOR = "discord:last:{}"
+_NET_ERRORS = (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError)
+
+
+class CursorStore(Protocol):
+    async def get_cursor(self, name: str) -> str | None: ...
+
+    async def set_cursor(self, name: str, value: str) -> None: ...
+
+
+def nonce_for(key: str) -> str:
+    """24 hex chars (Discord allows 25), stable for the part key."""
+    return hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
+
+
+def _place(channel: object) -> tuple[str, str | None]:
+    if isinstance(channel, discord.Thread) and channel.parent_id is not None:
+        return str(channel.parent_id), str(channel.id)
+    return str(getattr(channel, "id", "")), None
+
+
+def to_inbound(message: discord.Message, bot_user_id: int | None) -> Inbound | None:
+    """A user-visible chat message as an Inbound; system messages (joins, pins) are None."""
+    if message.type not in (discord.MessageType.default, discord.MessageType.reply):
+        return None
+    channel, thread = _place(message.channel)
+    author = message.author
+    return Inbound(
+        platform="discord",
+        event_id=str(message.id),
+        channel=channel,
+        thread=thread,
+        user=str(author.id),
+        text=message.content or "",
+        message_id=str(message.id),
+        user_name=author.name,
+        is_bot=author.bot,
+        is_self=author.id == bot_user_id,
+        mentions_bot=any(u.id == bot_user_id for u in message.mentions),
+        is_dm=isinstance(message.channel, discord.DMChannel),
+        ts=message.created_at.timestamp(),
+    )
+
+
+def interaction_to_inbound(interaction: discord.Interaction) -> Inbound | None:
+    """A slash command from CHAT_COMMANDS as the text ``/name``; anything else is None."""
+    name = dict(interaction.data or {}).get("name")
+    slash = interaction.type == discord.InteractionType.application_command
+    if not slash or not any(c.name == name for c in CHAT_COMMANDS):
+        return None
+    channel, thread = _place(interaction.channel)
+    return Inbound(
+        platform="discord",
+        event_id=str(interaction.id),
+        channel=channel or str(interaction.channel_id),
+        thread=thread,
+        user=str(interaction.user.id),
+        text=f"/{name}",
+        message_id=str(interaction.id),
+        user_name=interaction.user.name,
+        mentions_bot=True,  # a slash command is addressed to this bot by construction
+        is_dm=interaction.guild_id is None,
+        ts=interaction.created_at.timestamp(),
+    )
+
+
+class _RebasedHTTP(HTTPClient):
+    def __init__(self, config: DiscordConfig, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._api_base = config.api_base_url.rstrip("/")
+        self._gateway = yarl.URL(config.gateway_url)
+
+    async def request(self, route: Route, **kwargs: Any) -> Any:
+        if route.url.startswith(Route.BASE):
+            route.url = self._api_base + route.url[len(Route.BASE) :]
+        return await super().request(route, **kwargs)
+
+    async def ws_connect(self, url: str, *, compress: int = 0) -> Any:
+        if url.startswith(str(DiscordWebSocket.DEFAULT_GATEWAY)):
+            url = str(self._gateway.with_query(yarl.URL(url).query))
+        return await super().ws_connect(url, compress=compress)
+
+
+class _Client(discord.Client):
+    def __init__(self, adapter: DiscordChannel, config: DiscordConfig) -> None:
+        intents = discord.Intents.none()
+        intents.guilds = intents.guild_messages = intents.dm_messages = True
+        intents.message_content = True  # without it guild text is empty unless we are mentioned
+        super().__init__(
+            intents=intents,
+            max_messages=None,
+            chunk_guilds_at_startup=False,
+            member_cache_flags=discord.MemberCacheFlags.none(),
+            guild_ready_timeout=GUILD_READY_TIMEOUT_S,
+            max_ratelimit_timeout=MAX_RATELIMIT_WAIT_S,
+            allowed_mentions=discord.AllowedMentions.none(),
+        )
+        # Swapped before login opens the session; the connection state holds the same object.
+        self.http = _RebasedHTTP(config, loop=self.loop, max_ratelimit_timeout=MAX_RATELIMIT_WAIT_S)
+        self._connection.http = self.http
+        self._adapter = adapter
+
+    async def on_ready(self) -> None:
+        self._adapter._connected()
+
+    async def on_resumed(self) -> None:
+        self._adapter._connected()
+
+    async def on_disconnect(self) -> None:
+        self._adapter._stale |= self._adapter._bound  # a gap may start here
+
+    async def on_message(self, message: discord.Message) -> None:
+        await self._adapter._on_message(message)
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        await self._adapter._on_interaction(interaction)
+
+
+class DiscordChannel:
+    def __init__(
+        self,
+        config: DiscordConfig,
+        token: str,
+        *,
+        bound_channels: Sequence[str] = (),
+        cursor_store: CursorStore | None = None,
+    ) -> None:
+        self._config, self._token = config, token
+        self._bound = frozenset(bound_channels)
+        self._cursors = cursor_store
+        self._client: _Client | None = None
+        self._sink: InboundSink | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._cursor: dict[str, int] = {}
+        self._stale: set[str] = set(self._bound)
+        self._attempted: dict[str, float] = {}  # part key -> first send, for find_sent
+        # interaction id -> (token, when, acknowledged)
+        self._interactions: dict[str, tuple[str, float, asyncio.Future[bool]]] = {}
+        self._last_error = ""
+        self.counters: dict[str, int] = {"received": 0, "sent": 0, "caught_up": 0}
+
+    @property
+    def platform(self) -> Platform:
+        return "discord"
+
+    async def start(self, sink: InboundSink) -> None:
+        if self._client is not None:
+            raise RuntimeError("discord channel already started")
+        self._sink, self._stale = sink, set(self._bound)
+        client = self._client = _Client(self, self._config)
+        try:
+            await self._connect(client)
+        except BaseException:
+            await self.stop()
+            raise
+        commands = [
+            {"name": c.name, "description": c.description, "type": 1} for c in CHAT_COMMANDS
+        ]
+        try:
+            await client.http.bulk_upsert_global_commands(client.application_id or 0, commands)
+        except _NET_ERRORS as exc:
+            log.warning("discord: slash commands not registered (typed ones still work): %s", exc)
+
+    async def _connect(self, client: _Client) -> None:
+        try:
+            await client.login(self._token)
+        except discord.LoginFailure as exc:
+            raise ChannelError("discord: the bot token was rejected", permanent=True) from exc
+        except _NET_ERRORS as exc:
+            raise ChannelError(f"discord: login failed: {exc!r}") from exc
+        self._runner = asyncio.create_task(client.connect(reconnect=True))
+        self._runner.add_done_callback(self._runner_done)
+        ready = asyncio.create_task(self._ready.wait())
+        await asyncio.wait(
+            {ready, self._runner}, timeout=START_TIMEOUT_S, return_when="FIRST_COMPLETED"
+        )
+        ready.cancel()
+        await asyncio.gather(ready, return_exceptions=True)
+        if not self._ready.is_set():
+            why = self._last_error or f"no READY within {START_TIMEOUT_S:g}s"
+            raise ChannelError(f"discord: gateway did not become ready: {why}")
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()  # closes the socket, the HTTP session and its connector
+        if self._runner is not None:
+            await asyncio.wait({self._runner}, timeout=10)
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+            self._runner = None
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._ready.clear()
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        # After close() discord.py's loop may end any which way; only a live client's end counts.
+        if not task.cancelled() and self._client is not None and task.exception() is not None:
+            self._last_error = f"gateway stopped: {task.exception()!r}"
+            log.error("discord: %s", self._last_error)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _connected(self) -> None:
+        self._last_error = ""
+        self._ready.set()
+        for channel in self._bound:
+            self._spawn(self._catch_up_until_done(channel))
+
+    def _bot_id(self) -> int | None:
+        user = self._client.user if self._client is not None else None
+        return user.id if user is not None else None
+
+    async def _on_message(self, message: discord.Message) -> None:
+        channel, task = str(message.channel.id), asyncio.current_task()
+        if task is not None:  # discord.py's event task: stop() must be able to end it
+            self._tasks.add(task)
+        try:
+            async with self._locks.setdefault(channel, asyncio.Lock()):
+                await self._deliver(message, channel, advance=channel not in self._stale)
+        except Exception as exc:
+            log.warning("discord: inbound %s not committed: %s", message.id, exc, exc_info=True)
+            self._last_error = f"inbound not committed: {exc}"
+            if channel in self._bound:
+                # Without a cursor yet, catch-up would not know to start before this one.
+                self._cursor.setdefault(channel, message.id - 1)
+            if channel in self._bound and channel not in self._stale:
+                self._stale.add(channel)
+                self._spawn(self._catch_up_until_done(channel, delay=1.0))
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _deliver(self, message: discord.Message, channel: str, *, advance: bool) -> None:
+        inbound = to_inbound(message, self._bot_id())
+        if inbound is not None and self._sink is not None:
+            await self._sink(inbound)
+            self.counters["received"] += 1
+        store = self._cursors if advance and channel in self._bound else None
+        if store is not None and message.id > self._cursor.get(channel, 0):
+            await store.set_cursor(_CURSOR.format(channel), str(message.id))
+            self._cursor[channel] = message.id
+
+    async def _catch_up_until_done(self, channel: str, delay: float = 0.0) -> None:
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._catch_up(channel)
+                return
+            except Exception as exc:
+                log.warning("discord: catch-up of %s failed: %s", channel, exc, exc_info=True)
+                self._last_error = f"catch-up failed: {exc}"
+                delay = min(max(delay * 2, 1.0), 60.0)
+
+    async def _catch_up(self, channel: str) -> None:
+        async with self._locks.setdefault(channel, asyncio.Lock()):
+            last = self._cursor.get(channel)
+            if last is None and self._cursors is not None:
+                stored = await self._cursors.get_cursor(_CURSOR.format(channel))
+                last = int(stored) if stored else None
+            if last is None:  # first run: there is no gap, and all history is not one
+                self._stale.discard(channel)
+                return
+            self._cursor[channel] = max(last, self._cursor.get(channel, 0))
+            target = await self._messageable(channel)
+            # Newest first, so a backlog over the limit loses its oldest part, not its newest.
+            pages = target.history(
+                limit=CATCH_UP_LIMIT, after=discord.Object(last), oldest_first=False
+            )
+            missed = [m async for m in pages]
+            if len(missed) == CATCH_UP_LIMIT:
+                log.warning("discord: %s: only the newest %d missed messages", channel, len(missed))
+            for message in reversed(missed):
+                await self._deliver(message, channel, advance=True)
+            self.counters["caught_up"] += len(missed)
+            self._stale.discard(channel)
+
+    async def _on_interaction(self, interaction: discord.Interaction) -> None:
+        inbound = interaction_to_inbound(interaction)
+        if inbound is None or self._client is None or self._sink is None:
+            return
+        # Registered before the sink: the reply may be ready before the ack is done.
+        acked = asyncio.get_running_loop().create_future()
+        now, key = time.monotonic(), str(interaction.id)
+        self._interactions = {
+            k: v for k, v in self._interactions.items() if now - v[1] < INTERACTION_TTL_S
+        }
+        self._interactions[key] = (interaction.token, now, acked)
+        try:
+            await self._sink(inbound)
+            # Deferred ("thinking…") until the reply edits the original response.
+            path = "/interactions/{interaction_id}/{interaction_token}/callback"
+            route = Route("POST", path, interaction_id=key, interaction_token=interaction.token)
+            await self._client.http.request(route, json={"type": 5})
+            acked.set_result(True)
+            self.counters["received"] += 1
+        except Exception as exc:
+            log.warning("discord: interaction %s not handled: %s", key, exc, exc_info=True)
+        finally:
+            if not acked.done():  # failed, or cancelled by stop()
+                acked.set_result(False)
+
+    def render(self, markdown: str) -> list[str]:
+        return render_for("discord", markdown)
+
+    async def _messageable(self, channel: str) -> Any:
+        if self._client is None:
+            raise ChannelError("discord channel is not started")
+        found = self._client.get_channel(int(channel))
+        # Uncached (a DM): fetched, so that history knows it is a DM.
+        return found if found is not None else await self._client.fetch_channel(int(channel))
+
+    async def _interaction_token(self, part: OutboundPart) -> str | None:
+        """The token whose deferred response this part should fill in, if any."""
+        entry = self._interactions.get(part.destination.reply_to or "")
+        if part.index != 0 or entry is None or time.monotonic() - entry[1] >= INTERACTION_TTL_S:
+            return None
+        with contextlib.suppress(TimeoutError):
+            if await asyncio.wait_for(asyncio.shield(entry[2]), 10):
+                return entry[0]
+        return None  # never acknowledged: answer as a plain message
+
+    async def send(self, part: OutboundPart) -> SentPart:
+        if len(part.text) > MAX_CHARS:
+            raise ChannelError(f"part is {len(part.text)} chars, over {MAX_CHARS}", permanent=True)
+        now = time.monotonic()
+        self._attempted = {k: v for k, v in self._attempted.items() if now - v < NONCE_WINDOW_S}
+        self._attempted.setdefault(part.key, now)
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                sent = await self._send(part)
+        except Exception as exc:
+            raise _translate(exc) from exc
+        self.counters["sent"] += 1
+        return sent
+
+    async def _send(self, part: OutboundPart) -> SentPart:
+        dest, token = part.destination, await self._interaction_token(part)
+        if token is not None and self._client is not None:
+            # Editing the deferred response is idempotent, which a webhook followup is not.
+            path = "/webhooks/{webhook_id}/{webhook_token}/messages/@original"
+            route = Route(
+                "PATCH", path, webhook_id=self._client.application_id, webhook_token=token
+            )
+            body = {"content": part.text, "allowed_mentions": {"parse": []}}
+            return SentPart(str((await self._client.http.request(route, json=body))["id"]))
+        target = await self._messageable(dest.thread or dest.channel)
+        reference = None
+        if dest.reply_to and part.index == 0 and dest.reply_to not in self._interactions:
+            reference = discord.MessageReference(
+                message_id=int(dest.reply_to),
+                channel_id=int(dest.thread or dest.channel),
+                fail_if_not_exists=False,
+            )
+        message = await target.send(
+            part.text,
+            nonce=nonce_for(part.key),
+            reference=reference,
+            allowed_mentions=discord.AllowedMentions.none(),
+            mention_author=reference is not None,  # the one ping a reply is allowed
+        )
+        return SentPart(str(message.id))
+
+    async def find_sent(self, part: OutboundPart) -> SentPart | None:
+        """Our message carrying the part's nonce in recent history, else an idempotent resend.
+
+        Discord returns ``nonce`` on fetched messages only for a while after creation, so
+        history can miss it. A resend under the same nonce is deduplicated by Discord within
+        its window, so it is done only while this process knows the first attempt is recent;
+        otherwise None, and the outbox's blind-resend budget decides.
+        """
+        if await self._interaction_token(part) is not None:
+            return await self.send(part)
+        nonce, me = nonce_for(part.key), self._bot_id()
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                target = await self._messageable(
+                    part.destination.thread or part.destination.channel
+                )
+                async for message in target.history(limit=FIND_SENT_LOOKBACK):
+                    if message.author.id == me and str(message.nonce) == nonce:
+                        return SentPart(str(message.id))
+        except Exception as exc:
+            raise _translate(exc) from exc
+        first = self._attempted.get(part.key)
+        if first is not None and time.monotonic() - first < NONCE_WINDOW_S:
+            log.info("discord: part %s not in history; resending under its nonce", part.key)
+            return await self.send(part)
+        return None
+
+    async def typing(self, destination: Destination) -> None:
+        with contextlib.suppress(*_NET_ERRORS, ChannelError):
+            async with asyncio.timeout(10):
+                await (await self._messageable(destination.thread or destination.channel)).typing()
+
+    def status(self) -> ChannelStatus:
+        client = self._client
+        connected = client is not None and client.is_ready() and not client.is_closed()
+        return ChannelStatus("discord", connected, self._last_error, dict(self.counters))
+
+
+def _translate(exc: Exception) -> ChannelError:
+    if isinstance(exc, ChannelError):
+        return exc
+    if isinstance(exc, discord.RateLimited):
+        return ChannelError(f"discord rate limit: {exc}", retry_after=exc.retry_after)
+    if isinstance(exc, discord.HTTPException):
+        if exc.status == 429:  # answered without Via: discord.py takes it for a Cloudflare ban
+            retry = exc.response.headers.get("Retry-After")
+            return ChannelError(f"discord 429: {exc}", retry_after=float(retry or 60))
+        if 400 <= exc.status < 500:
+            return ChannelError(f"discord rejected the message: {exc}", permanent=True)
+        return ChannelError(f"discord server error: {exc}")
+    if isinstance(exc, ValueError):  # a destination id that is no snowflake; nothing sent
+        return ChannelError(f"discord: bad destination: {exc}", permanent=True)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return ChannelError(f"discord unreachable: {exc}")  # never connected: nothing was sent
+    return SendUnknown(f"discord request outcome unknown: {exc!r}")

@@ -1,0 +1,459 @@
+"""Telegram adapter: python-telegram-bot's ``Bot`` with a polling loop of our own.
+
+Not ``Application``/``Updater``: their updater asks for the next batch (which confirms the
+previous one to Telegram) before the handlers ran, so a crash loses messages. Here an update is
+confirmed only after the sink committed it: the next ``getUpdates`` offset moves past it then,
+and the offset is persisted so a restart resumes right after the last committed update.
+Anything not committed is simply delivered again by Telegram.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Protocol
+
+import httpx
+from telegram import Bot, BotCommand, Message, MessageEntity, ReplyParameters, Update, User
+from telegram import error as tg
+from telegram.constants import ChatAction, ChatType, ParseMode
+from telegram.request import HTTPXRequest
+
+from geodebot.channels.base import (
+    CHAT_COMMANDS,
+    ChannelError,
+    ChannelStatus,
+    Destination,
+    Inbound,
+    InboundSink,
+    OutboundPart,
+    Platform,
+    SendUnknown,
+    SentPart,
+)
+from geodebot.channels.render import render_for
+from geodebot.config import TelegramConfig
+from geodebot.redact import RedactingFilter, Redactor
+
+# PTB 22 warns (PTBDeprecationWarning) whenever an int-valued period is read, and RetryAfter's
+# own constructor reads one: every 429 warned. Opting in to the timedelta values PTB 23 will
+# use anyway silences that; only this adapter reads PTB objects.
+os.environ.setdefault("PTB_TIMEDELTA", "true")
+
+log = logging.getLogger(__name__)
+
+CURSOR_NAME = "telegram:offset"
+# Channel posts count as messages; edits would re-run a turn for an old message.
+ALLOWED_UPDATES: tuple[str, ...] = ("message", "channel_post")
+_BACKOFF_FIRST_S = 0.5
+_BACKOFF_MAX_S = 30.0
+_STOP_GRACE_S = 5.0
+# Telegram picks a random next update_id after a week without updates; an offset that old may
+# lie above the new ids, and passing it would confirm (drop) them unseen.
+_CURSOR_MAX_AGE_S = 6 * 86_400
+_ENTITY_ERROR = "can't parse entities"
+_HTML_TAG = re.compile(
+    r"</?(?:b|strong|i|em|u|ins|s|strike|del|span|tg-spoiler|a|code|pre|blockquote|tg-emoji)"
+    r"(?:\s[^<>]*)?>",
+    re.IGNORECASE,
+)
+
+# PTB logs its base URL (which holds the token) at DEBUG and httpx logs every request URL at
+# INFO. Quiet by default; and whoever turns them up still gets the token masked. Filters on a
+# logger only see that logger's own records, hence the list of the loggers that emit.
+_SDK_PARENTS = ("telegram", "httpx", "httpcore")
+_SDK_EMITTERS = (
+    "telegram", "telegram.Bot", "telegram.BaseRequest", "telegram.HTTPXRequest", "httpx",
+    "httpcore.connection", "httpcore.http11", "httpcore.http2", "httpcore.proxy", __name__,
+)  # fmt: skip
+_sdk_redactor = Redactor()
+_sdk_filter = RedactingFilter(_sdk_redactor)
+
+
+def _guard_logs(token: str) -> None:
+    _sdk_redactor.add(token)
+    for name in _SDK_PARENTS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+    for name in _SDK_EMITTERS:
+        logger = logging.getLogger(name)
+        if _sdk_filter not in logger.filters:
+            logger.addFilter(_sdk_filter)
+
+
+class CursorStore(Protocol):
+    """Where the poll offset survives restarts (the store implements it)."""
+
+    async def get_cursor(self, name: str) -> str | None: ...
+
+    async def set_cursor(self, name: str, value: str) -> None: ...
+
+
+def to_inbound(update: Update, bot_user: User) -> Inbound | None:
+    """The update as geodebot sees it; None for anything without text (stickers, joins)."""
+    message = update.message or update.channel_post
+    if message is None:
+        return None
+    text = message.text or message.caption
+    if not text:
+        return None
+    thread = message.message_thread_id if message.is_topic_message else None
+    # Anonymous admins and channels: from_user is a placeholder bot, the chat is the sender.
+    chat, author = message.sender_chat, message.from_user
+    if chat is not None:
+        user, user_name, is_bot = str(chat.id), chat.username or chat.title, False
+    elif author is not None:
+        user, user_name, is_bot = str(author.id), author.username or author.full_name, author.is_bot
+    else:
+        return None
+    return Inbound(
+        platform="telegram",
+        event_id=str(update.update_id),
+        channel=str(message.chat.id),
+        thread=None if thread is None else str(thread),
+        user=user,
+        text=text,
+        message_id=str(message.message_id),
+        user_name=user_name or "",
+        is_bot=is_bot,
+        is_self=chat is None and author is not None and author.id == bot_user.id,
+        mentions_bot=_mentions(message, bot_user),
+        is_dm=message.chat.type == ChatType.PRIVATE,
+        ts=message.date.timestamp(),
+    )
+
+
+def _mentions(message: Message, bot_user: User) -> bool:
+    entities: Mapping[MessageEntity, str] = (
+        message.parse_entities() if message.text else message.parse_caption_entities()
+    )
+    at_name = "@" + (bot_user.username or "").lower()
+    for entity, fragment in entities.items():
+        fragment = fragment.lower()
+        if entity.type == MessageEntity.MENTION and fragment == at_name != "@":
+            return True
+        if entity.type == MessageEntity.TEXT_MENTION and entity.user == bot_user:
+            return True  # PTB compares users by id
+        if (
+            entity.type == MessageEntity.BOT_COMMAND
+            and fragment.endswith(at_name)
+            and at_name != "@"
+        ):
+            return True
+    reply = message.reply_to_message
+    if reply is None or reply.from_user is None or reply.from_user.id != bot_user.id:
+        return False
+    # In a forum topic Telegram sets reply_to_message to the topic's creation message even
+    # when nobody replied; in a topic the bot opened that would make every message a mention.
+    return not (message.is_topic_message and reply.message_id == message.message_thread_id)
+
+
+def html_to_plain(text: str) -> str:
+    """Telegram HTML as plain text: known tags dropped, entities decoded, anything else kept."""
+    return html.unescape(_HTML_TAG.sub("", text))
+
+
+def _retry_seconds(exc: tg.RetryAfter) -> float:
+    value = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _chat_id(channel: str) -> int | str:
+    try:
+        return int(channel)
+    except ValueError:
+        return channel  # "@channelusername"
+
+
+class TelegramChannel:
+    def __init__(
+        self, config: TelegramConfig, token: str, *, cursor_store: CursorStore | None = None
+    ) -> None:
+        # Before the Bot exists: its constructor already logs the URL with the token.
+        _guard_logs(token)
+        self._config = config
+        self._cursors = cursor_store
+        self._redactor = Redactor([token])
+        self._requests = (
+            # One connection for the long poll; PTB adds poll_timeout_s to its read timeout.
+            HTTPXRequest(connection_pool_size=1, connect_timeout=10.0),
+            # A slow answer to sendMessage becomes an unknown outcome, so be patient with it.
+            HTTPXRequest(connection_pool_size=8, read_timeout=20.0, connect_timeout=10.0),
+        )
+        self._bot = Bot(
+            token,
+            base_url=config.api_base_url,
+            get_updates_request=self._requests[0],
+            request=self._requests[1],
+        )
+        self._me: User | None = None
+        self._sink: InboundSink | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._first_poll = asyncio.Event()
+        self._offset: int | None = None
+        self._stopping = False
+        self._delivering = False
+        self._connected = False
+        self._detail = "not started"
+        self._sink_failures = 0
+        self._counters = dict.fromkeys(
+            ("received", "delivered", "skipped", "sink_errors", "poll_errors", "sent",
+             "send_errors", "plain_fallbacks"),
+            0,
+        )  # fmt: skip
+
+    @property
+    def platform(self) -> Platform:
+        return "telegram"
+
+    @property
+    def bot_username(self) -> str | None:
+        return None if self._me is None else self._me.username
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self, sink: InboundSink) -> None:
+        if self._task is not None:
+            raise RuntimeError("TelegramChannel already started")
+        self._sink, self._stopping = sink, False
+        try:
+            await self._connect()
+            self._offset = await self._load_offset()
+            self._task = asyncio.create_task(self._poll_loop(), name="telegram-poll")
+            await self._wait_first_poll(self._task)
+        except BaseException as exc:
+            await self.stop()
+            if isinstance(exc, ChannelError):
+                self._detail = str(exc)
+            raise
+
+    async def _connect(self) -> None:
+        try:
+            await self._bot.initialize()
+            self._me = self._bot.bot
+            # A webhook left behind makes every getUpdates fail with 409.
+            await self._bot.delete_webhook(drop_pending_updates=False)
+        except tg.InvalidToken:
+            # PTB puts the token itself into this message: never pass it on.
+            raise ChannelError("telegram: the bot token was rejected", permanent=True) from None
+        except tg.TelegramError as exc:
+            raise ChannelError(f"telegram: cannot connect: {self._safe(exc)}") from None
+        try:
+            await self._bot.set_my_commands(
+                [BotCommand(c.name, c.description) for c in CHAT_COMMANDS]
+            )
+        except tg.TelegramError as exc:
+            log.warning("telegram: could not register commands: %s", self._safe(exc))
+
+    async def _wait_first_poll(self, task: asyncio.Task[None]) -> None:
+        first = asyncio.ensure_future(self._first_poll.wait())
+        try:
+            await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            first.cancel()
+        if not self._first_poll.is_set():
+            raise ChannelError("telegram: polling ended before it connected")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            # A long poll can go at once (its updates are not confirmed); a running sink gets
+            # a moment to commit, so the update it holds is not delivered twice.
+            if not self._delivering:
+                task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is not None:
+                log.error("telegram: poller failed: %s", self._safe(task.exception()))
+        await self._bot.shutdown()
+        # Bot.shutdown skips clients it did not initialize (a send before start uses them).
+        await asyncio.gather(*(request.shutdown() for request in self._requests))
+        self._connected, self._detail = False, "stopped"
+        self._first_poll.clear()
+
+    # -- receiving ------------------------------------------------------------------------
+    async def _load_offset(self) -> int | None:
+        raw = await self._cursors.get_cursor(CURSOR_NAME) if self._cursors else None
+        try:
+            data = json.loads(raw or "null")
+            offset, saved_at = int(data["offset"]), float(data["saved_at"])
+        except (ValueError, TypeError, KeyError):
+            if raw:
+                log.warning("telegram: ignoring unreadable poll offset %r", raw)
+            return None
+        if time.time() - saved_at > _CURSOR_MAX_AGE_S:
+            log.info("telegram: poll offset from %.0f is too old to trust; not used", saved_at)
+            return None
+        return offset
+
+    async def _commit(self, offset: int) -> None:
+        self._offset = offset
+        if self._cursors is None:
+            return
+        value = json.dumps({"offset": offset, "saved_at": time.time()})
+        try:
+            await self._cursors.set_cursor(CURSOR_NAME, value)
+        except Exception as exc:
+            # Only costs redelivery after a restart, which the inbox deduplicates.
+            log.warning("telegram: cannot save the poll offset: %s", exc, exc_info=True)
+
+    async def _poll_loop(self) -> None:
+        backoff = _BACKOFF_FIRST_S
+        while not self._stopping:
+            try:
+                updates = await self._bot.get_updates(
+                    offset=self._offset,
+                    # Short poll until one answered, so start and status learn of it at once.
+                    timeout=self._config.poll_timeout_s if self._connected else 0,
+                    allowed_updates=ALLOWED_UPDATES,
+                )
+            except tg.RetryAfter as exc:
+                delay = self._poll_failed(exc, _retry_seconds(exc))
+            except tg.InvalidToken as exc:
+                delay = self._poll_failed(exc, _BACKOFF_MAX_S)
+            except tg.TelegramError as exc:  # network, 5xx, 409 (another poller with our token)
+                delay, backoff = self._poll_failed(exc, backoff), min(backoff * 2, _BACKOFF_MAX_S)
+            except Exception as exc:
+                # PTB could not parse the answer: an API change or a bug. Keep trying, loudly.
+                log.exception("telegram: unreadable getUpdates answer")
+                delay, backoff = self._poll_failed(exc, backoff), min(backoff * 2, _BACKOFF_MAX_S)
+            else:
+                if not self._connected:
+                    log.info("telegram: polling as @%s", self.bot_username)
+                self._connected, self._detail, backoff = True, "", _BACKOFF_FIRST_S
+                self._first_poll.set()
+                delay = await self._deliver(updates)
+            if delay > 0 and not self._stopping:
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+
+    def _poll_failed(self, exc: Exception, delay: float) -> float:
+        self._counters["poll_errors"] += 1
+        self._connected = False
+        self._detail = f"{type(exc).__name__}: {self._safe(exc)}"
+        log.warning("telegram: polling failed (%s); retrying in %.1f s", self._detail, delay)
+        return delay
+
+    async def _deliver(self, updates: Sequence[Update]) -> float:
+        """Hand each update to the sink, confirming it only then; the backoff on a failure."""
+        self._delivering = True  # stop() lets the update in hand finish
+        try:
+            for update in updates:
+                if self._stopping:
+                    break
+                if not await self._hand_over(update):
+                    self._sink_failures += 1
+                    # The offset stays: the next getUpdates returns this update again.
+                    return min(_BACKOFF_FIRST_S * 2.0 ** (self._sink_failures - 1), _BACKOFF_MAX_S)
+                self._sink_failures = 0
+                await self._commit(update.update_id + 1)
+        finally:
+            self._delivering = False
+        return 0.0
+
+    async def _hand_over(self, update: Update) -> bool:
+        assert self._me is not None
+        assert self._sink is not None
+        self._counters["received"] += 1
+        try:
+            inbound = to_inbound(update, self._me)
+        except Exception:
+            # A malformed update would otherwise block every later one forever.
+            log.exception("telegram: update %s cannot be read; skipped", update.update_id)
+            inbound = None
+        if inbound is None:
+            self._counters["skipped"] += 1
+            return True
+        try:
+            await self._sink(inbound)
+        except Exception:
+            self._counters["sink_errors"] += 1
+            log.exception("telegram: update %s not committed; it will come again", update.update_id)
+            return False
+        self._counters["delivered"] += 1
+        return True
+
+    # -- sending --------------------------------------------------------------------------
+    def render(self, markdown: str) -> list[str]:
+        return render_for("telegram", markdown)
+
+    async def send(self, part: OutboundPart) -> SentPart:
+        try:
+            try:
+                message = await self._send_text(part.destination, part.text, ParseMode.HTML)
+            except tg.BadRequest as exc:
+                # PTB capitalises Telegram's "can't parse entities", hence lower().
+                if _ENTITY_ERROR not in str(exc).lower():
+                    raise
+                log.warning("telegram: part %s rejected as HTML (%s); sent as plain", part.key, exc)
+                self._counters["plain_fallbacks"] += 1
+                plain = html_to_plain(part.text)
+                message = await self._send_text(part.destination, plain, None)
+        except tg.TelegramError as exc:
+            self._counters["send_errors"] += 1
+            raise self._send_error(exc) from exc
+        self._counters["sent"] += 1
+        return SentPart(str(message.message_id))
+
+    async def _send_text(self, dest: Destination, text: str, parse_mode: str | None) -> Message:
+        try:
+            thread = int(dest.thread) if dest.thread else None
+            reply = int(dest.reply_to) if dest.reply_to else None
+        except ValueError:
+            raise ChannelError(f"telegram: not a message id: {dest}", permanent=True) from None
+        return await self._bot.send_message(
+            _chat_id(dest.channel),
+            text,
+            parse_mode=parse_mode,
+            message_thread_id=thread,
+            reply_parameters=ReplyParameters(reply, allow_sending_without_reply=True)
+            if reply
+            else None,
+        )
+
+    def _send_error(self, exc: tg.TelegramError) -> ChannelError:
+        text = f"telegram: {self._safe(exc)}"
+        if isinstance(exc, tg.RetryAfter):
+            return ChannelError(text, retry_after=_retry_seconds(exc))
+        if isinstance(exc, tg.ChatMigrated):
+            return ChannelError(f"{text} (now chat {exc.new_chat_id})", permanent=True)
+        # Forbidden: blocked or removed; BadRequest: chat or thread gone, text refused.
+        if isinstance(exc, tg.Forbidden | tg.BadRequest):
+            return ChannelError(text, permanent=True)
+        if isinstance(exc, tg.InvalidToken):
+            return ChannelError(text)
+        if isinstance(exc, tg.NetworkError) and isinstance(
+            exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
+        ):
+            return ChannelError(text)  # the request never left
+        # Timeouts, cut connections, 5xx, garbled answers: Telegram may have posted it.
+        return SendUnknown(text)
+
+    async def find_sent(self, part: OutboundPart) -> SentPart | None:
+        raise NotImplementedError("the Telegram Bot API cannot look up sent messages")
+
+    async def typing(self, destination: Destination) -> None:
+        try:
+            await self._bot.send_chat_action(
+                _chat_id(destination.channel),
+                ChatAction.TYPING,
+                message_thread_id=int(destination.thread) if destination.thread else None,
+            )
+        except (tg.TelegramError, ValueError) as exc:
+            log.debug("telegram: typing failed: %s", self._safe(exc))
+
+    def status(self) -> ChannelStatus:
+        return ChannelStatus("telegram", self._connected, self._detail, dict(self._counters))
+
+    def _safe(self, exc: BaseException | None) -> str:
+        return self._redactor.redact(str(exc))

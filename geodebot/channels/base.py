@@ -85,6 +85,15 @@ class SendUnknown(ChannelError):
 InboundSink = Callable[[Inbound], Awaitable[None]]
 
 
+class CursorStore(Protocol):
+    """Small named values a channel keeps across restarts (the store implements it):
+    Telegram's next update offset, Discord's last seen message per channel."""
+
+    async def get_cursor(self, name: str) -> str | None: ...
+
+    async def set_cursor(self, name: str, value: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ChatCommand:
     name: str  # without the slash

@@ -33,7 +33,7 @@ import logging
 import time
 import warnings
 from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import yarl
@@ -49,6 +49,7 @@ from geodebot.channels.base import (
     CHAT_COMMANDS,
     ChannelError,
     ChannelStatus,
+    CursorStore,
     Destination,
     Inbound,
     InboundSink,
@@ -73,12 +74,6 @@ FIND_SENT_LOOKBACK = 50
 INTERACTION_TTL_S = 14 * 60.0  # interaction tokens live 15 minutes
 _CURSOR = "discord:last:{}"
 _NET_ERRORS = (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError)
-
-
-class CursorStore(Protocol):
-    async def get_cursor(self, name: str) -> str | None: ...
-
-    async def set_cursor(self, name: str, value: str) -> None: ...
 
 
 def nonce_for(key: str) -> str:

@@ -19,7 +19,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Protocol
 
 import httpx
 from telegram import Bot, BotCommand, Message, MessageEntity, ReplyParameters, Update, User
@@ -31,6 +30,7 @@ from geodebot.channels.base import (
     CHAT_COMMANDS,
     ChannelError,
     ChannelStatus,
+    CursorStore,
     Destination,
     Inbound,
     InboundSink,
@@ -88,14 +88,6 @@ def _guard_logs(token: str) -> None:
         logger = logging.getLogger(name)
         if _sdk_filter not in logger.filters:
             logger.addFilter(_sdk_filter)
-
-
-class CursorStore(Protocol):
-    """Where the poll offset survives restarts (the store implements it)."""
-
-    async def get_cursor(self, name: str) -> str | None: ...
-
-    async def set_cursor(self, name: str, value: str) -> None: ...
 
 
 def to_inbound(update: Update, bot_user: User) -> Inbound | None:

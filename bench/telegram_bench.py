@@ -1,0 +1,529 @@
+"""Telegram turn latency, throughput and memory: ``geodebot serve`` vs a bare PTB bot.
+
+Both systems run as subprocesses against the same in-process fakes (``tests.fakes``): the
+Telegram Bot API fake and the Anthropic fake answering every request at once (or after a fixed
+delay for the concurrency figure). The reference (``bench/reference_bot.py``) is
+python-telegram-bot polling plus one ``AsyncAnthropic.messages.create`` per message: no
+persistence, no gate. Both use a 1 s long poll and 8 turns at once at most.
+
+Figures (same run, same machine):
+
+* sequential latency, one chat: push a message, wait until the reply is in ``FakeTelegram.sent``;
+  p50 / p99 over ``--seq`` turns after ``--warmup`` turns;
+* throughput: 50 chats in a closed loop (next message when the previous reply arrived); replies
+  that arrive inside a window of ``--window`` s after ``--ramp`` s of ramp-up, per second;
+* VmRSS idle after start and after the throughput run; for geodebot also idle RSS with 10,000
+  extra bindings (a fresh daemon) vs 3 bindings, and RSS growth over 500 turns in 50 sessions;
+* concurrency: the model answers after 1 s, 50 chats, cap 8: achieved rate / (8 per second).
+
+Run from the repo root: ``.venv/bin/python bench/telegram_bench.py [--quick]``. Exits 1 on FAIL.
+MB here is 10^6 bytes (VmRSS is reported in KiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.daemon_proc import DaemonProcess  # noqa: E402
+from tests.fakes.llm_server import Delay, FakeLLMServer, Reply  # noqa: E402
+from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+
+KEY_ENV = "BENCH_ANTHROPIC_KEY"
+KEY = "sk-bench-0123456789abcdef"
+TOKEN_ENV = "BENCH_TELEGRAM_TOKEN"
+USER = 4242
+LATENCY_CHAT = -100_000
+LOOP_CHAT_BASE = -100_100  # the closed-loop chats are LOOP_CHAT_BASE - i
+EXTRA_CHAT_BASE = -2_000_000  # bindings that only cost memory
+CAP = 8  # geodebot max_concurrent_sessions; PTB concurrent_updates of the reference
+MODEL_DELAY_S = 1.0
+ANSWER = "ok, done"
+TURN_TIMEOUT_S = 30.0
+
+# Targets.
+LATENCY_RATIO_MAX = 1.5
+THROUGHPUT_RATIO_MIN = 0.8
+RSS_IDLE_MAX_MB = 130.0
+SESSIONS_DELTA_MAX_MB = 20.0
+TURNS_GROWTH_MAX_MB = 10.0
+CONCURRENCY_MIN = 0.9
+
+
+@dataclass
+class Sizes:
+    warmup: int
+    seq: int
+    chats: int
+    ramp_s: float
+    window_s: float
+    growth_per_chat: int
+    extra_bindings: int
+    conc_ramp_s: float
+    conc_window_s: float
+    concurrency: bool
+
+
+@dataclass
+class Figures:
+    name: str
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    mps: float = float("nan")
+    rss_idle_mb: float = float("nan")
+    rss_after_mb: float = float("nan")
+    conc_mps: float = float("nan")
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+# -- processes ------------------------------------------------------------------------------
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024 / 1e6
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+async def idle_rss(pid: int, settle_s: float = 1.5) -> float:
+    """RSS after the process had ``settle_s`` to finish its start-up work."""
+    await asyncio.sleep(settle_s)
+    return rss_mb(pid)
+
+
+class ReferenceBot:
+    """``bench/reference_bot.py`` as a subprocess; ready once its first getUpdates arrived."""
+
+    def __init__(self, telegram: FakeTelegram, llm_url: str) -> None:
+        self.argv = [
+            sys.executable,
+            str(ROOT / "bench" / "reference_bot.py"),
+            "--api-base-url",
+            telegram.api_base_url,
+            "--token",
+            telegram.token,
+            "--llm-url",
+            llm_url,
+            "--concurrent-updates",
+            str(CAP),
+        ]
+        self.telegram = telegram
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stderr = b""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self, timeout_s: float = 30.0) -> ReferenceBot:
+        env = dict(os.environ, REFERENCE_API_KEY=KEY)
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            cwd=ROOT,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        await self.telegram.wait_for_request("getUpdates", 1, timeout=timeout_s)
+        return self
+
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, self.stderr = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def stop_daemon(daemon: DaemonProcess) -> None:
+    if daemon.proc is None or daemon.proc.returncode is not None:
+        return
+    try:
+        await daemon.stop()
+    except TimeoutError:
+        await daemon.kill()
+
+
+def geodebot_config(
+    path: Path, telegram: FakeTelegram, llm: FakeLLMServer, chats: Sequence[int], extra: int = 0
+) -> Path:
+    lines = [
+        "[daemon]",
+        f'state_dir = "{path.parent / (path.stem + "-var")}"',
+        f"max_concurrent_sessions = {CAP}",
+        "[model]",
+        'provider = "anthropic"',
+        'name = "bench-model"',
+        f'base_url = "{llm.url}"',
+        f'api_key_env = "{KEY_ENV}"',
+        "max_retries = 0",
+        "[channels.telegram]",
+        f'token_env = "{TOKEN_ENV}"',
+        f'api_base_url = "{telegram.api_base_url}"',
+        "poll_timeout_s = 1",
+    ]
+    bound = [*chats, *(EXTRA_CHAT_BASE - i for i in range(extra))]
+    for chat in bound:
+        lines += [
+            "[[bindings]]",
+            'platform = "telegram"',
+            f'channel = "{chat}"',
+            f'session = "s{abs(chat)}"',
+            f'allowed_users = ["{USER}"]',
+            "tools = []",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def geodebot_env(telegram: FakeTelegram) -> dict[str, str]:
+    return dict(os.environ, **{TOKEN_ENV: telegram.token, KEY_ENV: KEY})
+
+
+# -- load -----------------------------------------------------------------------------------
+async def one_turn(telegram: FakeTelegram, chat: int, text: str) -> float:
+    """Push one message and wait for its reply; seconds from push to reply observed."""
+    want = len(telegram.sent[chat]) + 1
+    start = time.perf_counter()
+    telegram.push_message(chat, text, user_id=USER)
+    await telegram.wait_for_sent(chat, want, timeout=TURN_TIMEOUT_S)
+    return time.perf_counter() - start
+
+
+async def sequential(telegram: FakeTelegram, warmup: int, n: int) -> tuple[float, float]:
+    for i in range(warmup):
+        await one_turn(telegram, LATENCY_CHAT, f"warm-up {i}")
+    samples = [await one_turn(telegram, LATENCY_CHAT, f"question {i}") for i in range(n)]
+    samples.sort()
+    p50 = statistics.median(samples)
+    p99 = samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
+    return p50 * 1000, p99 * 1000
+
+
+async def closed_loop(
+    telegram: FakeTelegram, chats: Sequence[int], ramp_s: float, window_s: float
+) -> float:
+    """Replies per second inside [ramp, ramp + window]; every chat drains before returning."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    lo, hi = t0 + ramp_s, t0 + ramp_s + window_s
+    done: list[float] = []
+
+    async def chat_loop(chat: int) -> None:
+        i = 0
+        while loop.time() < hi:
+            await one_turn(telegram, chat, f"load {i}")
+            done.append(loop.time())
+            i += 1
+
+    await asyncio.gather(*(chat_loop(c) for c in chats))
+    return sum(1 for t in done if lo <= t <= hi) / window_s
+
+
+async def fixed_turns(telegram: FakeTelegram, chats: Sequence[int], per_chat: int) -> None:
+    async def chat_loop(chat: int) -> None:
+        for i in range(per_chat):
+            await one_turn(telegram, chat, f"turn {i}")
+
+    await asyncio.gather(*(chat_loop(c) for c in chats))
+
+
+async def step(label: str, action: Callable[[], Awaitable[object]]) -> None:
+    start = time.perf_counter()
+    print(f"  .. {label}", end="", flush=True)
+    await action()
+    print(f" ({time.perf_counter() - start:.1f} s)", flush=True)
+
+
+# -- systems --------------------------------------------------------------------------------
+async def measure_load(
+    name: str, telegram: FakeTelegram, llm: FakeLLMServer, pid: int, sizes: Sizes, chats: list[int]
+) -> Figures:
+    """The figures both systems share; for geodebot, growth over fixed turns in between."""
+    fig = Figures(name)
+    fig.rss_idle_mb = await idle_rss(pid)
+
+    async def seq() -> None:
+        fig.p50_ms, fig.p99_ms = await sequential(telegram, sizes.warmup, sizes.seq)
+
+    await step(f"{name}: sequential latency", seq)
+    if name == "geodebot":
+        before = rss_mb(pid)
+        turns = sizes.growth_per_chat * len(chats)
+
+        async def growth() -> None:
+            await fixed_turns(telegram, chats, sizes.growth_per_chat)
+            await asyncio.sleep(1.0)
+
+        await step(f"{name}: {turns} turns in {len(chats)} sessions", growth)
+        fig.extra["rss_before_turns"] = before
+        fig.extra["rss_after_turns"] = rss_mb(pid)
+        fig.extra["turns"] = turns
+
+    async def throughput() -> None:
+        fig.mps = await closed_loop(telegram, chats, sizes.ramp_s, sizes.window_s)
+
+    await step(f"{name}: throughput", throughput)
+    await asyncio.sleep(1.0)
+    fig.rss_after_mb = rss_mb(pid)
+    if sizes.concurrency:
+        llm.default = Delay(MODEL_DELAY_S, Reply(ANSWER))
+
+        async def concurrency() -> None:
+            fig.conc_mps = await closed_loop(
+                telegram, chats, sizes.conc_ramp_s, sizes.conc_window_s
+            )
+
+        try:
+            await step(f"{name}: concurrency, model delay {MODEL_DELAY_S:g} s", concurrency)
+        finally:
+            llm.default = Reply(ANSWER)
+    return fig
+
+
+async def run_reference(llm: FakeLLMServer, sizes: Sizes, chats: list[int]) -> Figures:
+    async with FakeTelegram() as telegram:
+        bot = ReferenceBot(telegram, llm.url)
+        try:
+            await bot.start()
+            return await measure_load("reference", telegram, llm, bot.pid, sizes, chats)
+        finally:
+            await bot.stop()
+
+
+async def daemon_idle_rss(
+    tmp: Path, llm: FakeLLMServer, chats: list[int], extra: int, stem: str
+) -> tuple[float, float]:
+    """(idle RSS, seconds to ready) of a fresh daemon with ``chats`` + ``extra`` bindings."""
+    async with FakeTelegram() as telegram:
+        config = geodebot_config(tmp / f"{stem}.toml", telegram, llm, chats, extra)
+        daemon = DaemonProcess(config, geodebot_env(telegram))
+        try:
+            start = time.perf_counter()
+            await daemon.start(timeout_s=120)
+            ready_s = time.perf_counter() - start
+            assert daemon.proc is not None
+            return await idle_rss(daemon.proc.pid, settle_s=2.0), ready_s
+        finally:
+            await stop_daemon(daemon)
+
+
+async def run_geodebot(
+    tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list[int]
+) -> tuple[Figures, list[str]]:
+    small = [LATENCY_CHAT, chats[0], chats[1]]
+    rss3, ready3 = await daemon_idle_rss(tmp, llm, small, 0, "three")
+    print(f"  .. geodebot: 3 bindings idle {rss3:.1f} MB (ready in {ready3:.1f} s)", flush=True)
+    rss_many, ready_many = await daemon_idle_rss(tmp, llm, small, sizes.extra_bindings, "many")
+    print(
+        f"  .. geodebot: {3 + sizes.extra_bindings} bindings idle {rss_many:.1f} MB "
+        f"(ready in {ready_many:.1f} s)",
+        flush=True,
+    )
+    async with FakeTelegram() as telegram:
+        config = geodebot_config(tmp / "main.toml", telegram, llm, [LATENCY_CHAT, *chats])
+        daemon = DaemonProcess(config, geodebot_env(telegram))
+        try:
+            await daemon.start(timeout_s=60)
+            assert daemon.proc is not None
+            fig = await measure_load("geodebot", telegram, llm, daemon.proc.pid, sizes, chats)
+        finally:
+            await stop_daemon(daemon)
+    fig.extra.update(rss3=rss3, rss_many=rss_many)
+    return fig, daemon.log
+
+
+# -- report ---------------------------------------------------------------------------------
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def report(geo: Figures, ref: Figures, sizes: Sizes) -> bool:
+    rows: list[tuple[str, str, str, str, str, bool | None]] = []
+    lat_ratio = geo.p50_ms / ref.p50_ms
+    rows.append(
+        (
+            "sequential p50 (ms)",
+            f"{geo.p50_ms:.1f}",
+            f"{ref.p50_ms:.1f}",
+            f"{lat_ratio:.2f}x",
+            f"<= {LATENCY_RATIO_MAX}x ref",
+            lat_ratio <= LATENCY_RATIO_MAX,
+        )
+    )
+    rows.append(
+        (
+            "sequential p99 (ms)",
+            f"{geo.p99_ms:.1f}",
+            f"{ref.p99_ms:.1f}",
+            f"{geo.p99_ms / ref.p99_ms:.2f}x",
+            "(info)",
+            None,
+        )
+    )
+    tp_ratio = geo.mps / ref.mps
+    rows.append(
+        (
+            f"throughput, {sizes.chats} chats (msg/s)",
+            f"{geo.mps:.1f}",
+            f"{ref.mps:.1f}",
+            f"{tp_ratio:.2f}x",
+            f">= {THROUGHPUT_RATIO_MIN}x ref",
+            tp_ratio >= THROUGHPUT_RATIO_MIN,
+        )
+    )
+    rows.append(
+        (
+            f"RSS idle, {sizes.chats + 1} bindings (MB)",
+            f"{geo.rss_idle_mb:.1f}",
+            f"{ref.rss_idle_mb:.1f}",
+            f"{geo.rss_idle_mb / ref.rss_idle_mb:.2f}x",
+            f"<= {RSS_IDLE_MAX_MB:g} MB",
+            geo.rss_idle_mb <= RSS_IDLE_MAX_MB,
+        )
+    )
+    rows.append(
+        (
+            "RSS after throughput (MB)",
+            f"{geo.rss_after_mb:.1f}",
+            f"{ref.rss_after_mb:.1f}",
+            f"{geo.rss_after_mb / ref.rss_after_mb:.2f}x",
+            "(info)",
+            None,
+        )
+    )
+    rss3, rss_many = geo.extra["rss3"], geo.extra["rss_many"]
+    rows.append(("RSS idle, 3 bindings (MB)", f"{rss3:.1f}", "-", "-", "(info)", None))
+    delta = rss_many - rss3
+    rows.append(
+        (
+            f"RSS +{sizes.extra_bindings:,} bound sessions (MB)",
+            f"{delta:+.1f}",
+            "-",
+            "-",
+            f"<= +{SESSIONS_DELTA_MAX_MB:g} MB",
+            delta <= SESSIONS_DELTA_MAX_MB,
+        )
+    )
+    growth = geo.extra["rss_after_turns"] - geo.extra["rss_before_turns"]
+    rows.append(
+        (
+            f"RSS growth, {int(geo.extra['turns'])} turns / {sizes.chats} sessions (MB)",
+            f"{growth:+.1f}",
+            "-",
+            "-",
+            f"<= +{TURNS_GROWTH_MAX_MB:g} MB",
+            growth <= TURNS_GROWTH_MAX_MB,
+        )
+    )
+    if sizes.concurrency:
+        bound = CAP / MODEL_DELAY_S
+        frac_geo, frac_ref = geo.conc_mps / bound, ref.conc_mps / bound
+        rows.append(
+            (
+                f"concurrency: msg/s / ({CAP}/{MODEL_DELAY_S:g} s)",
+                f"{geo.conc_mps:.2f} ({frac_geo:.0%})",
+                f"{ref.conc_mps:.2f} ({frac_ref:.0%})",
+                f"{geo.conc_mps / ref.conc_mps:.2f}x",
+                f">= {CONCURRENCY_MIN:.0%} of cap",
+                frac_geo >= CONCURRENCY_MIN,
+            )
+        )
+    header = ("figure", "geodebot", "reference", "ratio", "target", "result")
+    table = [header, *((a, b, c, d, e, verdict(f)) for a, b, c, d, e, f in rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    print()
+    for i, row in enumerate(table):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    return all(ok is not False for *_, ok in rows)
+
+
+def parse(argv: list[str] | None) -> Sizes:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (about 1 minute)")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--seq", type=int, default=200, help="measured sequential turns")
+    parser.add_argument("--chats", type=int, default=50)
+    parser.add_argument("--ramp", type=float, default=1.0, help="throughput ramp-up, s")
+    parser.add_argument("--window", type=float, default=10.0, help="throughput window, s")
+    parser.add_argument("--growth-per-chat", type=int, default=10, help="turns per chat")
+    parser.add_argument("--extra-bindings", type=int, default=10_000)
+    parser.add_argument("--no-concurrency", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.warmup, args.seq, args.window, args.growth_per_chat = 5, 50, 3.0, 2
+    return Sizes(
+        warmup=args.warmup,
+        seq=args.seq,
+        chats=args.chats,
+        ramp_s=args.ramp,
+        window_s=args.window,
+        growth_per_chat=args.growth_per_chat,
+        extra_bindings=args.extra_bindings,
+        # Model answers come in synchronised batches of CAP every ~1 s: a window that starts
+        # half-way between two batches and lasts whole seconds counts whole batches only.
+        conc_ramp_s=1.5,
+        conc_window_s=3.0 if args.quick else 5.0,
+        concurrency=not args.no_concurrency,
+    )
+
+
+async def amain(sizes: Sizes) -> int:
+    chats = [LOOP_CHAT_BASE - i for i in range(sizes.chats)]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="geodebot-bench-") as tmp:
+        async with FakeLLMServer() as llm:
+            llm.default = Reply(ANSWER)
+            ref = await run_reference(llm, sizes, chats)
+            geo, log = await run_geodebot(Path(tmp), llm, sizes, chats)
+    ok = report(geo, ref, sizes)
+    problems = [line for line in log if "Traceback" in line or " ERROR " in line]
+    if problems:
+        print(f"\ngeodebot logged {len(problems)} error line(s); first: {problems[0]}")
+    print(f"\ntotal {time.perf_counter() - started:.0f} s; overall: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    sizes = parse(argv)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"{platform.system()} {platform.release()}"
+    )
+    print(f"command: {shlex.join([Path(sys.executable).name, *sys.argv])}")
+    print(
+        f"sizes: warm-up {sizes.warmup}, sequential {sizes.seq}, {sizes.chats} chats, "
+        f"throughput window {sizes.window_s:g} s after {sizes.ramp_s:g} s, "
+        f"growth {sizes.growth_per_chat}/chat, +{sizes.extra_bindings} bindings, cap {CAP}"
+    )
+    return asyncio.run(amain(sizes))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())

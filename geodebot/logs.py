@@ -11,6 +11,7 @@ from geodebot.redact import RedactingFilter, Redactor
 # These log every request URL at INFO, and a Telegram URL carries the bot token.
 _NOISY = (
     "httpx",
+    "httpx2",
     "httpcore",
     "aiosqlite",
     "asyncio",

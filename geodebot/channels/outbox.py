@@ -66,32 +66,44 @@ class OutboxSender:
         """Deliver pending rows until stopped; a restart picks up whatever is left."""
         while not self._stopping:
             self._wake.clear()
-            try:
-                rows = await self._store.outbox_pending()
-            except Exception:
-                log.exception("outbox: cannot read pending rows")
-                rows = []
-            for row in rows:
-                key = (row.platform, row.channel, row.thread)
-                if key in self._active or row.platform not in self._channels:
-                    continue
-                task = asyncio.create_task(self._drain_destination(key))
-                self._active[key] = task
-                task.add_done_callback(functools.partial(self._finished, key))
+            await self._schedule()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(POLL_S):
                     await self._wake.wait()
 
+    async def _schedule(self) -> None:
+        """Start one delivery task for every chat that has pending rows and none running."""
+        try:
+            rows = await self._store.outbox_pending()
+        except Exception:
+            log.exception("outbox: cannot read pending rows")
+            return
+        for row in rows:
+            key = (row.platform, row.channel, row.thread)
+            if key in self._active or row.platform not in self._channels:
+                continue
+            task = asyncio.create_task(self._drain_destination(key))
+            self._active[key] = task
+            task.add_done_callback(functools.partial(self._finished, key))
+
     async def stop(self, grace_s: float) -> None:
-        """Let in-progress deliveries finish for up to ``grace_s``, then cancel them."""
+        """Deliver what is pending (replies of turns that just drained included) for up to
+        ``grace_s``, then cancel what is still going; the rest is sent after a restart."""
         self._stopping = True
         self._wake.set()
+        try:
+            async with asyncio.timeout(grace_s):
+                await self._schedule()
+                while self._active:
+                    await asyncio.gather(*self._active.values(), return_exceptions=True)
+        except TimeoutError:
+            log.warning(
+                "outbox: %s chat(s) still had replies to send at shutdown", len(self._active)
+            )
         tasks = list(self._active.values())
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _finished(self, key: tuple[str, str, str | None], task: asyncio.Task[None]) -> None:
         self._active.pop(key, None)
@@ -105,7 +117,7 @@ class OutboxSender:
 
     async def _drain_destination(self, key: tuple[str, str, str | None]) -> None:
         platform, channel_id, thread = key
-        while not self._stopping:
+        while True:
             rows = [
                 r
                 for r in await self._store.outbox_pending(platform=platform)

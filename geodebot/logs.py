@@ -13,6 +13,7 @@ _NOISY = (
     "httpx",
     "httpx2",
     "httpcore",
+    "httpcore2",
     "aiosqlite",
     "asyncio",
     "anthropic",

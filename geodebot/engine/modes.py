@@ -15,7 +15,7 @@ class Mode(StrEnum):
 
 
 # Tools no unattended mode may ever have. `computer` may come back in DAEMON through the
-# operator switch (a later step of the authority pipeline); HEADLESS has no exception.
+# operator switch when the binding or job lists it; HEADLESS has no exception.
 UNATTENDED_DENY: frozenset[str] = frozenset({"run_bash", "delegate_task", "computer"})
 
 

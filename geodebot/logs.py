@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import TextIO
 
 from geodebot.redact import RedactingFilter, Redactor
 
@@ -40,10 +41,15 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(row, ensure_ascii=False)
 
 
-def setup_logging(level: str, redactor: Redactor, *, quiet: bool = False) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def setup_logging(
+    level: str, redactor: Redactor, *, quiet: bool = False, stream: TextIO | None = None
+) -> None:
+    """One handler on the root logger; its filter redacts every record that reaches it,
+    whichever library logged it (PTB logs its base URL, which holds the bot token)."""
+    out = sys.stderr if stream is None else stream
+    handler = logging.StreamHandler(out)
     handler.addFilter(RedactingFilter(redactor))
-    if sys.stderr.isatty():
+    if out.isatty():
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
         handler.setFormatter(JSONFormatter())

@@ -14,6 +14,7 @@ from geodebot.app import App, build_app
 from geodebot.config import Config, parse_config
 from geodebot.engine.session import Observer
 from geodebot.engine.tools import (
+    GET_TIME,
     CallClass,
     DataClass,
     Effect,
@@ -21,7 +22,6 @@ from geodebot.engine.tools import (
     ToolCallContext,
     ToolRegistry,
     ToolSpec,
-    builtin_registry,
 )
 from tests.fakes.llm_server import FakeLLMServer
 
@@ -171,7 +171,7 @@ def marker_lines(path: Path) -> list[str]:
 
 
 def tool_registry(marker: Path) -> ToolRegistry:
-    registry = builtin_registry()
+    registry = ToolRegistry([GET_TIME])
     registry.register(marker_tool(marker))
     registry.register(marker_tool(marker, name="run_bash", safety=Safety.DANGEROUS))
     registry.register(hanging_tool())

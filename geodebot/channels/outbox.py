@@ -72,17 +72,23 @@ class OutboxSender:
                     await self._wake.wait()
 
     async def _schedule(self) -> None:
-        """Start one delivery task for every chat that has pending rows and none running."""
+        """Start one delivery task for every chat that has pending rows and none running.
+
+        One read of the pending rows serves every chat; a chat's task gets its own rows in
+        order, and rows that arrive meanwhile are picked up by the next pass.
+        """
         try:
             rows = await self._store.outbox_pending()
         except Exception:
             log.exception("outbox: cannot read pending rows")
             return
+        by_chat: dict[tuple[str, str, str | None], list[OutboxRow]] = {}
         for row in rows:
             key = (row.platform, row.channel, row.thread)
-            if key in self._active or row.platform not in self._channels:
-                continue
-            task = asyncio.create_task(self._drain_destination(key))
+            if key not in self._active and row.platform in self._channels:
+                by_chat.setdefault(key, []).append(row)
+        for key, chat_rows in by_chat.items():
+            task = asyncio.create_task(self._deliver_in_order(chat_rows))
             self._active[key] = task
             task.add_done_callback(functools.partial(self._finished, key))
 
@@ -115,20 +121,12 @@ class OutboxSender:
     def pending_destinations(self) -> int:
         return len(self._active)
 
-    async def _drain_destination(self, key: tuple[str, str, str | None]) -> None:
-        platform, channel_id, thread = key
-        while True:
-            rows = [
-                r
-                for r in await self._store.outbox_pending(platform=platform)
-                if r.channel == channel_id and r.thread == thread
-            ]
-            if not rows:
-                return
+    async def _deliver_in_order(self, rows: list[OutboxRow]) -> None:
+        for row in rows:
             try:
-                await self.deliver(rows[0])
+                await self.deliver(row)
             except _Later:
-                # The platform is unwell: the row stays pending for the next pass.
+                # The platform is unwell: this and later rows stay pending for the next pass.
                 return
 
     async def deliver(self, row: OutboxRow) -> None:

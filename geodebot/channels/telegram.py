@@ -41,7 +41,7 @@ from geodebot.channels.base import (
 )
 from geodebot.channels.render import render_for
 from geodebot.config import TelegramConfig
-from geodebot.redact import RedactingFilter, Redactor
+from geodebot.redact import Redactor
 
 # PTB 22 warns (PTBDeprecationWarning) whenever an int-valued period is read, and RetryAfter's
 # own constructor reads one: every 429 warned. Opting in to the timedelta values PTB 23 will
@@ -65,29 +65,6 @@ _HTML_TAG = re.compile(
     r"(?:\s[^<>]*)?>",
     re.IGNORECASE,
 )
-
-# PTB logs its base URL (which holds the token) at DEBUG and httpx logs every request URL at
-# INFO. Quiet by default; and whoever turns them up still gets the token masked. Filters on a
-# logger only see that logger's own records, hence the list of the loggers that emit.
-_SDK_PARENTS = ("telegram", "httpx", "httpcore")
-_SDK_EMITTERS = (
-    "telegram", "telegram.Bot", "telegram.BaseRequest", "telegram.HTTPXRequest", "httpx",
-    "httpcore.connection", "httpcore.http11", "httpcore.http2", "httpcore.proxy", __name__,
-)  # fmt: skip
-_sdk_redactor = Redactor()
-_sdk_filter = RedactingFilter(_sdk_redactor)
-
-
-def _guard_logs(token: str) -> None:
-    _sdk_redactor.add(token)
-    for name in _SDK_PARENTS:
-        logger = logging.getLogger(name)
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.WARNING)
-    for name in _SDK_EMITTERS:
-        logger = logging.getLogger(name)
-        if _sdk_filter not in logger.filters:
-            logger.addFilter(_sdk_filter)
 
 
 def to_inbound(update: Update, bot_user: User) -> Inbound | None:
@@ -170,8 +147,6 @@ class TelegramChannel:
     def __init__(
         self, config: TelegramConfig, token: str, *, cursor_store: CursorStore | None = None
     ) -> None:
-        # Before the Bot exists: its constructor already logs the URL with the token.
-        _guard_logs(token)
         self._config = config
         self._cursors = cursor_store
         self._redactor = Redactor([token])

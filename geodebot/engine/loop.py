@@ -88,7 +88,10 @@ class AgenticLoop:
 
     # -- the turn -------------------------------------------------------------------------
     async def _new_turn(self, turn_id: str, text: str) -> _Turn:
-        record = await self._svc.store.ensure_session(self._session.id, self._session.mode.value)
+        # create_session made the row; only its state is read here, each turn afresh.
+        record = await self._svc.store.get_session(self._session.id)
+        if record is None:
+            raise StoreError(f"session {self._session.id!r} does not exist")
         return _Turn(turn_id, text, dict(record.state), dict(record.guards))
 
     async def _guarded(self, turn: _Turn, work: Awaitable[TurnResult]) -> TurnResult:

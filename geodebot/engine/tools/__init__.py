@@ -1,7 +1,7 @@
 """Tool specs, the registry, the bound plan, and the runner port the loop dispatches to."""
 
 from geodebot.engine.tools.plan import BoundToolPlan
-from geodebot.engine.tools.registry import ToolRegistry, builtin_registry
+from geodebot.engine.tools.registry import GET_TIME, ToolRegistry
 from geodebot.engine.tools.runner import ToolOutcome, ToolRunner
 from geodebot.engine.tools.spec import (
     ApprovalRequest,
@@ -16,6 +16,7 @@ from geodebot.engine.tools.spec import (
 )
 
 __all__ = [
+    "GET_TIME",
     "ApprovalRequest",
     "Approver",
     "BoundToolPlan",
@@ -29,5 +30,4 @@ __all__ = [
     "ToolRegistry",
     "ToolRunner",
     "ToolSpec",
-    "builtin_registry",
 ]

@@ -72,7 +72,3 @@ GET_TIME = ToolSpec(
     handler=_get_time,
     timeout_s=5.0,
 )
-
-
-def builtin_registry() -> ToolRegistry:
-    return ToolRegistry([GET_TIME])

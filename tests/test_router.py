@@ -76,6 +76,7 @@ async def harness(
     *,
     daemon: Mapping[str, Any] | None = None,
     limit: int = 50,
+    typing_after_s: float = 0.5,
 ) -> AsyncIterator[Harness]:
     config = with_sections(
         make_config(tmp_path, llm),
@@ -98,7 +99,12 @@ async def harness(
         chat = MemoryChannel("telegram", limit=limit)
         outbox = OutboxSender(app.services.store, {"telegram": chat}, sleep=_fast_sleep)
         router = ChatRouter(
-            app, config.bindings, outbox, max_chars={"telegram": 500}, typing=chat.typing
+            app,
+            config.bindings,
+            outbox,
+            max_chars={"telegram": 500},
+            typing=chat.typing,
+            typing_after_s=typing_after_s,
         )
         await chat.start(router.accept)
         sender = asyncio.create_task(outbox.run())
@@ -126,7 +132,18 @@ async def test_bound_message_is_answered_in_its_chat(
         assert await h.replies(1) == ["hello back"]
         part = h.chat.sent[0]
         assert (part.destination.channel, part.destination.reply_to) == ("c1", inbound.message_id)
-        assert h.chat.typing_calls
+        # The answer came at once: no typing indicator was worth a request.
+        assert h.chat.typing_calls == []
+
+
+async def test_a_slow_turn_shows_typing_in_its_chat(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Delay(0.4, Reply("thought about it")))
+    async with harness(tmp_path, llm_server, typing_after_s=0.05) as h:
+        await h.chat.deliver(message("hello"))
+        assert await h.replies(1) == ["thought about it"]
+        assert [d.channel for d in h.chat.typing_calls] == ["c1"]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ most once, never blindly over and over. A 429 pauses that chat for Retry-After.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -38,6 +39,9 @@ MAX_RETRY_AFTER_S = 300.0
 POLL_S = 5.0
 
 
+ChatKey = tuple[str, str, str | None]
+
+
 def part_key(outbox_id: int, index: int) -> str:
     return f"gb-{outbox_id}-{index}"
 
@@ -54,13 +58,31 @@ class OutboxSender:
         self._channels = channels
         self._sleep = sleep
         self._wake = asyncio.Event()
-        self._active: dict[tuple[str, str, str | None], asyncio.Task[None]] = {}
+        # Per chat: the rows queued for its one delivery task, oldest first.
+        self._queues: dict[ChatKey, collections.deque[OutboxRow]] = {}
+        self._active: dict[ChatKey, asyncio.Task[None]] = {}
+        # Ids of rows queued or being delivered, so a row handed over twice (directly and by
+        # a scan of pending rows) goes out once.
+        self._known: set[int] = set()
         self._stopping = False
         self.sent_parts = 0
         self.failed_rows = 0
 
     def kick(self) -> None:
+        """Look for pending rows now (rows written by someone who cannot hand them over)."""
         self._wake.set()
+
+    def submit(self, row: OutboxRow) -> None:
+        """Queue a row just written, without a read of the pending rows."""
+        if row.status != "pending" or row.id in self._known or row.platform not in self._channels:
+            return
+        self._known.add(row.id)
+        key = (row.platform, row.channel, row.thread)
+        self._queues.setdefault(key, collections.deque()).append(row)
+        if key not in self._active:
+            task = asyncio.create_task(self._drain(key))
+            self._active[key] = task
+            task.add_done_callback(functools.partial(self._finished, key))
 
     async def run(self) -> None:
         """Deliver pending rows until stopped; a restart picks up whatever is left."""
@@ -72,25 +94,14 @@ class OutboxSender:
                     await self._wake.wait()
 
     async def _schedule(self) -> None:
-        """Start one delivery task for every chat that has pending rows and none running.
-
-        One read of the pending rows serves every chat; a chat's task gets its own rows in
-        order, and rows that arrive meanwhile are picked up by the next pass.
-        """
+        """Queue every pending row (one read serves every chat); rows already queued stay put."""
         try:
             rows = await self._store.outbox_pending()
         except Exception:
             log.exception("outbox: cannot read pending rows")
             return
-        by_chat: dict[tuple[str, str, str | None], list[OutboxRow]] = {}
         for row in rows:
-            key = (row.platform, row.channel, row.thread)
-            if key not in self._active and row.platform in self._channels:
-                by_chat.setdefault(key, []).append(row)
-        for key, chat_rows in by_chat.items():
-            task = asyncio.create_task(self._deliver_in_order(chat_rows))
-            self._active[key] = task
-            task.add_done_callback(functools.partial(self._finished, key))
+            self.submit(row)
 
     async def stop(self, grace_s: float) -> None:
         """Deliver what is pending (replies of turns that just drained included) for up to
@@ -111,23 +122,30 @@ class OutboxSender:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _finished(self, key: tuple[str, str, str | None], task: asyncio.Task[None]) -> None:
+    def _finished(self, key: ChatKey, task: asyncio.Task[None]) -> None:
         self._active.pop(key, None)
+        left = self._queues.pop(key, collections.deque())
+        self._known.difference_update(row.id for row in left)
         if not task.cancelled() and task.exception() is not None:
             log.error("outbox delivery to %s failed", key[:2], exc_info=task.exception())
-        # Rows may have arrived for this chat while it was busy.
-        self._wake.set()
+        if left:
+            # The chat stopped early (platform unwell, or a failure): a fresh pass decides.
+            self._wake.set()
 
     def pending_destinations(self) -> int:
         return len(self._active)
 
-    async def _deliver_in_order(self, rows: list[OutboxRow]) -> None:
-        for row in rows:
+    async def _drain(self, key: ChatKey) -> None:
+        queue = self._queues[key]
+        while queue:
+            row = queue[0]
             try:
                 await self.deliver(row)
             except _Later:
                 # The platform is unwell: this and later rows stay pending for the next pass.
                 return
+            queue.popleft()
+            self._known.discard(row.id)
 
     async def deliver(self, row: OutboxRow) -> None:
         channel = self._channels[row.platform]
@@ -137,8 +155,11 @@ class OutboxSender:
             if index in row.sent_parts:
                 continue
             part = OutboundPart(dest, text, part_key(row.id, index), index, len(texts))
-            if row.in_flight == index and await self._reconciled(channel, row, part):
+            last = index == len(texts) - 1
+            if row.in_flight == index and await self._reconciled(channel, row, part, last=last):
                 row = await self._refresh(row)
+                if row.status != "pending":
+                    return
                 continue
             if row.in_flight == index:
                 if row.blind_resends >= MAX_BLIND_RESENDS:
@@ -148,12 +169,15 @@ class OutboxSender:
                     self.failed_rows += 1
                     return
                 row = await self._store.outbox_note_blind_resend(row.id)
-            row = await self._send_part(channel, row, part)
+            row = await self._send_part(channel, row, part, last=last)
             if row.status != "pending":
                 return
+        # Reached only when every part was recorded as sent before this pass.
         await self._store.outbox_finish(row.id, "sent")
 
-    async def _reconciled(self, channel: Channel, row: OutboxRow, part: OutboundPart) -> bool:
+    async def _reconciled(
+        self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool
+    ) -> bool:
         try:
             found = await channel.find_sent(part)
         except NotImplementedError:
@@ -163,10 +187,12 @@ class OutboxSender:
             raise _Later from exc
         if found is None:
             return False
-        await self._store.outbox_part_sent(row.id, part.index, found.message_id)
+        await self._store.outbox_part_sent(row.id, part.index, found.message_id, last=last)
         return True
 
-    async def _send_part(self, channel: Channel, row: OutboxRow, part: OutboundPart) -> OutboxRow:
+    async def _send_part(
+        self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool
+    ) -> OutboxRow:
         failures = 0
         while True:
             row = await self._store.outbox_begin_part(row.id, part.index)
@@ -193,7 +219,9 @@ class OutboxSender:
                 await self._sleep(min(2.0**failures, 60.0) * random.uniform(0.8, 1.2))
                 continue
             self.sent_parts += 1
-            return await self._store.outbox_part_sent(row.id, part.index, sent.message_id)
+            return await self._store.outbox_part_sent(
+                row.id, part.index, sent.message_id, last=last
+            )
 
     async def _refresh(self, row: OutboxRow) -> OutboxRow:
         fresh = await self._store.get_outbox(row.id)

@@ -30,6 +30,9 @@ from geodebot.store.protocol import InboxRow, NewOutbound
 log = logging.getLogger(__name__)
 
 TYPING_EVERY_S = 4.0
+# A reply that comes sooner needs no typing indicator: the first one waits this long, which
+# spares a platform request (and the chat's rate limit) on every quick turn.
+TYPING_AFTER_S = 0.5
 # "@bot /status" is a command too: Slack and Discord write mentions as <@id>, Telegram as @name.
 _LEADING_MENTION = re.compile(r"^\s*(<@!?[A-Za-z0-9]+>|@\w+)\s+(?=/)")
 FinishStatus = Literal["done", "failed", "dropped"]
@@ -55,6 +58,7 @@ class ChatRouter:
         *,
         max_chars: Mapping[str, int],
         typing: Typing | None = None,
+        typing_after_s: float = TYPING_AFTER_S,
     ) -> None:
         self._app = app
         self._store = app.services.store
@@ -62,6 +66,7 @@ class ChatRouter:
         self._outbox = outbox
         self._max_chars = max_chars
         self._typing = typing
+        self._typing_after_s = typing_after_s
         self._queue_limit = app.config.daemon.session_queue
         self._lanes: dict[str, _Lane] = {}
         self._closing = False
@@ -154,14 +159,20 @@ class ChatRouter:
         destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
         )
-        typing = asyncio.create_task(self._keep_typing(destination))
+        typing: list[asyncio.Task[None]] = []
+        start = asyncio.get_running_loop().call_later(
+            self._typing_after_s,
+            lambda: typing.append(asyncio.create_task(self._keep_typing(destination))),
+        )
         try:
             spec = self._spec(row.session_id, binding)
             result = await self._app.run_turn(Mode.DAEMON, spec, row.text)
         finally:
-            typing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await typing
+            start.cancel()
+            for task in typing:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._answer(
             row, "done" if result.ok else "failed", result.text, detail=result.outcome
         )
@@ -191,8 +202,9 @@ class ChatRouter:
             reply_to=row.message_id,
             text=text,
         )
-        await self._store.inbox_finish(row.id, status, detail=detail, reply=reply)
-        self._outbox.kick()
+        _, outbound = await self._store.inbox_finish(row.id, status, detail=detail, reply=reply)
+        if outbound is not None:
+            self._outbox.submit(outbound)
 
     # -- chat commands ----------------------------------------------------------------------
     async def _command(self, row: InboxRow, binding: BindingConfig, command: str) -> None:

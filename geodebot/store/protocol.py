@@ -416,11 +416,14 @@ class Store(Protocol):
         is not already sent and no other part's outcome is still unknown.
         """
 
-    async def outbox_part_sent(self, outbox_id: int, index: int, message_id: str) -> OutboxRow:
+    async def outbox_part_sent(
+        self, outbox_id: int, index: int, message_id: str, *, last: bool = False
+    ) -> OutboxRow:
         """Record part ``index`` as sent as ``message_id`` and clear it from ``in_flight``.
 
-        Recording the same message id again is a no-op; a different one raises
-        :class:`StoreError`. The row must be ``pending``.
+        With ``last`` the row is finished as ``sent`` in the same transaction (the caller
+        knows every earlier part is sent). Recording the same message id again changes
+        nothing else; a different one raises :class:`StoreError`. The row must be ``pending``.
         """
 
     async def outbox_part_unsent(self, outbox_id: int, index: int) -> OutboxRow:

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import pathlib
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import aiosqlite
 
@@ -39,6 +40,7 @@ from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding
 
 __all__ = ["SQLiteStore", "load_migrations", "split_statements"]
 
+_T = TypeVar("_T")
 _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _BUSY_TIMEOUT_MS = 5_000
 _MIGRATION_NAME = re.compile(r"^(\d{4})_\w+\.sql$")
@@ -100,6 +102,19 @@ _FINISH_BATCH = """
 UPDATE tool_batches SET status = ?, results = ?, finished_at = ?
 WHERE id = ? AND session_id = ? RETURNING id
 """
+
+
+def _atomically(fn: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        # SQLite may already have rolled back by itself (e.g. on SQLITE_FULL).
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    return result
 
 
 def split_statements(script: str) -> list[str]:
@@ -239,6 +254,34 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
             raise StoreError(f"{what} failed: the store is not open")
         return self._db
 
+    async def _in_thread(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``fn`` on the connection's own thread in one hop.
+
+        A whole transaction is one function, so it costs one wake-up of the event loop rather
+        than one per statement. aiosqlite has no public call for this; ``_execute`` is the
+        queue its own methods go through, so ordering with them is kept.
+        """
+        db = self._connection(what)
+        async with self._lock:
+            try:
+                result: _T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
+                return result
+            except sqlite3.Error as exc:
+                raise StoreError(f"{what} failed: {exc}") from exc
+
+    async def _query(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """A read: ``fn`` runs outside any explicit transaction (WAL readers never block)."""
+        return await self._in_thread(what, fn)
+
+    async def _transact(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """A write: ``fn`` runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the store's thread.
+
+        It happens whole or not at all: any exception (a StoreError raised by ``fn`` to refuse
+        the change included) rolls back. The caller being cancelled meanwhile changes nothing:
+        the function still runs to its commit or rollback.
+        """
+        return await self._in_thread(what, functools.partial(_atomically, fn))
+
     @contextlib.asynccontextmanager
     async def _read(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
         db = self._connection(what)
@@ -274,47 +317,52 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
     async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:
         """Return the session, creating it if missing; an existing session keeps its mode."""
         now = time.time()
-        async with self._write(f"ensuring session {session_id!r}") as db:
-            await db.execute(
+
+        def ensure(db: sqlite3.Connection) -> SessionRecord:
+            db.execute(
                 "INSERT INTO sessions (id, mode, created_at, updated_at, generation, state, "
                 "guards, next_seq) VALUES (?, ?, ?, ?, 1, '{}', '{}', 1) "
                 "ON CONFLICT (id) DO NOTHING",
                 (session_id, mode, now, now),
             )
-            sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?"
-            rows = list(await db.execute_fetchall(sql, (session_id,)))
-        return from_row(SessionRecord, rows[0])
+            return _session(db, session_id)
+
+        return await self._transact(f"ensuring session {session_id!r}", ensure)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        async with self._read(f"reading session {session_id!r}") as db:
+        def read(db: sqlite3.Connection) -> SessionRecord | None:
             sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?"
-            rows = list(await db.execute_fetchall(sql, (session_id,)))
-        return from_row(SessionRecord, rows[0]) if rows else None
+            rows = db.execute(sql, (session_id,)).fetchall()
+            return from_row(SessionRecord, rows[0]) if rows else None
+
+        return await self._query(f"reading session {session_id!r}", read)
 
     async def list_sessions(self) -> list[SessionRecord]:
-        async with self._read("listing sessions") as db:
-            sql = f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, id"
-            rows = await db.execute_fetchall(sql)
+        sql = f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, id"
+        rows = await self._query("listing sessions", lambda db: db.execute(sql).fetchall())
         return [from_row(SessionRecord, row) for row in rows]
 
     async def reset_session(self, session_id: str) -> SessionRecord:
         what = f"reset of session {session_id!r}"
         now = time.time()
-        async with self._write(what) as db:
+
+        def reset(db: sqlite3.Connection) -> SessionRecord:
             sql = (
                 "UPDATE sessions SET generation = generation + 1, state = '{}', guards = '{}', "
                 f"updated_at = ? WHERE id = ? RETURNING {_SESSION_COLS}"
             )
-            rows = list(await db.execute_fetchall(sql, (now, session_id)))
+            rows = db.execute(sql, (now, session_id)).fetchall()
             if not rows:
                 raise StoreError(f"{what} failed: no such session")
             record = from_row(SessionRecord, rows[0])
-            await db.execute(
+            db.execute(
                 "UPDATE tool_batches SET status = 'abandoned', finished_at = ? "
                 "WHERE session_id = ? AND status = 'proposed' AND generation < ?",
                 (now, session_id, record.generation),
             )
-        return record
+            return record
+
+        return await self._transact(what, reset)
 
     # -- checkpoints ----------------------------------------------------------------------
     async def checkpoint(
@@ -344,10 +392,11 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
             results = "" if finish_batch is None else dumps_list(finish_batch[1])
             events = [(session_id, turn, kind, dumps(dict(data))) for turn, kind, data in timeline]
         now = time.time()
-        async with self._write(what) as db:
+
+        def write(db: sqlite3.Connection) -> list[int]:
             # Reading and bumping the counter in one statement: no look at message history.
             bump = (len(encoded), now, state_json, guards_json, session_id)
-            counters = list(await db.execute_fetchall(_BUMP_SESSION, bump))
+            counters = db.execute(_BUMP_SESSION, bump).fetchall()
             if not counters:
                 raise StoreError(f"{what} failed: no such session")
             generation, next_seq = counters[0]
@@ -356,36 +405,44 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
                 rows = [
                     (session_id, seq, generation, *m, now) for seq, m in enumerate(encoded, first)
                 ]
-                await db.executemany(_INSERT_MESSAGE, rows)
+                db.executemany(_INSERT_MESSAGE, rows)
             if batch is not None:
                 head = (batch.id, session_id, generation, batch.turn_id, batch.round)
                 tail = (batch.status, calls, batch_results, batch.created_at, batch.finished_at)
-                await db.execute(_INSERT_BATCH, head + tail)
+                db.execute(_INSERT_BATCH, head + tail)
             if finish_batch is not None:
                 batch_id, _, status = finish_batch
                 finish = (status, results, now, batch_id, session_id)
-                if not list(await db.execute_fetchall(_FINISH_BATCH, finish)):
+                if not db.execute(_FINISH_BATCH, finish).fetchall():
                     raise StoreError(f"{what} failed: no tool batch {batch_id!r} in this session")
             if events:
-                await db.executemany(INSERT_EVENT, [(s, t, now, k, d) for s, t, k, d in events])
-        return list(range(first, next_seq))
+                db.executemany(INSERT_EVENT, [(s, t, now, k, d) for s, t, k, d in events])
+            return list(range(first, next_seq))
+
+        return await self._transact(what, write)
 
     async def load_context(self, session_id: str) -> list[MessageRecord]:
-        async with self._read(f"loading the context of session {session_id!r}") as db:
-            rows = await db.execute_fetchall(_LOAD_CONTEXT, {"sid": session_id})
+        rows = await self._query(
+            f"loading the context of session {session_id!r}",
+            lambda db: db.execute(_LOAD_CONTEXT, {"sid": session_id}).fetchall(),
+        )
         return [from_row(MessageRecord, row) for row in rows]
 
     async def load_messages(
         self, session_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[MessageRecord]:
         sql, params = paged(_LOAD_MESSAGES, {"sid": session_id, "after": after_seq}, limit)
-        async with self._read(f"loading messages of session {session_id!r}") as db:
-            rows = await db.execute_fetchall(sql, params)
+        rows = await self._query(
+            f"loading messages of session {session_id!r}",
+            lambda db: db.execute(sql, params).fetchall(),
+        )
         return [from_row(MessageRecord, row) for row in rows]
 
     async def pending_batches(self, session_id: str) -> list[ToolBatchRecord]:
-        async with self._read(f"loading pending batches of session {session_id!r}") as db:
-            rows = await db.execute_fetchall(_PENDING_BATCHES, {"sid": session_id})
+        rows = await self._query(
+            f"loading pending batches of session {session_id!r}",
+            lambda db: db.execute(_PENDING_BATCHES, {"sid": session_id}).fetchall(),
+        )
         return [from_row(ToolBatchRecord, row) for row in rows]
 
     # -- timeline -------------------------------------------------------------------------
@@ -395,8 +452,9 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
         what = f"timeline append to session {session_id!r}"
         with encoding(what):
             event = (session_id, turn_id, time.time(), kind, dumps(dict(data)))
-        async with self._write(what) as db:
-            rows = list(await db.execute_fetchall(f"{INSERT_EVENT} RETURNING id", event))
+        rows = await self._transact(
+            what, lambda db: db.execute(f"{INSERT_EVENT} RETURNING id", event).fetchall()
+        )
         return int(rows[0][0])
 
     async def timeline(
@@ -408,9 +466,16 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
             {"sid": session_id, "after": after_id},
             limit,
         )
-        async with self._read(f"reading the timeline of session {session_id!r}") as db:
-            rows = await db.execute_fetchall(sql, params)
+        rows = await self._query(
+            f"reading the timeline of session {session_id!r}",
+            lambda db: db.execute(sql, params).fetchall(),
+        )
         return [from_row(TimelineEvent, row) for row in rows]
+
+
+def _session(db: sqlite3.Connection, session_id: str) -> SessionRecord:
+    sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?"
+    return from_row(SessionRecord, db.execute(sql, (session_id,)).fetchone())
 
 
 if TYPE_CHECKING:

@@ -10,10 +10,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, get_args
-
-import aiosqlite
+from typing import Any, get_args
 
 from geodebot.store.protocol import (
     InboxFinish,
@@ -25,7 +22,7 @@ from geodebot.store.protocol import (
     OutboxStatus,
     StoreError,
 )
-from geodebot.store.sqlite_rows import dumps
+from geodebot.store.sqlite_rows import Transactions, dumps
 
 __all__ = ["ChatInboxOutbox"]
 
@@ -76,7 +73,7 @@ UPDATE outbox SET in_flight = ?, attempts = attempts + 1, updated_at = ?
 WHERE id = ? RETURNING {_OUTBOX_COLS}
 """
 _PART_SENT = f"""
-UPDATE outbox SET sent_parts = ?, in_flight = ?, updated_at = ?
+UPDATE outbox SET sent_parts = ?, in_flight = ?, status = ?, updated_at = ?
 WHERE id = ? RETURNING {_OUTBOX_COLS}
 """
 _PART_UNSENT = f"""
@@ -96,14 +93,6 @@ _SET_CURSOR = """
 INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
 """
-
-
-class _Transactions(Protocol):
-    """What the mixin needs from the store: its locked read and write transactions."""
-
-    def _read(self, what: str) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
-
-    def _write(self, what: str) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
 
 
 def _inbox(row: sqlite3.Row) -> InboxRow:
@@ -164,28 +153,26 @@ def _counts(rows: Any, statuses: tuple[str, ...]) -> dict[str, int]:
     return counts
 
 
-async def _inbox_row(db: aiosqlite.Connection, inbox_id: int) -> InboxRow | None:
-    sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE id = ?"
-    rows = list(await db.execute_fetchall(sql, (inbox_id,)))
-    return _inbox(rows[0]) if rows else None
+def _inbox_row(db: sqlite3.Connection, inbox_id: int) -> InboxRow | None:
+    row = db.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE id = ?", (inbox_id,)).fetchone()
+    return None if row is None else _inbox(row)
 
 
-async def _outbox_row(db: aiosqlite.Connection, outbox_id: int) -> OutboxRow | None:
-    sql = f"SELECT {_OUTBOX_COLS} FROM outbox WHERE id = ?"
-    rows = list(await db.execute_fetchall(sql, (outbox_id,)))
-    return _outbox(rows[0]) if rows else None
+def _outbox_row(db: sqlite3.Connection, outbox_id: int) -> OutboxRow | None:
+    row = db.execute(f"SELECT {_OUTBOX_COLS} FROM outbox WHERE id = ?", (outbox_id,)).fetchone()
+    return None if row is None else _outbox(row)
 
 
-async def _why_finished(db: aiosqlite.Connection, inbox_id: int) -> str:
-    current = await _inbox_row(db, inbox_id)
+def _why_finished(db: sqlite3.Connection, inbox_id: int) -> str:
+    current = _inbox_row(db, inbox_id)
     if current is None:
         return "no such inbox row"
     return f"it is already {current.status!r}"
 
 
-async def _pending_outbox_row(db: aiosqlite.Connection, outbox_id: int, what: str) -> OutboxRow:
+def _pending_outbox_row(db: sqlite3.Connection, outbox_id: int, what: str) -> OutboxRow:
     """The row as the caller's write transaction sees it; raises unless it is pending."""
-    current = await _outbox_row(db, outbox_id)
+    current = _outbox_row(db, outbox_id)
     if current is None:
         raise StoreError(f"{what} failed: no such outbox row")
     if current.status != "pending":
@@ -196,7 +183,7 @@ async def _pending_outbox_row(db: aiosqlite.Connection, outbox_id: int, what: st
 class ChatInboxOutbox:
     # -- inbox ----------------------------------------------------------------------------
     async def inbox_add(
-        self: _Transactions,
+        self: Transactions,
         *,
         platform: str,
         event_id: str,
@@ -214,27 +201,32 @@ class ChatInboxOutbox:
             raise StoreError(f"{what} failed: platform and event id must not be empty")
         now = time.time()
         params = (platform, event_id, session_id, channel, thread, user, text, message_id, now)
-        async with self._write(what) as db:
-            inserted = list(await db.execute_fetchall(_ADD_INBOX, params))
-            if cursor is not None:
-                await db.execute(_SET_CURSOR, (*cursor, now))
-            if inserted:
-                return _inbox(inserted[0]), True
-            sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
-            existing = list(await db.execute_fetchall(sql, (platform, event_id)))
-        return _inbox(existing[0]), False
 
-    async def inbox_start(self: _Transactions, inbox_id: int) -> InboxRow:
+        def add(db: sqlite3.Connection) -> tuple[InboxRow, bool]:
+            inserted = db.execute(_ADD_INBOX, params).fetchone()
+            if cursor is not None:
+                db.execute(_SET_CURSOR, (*cursor, now))
+            if inserted is not None:
+                return _inbox(inserted), True
+            sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
+            return _inbox(db.execute(sql, (platform, event_id)).fetchone()), False
+
+        return await self._transact(what, add)
+
+    async def inbox_start(self: Transactions, inbox_id: int) -> InboxRow:
         what = f"starting inbox row {inbox_id}"
-        async with self._write(what) as db:
-            rows = list(await db.execute_fetchall(_START_INBOX, (inbox_id,)))
-            if not rows:
-                reason = await _why_finished(db, inbox_id)
+
+        def start(db: sqlite3.Connection) -> InboxRow:
+            row = db.execute(_START_INBOX, (inbox_id,)).fetchone()
+            if row is None:
+                reason = _why_finished(db, inbox_id)
                 raise StoreError(f"{what} failed: {reason}; only an unfinished row can start")
-        return _inbox(rows[0])
+            return _inbox(row)
+
+        return await self._transact(what, start)
 
     async def inbox_finish(
-        self: _Transactions,
+        self: Transactions,
         inbox_id: int,
         status: InboxFinish,
         *,
@@ -245,52 +237,61 @@ class ChatInboxOutbox:
         if status not in _INBOX_FINISHES:
             raise StoreError(f"{what} failed: status must be one of {sorted(_INBOX_FINISHES)}")
         now = time.time()
-        async with self._write(what) as db:
-            rows = list(await db.execute_fetchall(_FINISH_INBOX, (status, detail, now, inbox_id)))
-            if not rows:
-                reason = await _why_finished(db, inbox_id)
+
+        def finish(db: sqlite3.Connection) -> tuple[InboxRow, OutboxRow | None]:
+            row = db.execute(_FINISH_INBOX, (status, detail, now, inbox_id)).fetchone()
+            if row is None:
+                reason = _why_finished(db, inbox_id)
                 raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
             outbound = None
             if reply is not None:
                 params = _outbound_params(reply, inbox_id, now)
-                added = list(await db.execute_fetchall(_ADD_OUTBOX, params))
-                outbound = _outbox(added[0])
-        return _inbox(rows[0]), outbound
+                outbound = _outbox(db.execute(_ADD_OUTBOX, params).fetchone())
+            return _inbox(row), outbound
 
-    async def inbox_unfinished(self: _Transactions) -> list[InboxRow]:
+        return await self._transact(what, finish)
+
+    async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
-        async with self._read("listing unfinished inbox rows") as db:
-            rows = await db.execute_fetchall(sql)
+        rows = await self._query(
+            "listing unfinished inbox rows", lambda db: db.execute(sql).fetchall()
+        )
         return [_inbox(row) for row in rows]
 
-    async def get_inbox(self: _Transactions, inbox_id: int) -> InboxRow | None:
-        async with self._read(f"reading inbox row {inbox_id}") as db:
-            return await _inbox_row(db, inbox_id)
+    async def get_inbox(self: Transactions, inbox_id: int) -> InboxRow | None:
+        return await self._query(
+            f"reading inbox row {inbox_id}", lambda db: _inbox_row(db, inbox_id)
+        )
 
-    async def find_inbox(self: _Transactions, platform: str, event_id: str) -> InboxRow | None:
+    async def find_inbox(self: Transactions, platform: str, event_id: str) -> InboxRow | None:
         sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
-        async with self._read(f"finding event {event_id!r} of {platform!r}") as db:
-            rows = list(await db.execute_fetchall(sql, (platform, event_id)))
-        return _inbox(rows[0]) if rows else None
+        row = await self._query(
+            f"finding event {event_id!r} of {platform!r}",
+            lambda db: db.execute(sql, (platform, event_id)).fetchone(),
+        )
+        return None if row is None else _inbox(row)
 
-    async def inbox_counts(self: _Transactions) -> dict[str, int]:
-        async with self._read("counting inbox rows") as db:
-            rows = await db.execute_fetchall("SELECT status, COUNT(*) FROM inbox GROUP BY status")
+    async def inbox_counts(self: Transactions) -> dict[str, int]:
+        sql = "SELECT status, COUNT(*) FROM inbox GROUP BY status"
+        rows = await self._query("counting inbox rows", lambda db: db.execute(sql).fetchall())
         return _counts(rows, _INBOX_STATUSES)
 
     # -- outbox ---------------------------------------------------------------------------
-    async def outbox_add(self: _Transactions, reply: NewOutbound) -> OutboxRow:
-        now = time.time()
-        async with self._write(f"adding a {reply.kind!r} message to the outbox") as db:
-            rows = list(await db.execute_fetchall(_ADD_OUTBOX, _outbound_params(reply, None, now)))
-        return _outbox(rows[0])
+    async def outbox_add(self: Transactions, reply: NewOutbound) -> OutboxRow:
+        params = _outbound_params(reply, None, time.time())
+        row = await self._transact(
+            f"adding a {reply.kind!r} message to the outbox",
+            lambda db: db.execute(_ADD_OUTBOX, params).fetchone(),
+        )
+        return _outbox(row)
 
-    async def outbox_begin_part(self: _Transactions, outbox_id: int, index: int) -> OutboxRow:
+    async def outbox_begin_part(self: Transactions, outbox_id: int, index: int) -> OutboxRow:
         what = f"beginning part {index} of outbox row {outbox_id}"
         if index < 0:
             raise StoreError(f"{what} failed: a part index must not be negative")
-        async with self._write(what) as db:
-            current = await _pending_outbox_row(db, outbox_id, what)
+
+        def begin(db: sqlite3.Connection) -> OutboxRow:
+            current = _pending_outbox_row(db, outbox_id, what)
             if index in current.sent_parts:
                 # Sending it again would post the same text twice.
                 raise StoreError(f"{what} failed: that part is already sent")
@@ -299,93 +300,106 @@ class ChatInboxOutbox:
                 raise StoreError(
                     f"{what} failed: the outcome of part {current.in_flight} is still unknown"
                 )
-            rows = list(await db.execute_fetchall(_BEGIN_PART, (index, time.time(), outbox_id)))
-        return _outbox(rows[0])
+            return _outbox(db.execute(_BEGIN_PART, (index, time.time(), outbox_id)).fetchone())
+
+        return await self._transact(what, begin)
 
     async def outbox_part_sent(
-        self: _Transactions, outbox_id: int, index: int, message_id: str
+        self: Transactions, outbox_id: int, index: int, message_id: str, *, last: bool = False
     ) -> OutboxRow:
         what = f"recording part {index} of outbox row {outbox_id} as sent"
         if index < 0:
             raise StoreError(f"{what} failed: a part index must not be negative")
-        async with self._write(what) as db:
-            current = await _pending_outbox_row(db, outbox_id, what)
+
+        def sent(db: sqlite3.Connection) -> OutboxRow:
+            current = _pending_outbox_row(db, outbox_id, what)
             known = current.sent_parts.get(index)
-            if known == message_id:
-                return current
-            if known is not None:
+            if known is not None and known != message_id:
                 raise StoreError(f"{what} failed: it was already sent as {known!r}")
+            if known is not None and not last:
+                return current
             parts = _encode_parts({**current.sent_parts, index: message_id})
             in_flight = None if current.in_flight == index else current.in_flight
-            params = (parts, in_flight, time.time(), outbox_id)
-            rows = list(await db.execute_fetchall(_PART_SENT, params))
-        return _outbox(rows[0])
+            status = "sent" if last else "pending"
+            params = (parts, in_flight, status, time.time(), outbox_id)
+            return _outbox(db.execute(_PART_SENT, params).fetchone())
 
-    async def outbox_part_unsent(self: _Transactions, outbox_id: int, index: int) -> OutboxRow:
+        return await self._transact(what, sent)
+
+    async def outbox_part_unsent(self: Transactions, outbox_id: int, index: int) -> OutboxRow:
         what = f"recording part {index} of outbox row {outbox_id} as not sent"
-        async with self._write(what) as db:
-            current = await _pending_outbox_row(db, outbox_id, what)
+
+        def unsent(db: sqlite3.Connection) -> OutboxRow:
+            current = _pending_outbox_row(db, outbox_id, what)
             if index in current.sent_parts:
                 raise StoreError(f"{what} failed: it is already sent")
             if current.in_flight is None:
                 return current
             if current.in_flight != index:
                 raise StoreError(f"{what} failed: part {current.in_flight} is in flight")
-            rows = list(await db.execute_fetchall(_PART_UNSENT, (time.time(), outbox_id)))
-        return _outbox(rows[0])
+            return _outbox(db.execute(_PART_UNSENT, (time.time(), outbox_id)).fetchone())
 
-    async def outbox_note_blind_resend(self: _Transactions, outbox_id: int) -> OutboxRow:
+        return await self._transact(what, unsent)
+
+    async def outbox_note_blind_resend(self: Transactions, outbox_id: int) -> OutboxRow:
         what = f"counting a blind resend of outbox row {outbox_id}"
-        async with self._write(what) as db:
-            current = await _pending_outbox_row(db, outbox_id, what)
+
+        def note(db: sqlite3.Connection) -> OutboxRow:
+            current = _pending_outbox_row(db, outbox_id, what)
             if current.in_flight is None:
                 raise StoreError(f"{what} failed: no part is in flight")
-            rows = list(await db.execute_fetchall(_BLIND_RESEND, (time.time(), outbox_id)))
-        return _outbox(rows[0])
+            return _outbox(db.execute(_BLIND_RESEND, (time.time(), outbox_id)).fetchone())
+
+        return await self._transact(what, note)
 
     async def outbox_finish(
-        self: _Transactions, outbox_id: int, status: OutboxFinish, *, error: str = ""
+        self: Transactions, outbox_id: int, status: OutboxFinish, *, error: str = ""
     ) -> OutboxRow:
         what = f"finishing outbox row {outbox_id} as {status!r}"
         if status not in _OUTBOX_FINISHES:
             raise StoreError(f"{what} failed: status must be one of {sorted(_OUTBOX_FINISHES)}")
-        async with self._write(what) as db:
-            params = (status, error, time.time(), outbox_id)
-            rows = list(await db.execute_fetchall(_FINISH_OUTBOX, params))
-            if not rows:
-                current = await _outbox_row(db, outbox_id)
+
+        def finish(db: sqlite3.Connection) -> OutboxRow:
+            row = db.execute(_FINISH_OUTBOX, (status, error, time.time(), outbox_id)).fetchone()
+            if row is None:
+                current = _outbox_row(db, outbox_id)
                 reason = "no such outbox row" if current is None else f"it is {current.status!r}"
                 raise StoreError(f"{what} failed: {reason}; only a pending row can finish")
-        return _outbox(rows[0])
+            return _outbox(row)
 
-    async def outbox_pending(
-        self: _Transactions, *, platform: str | None = None
-    ) -> list[OutboxRow]:
+        return await self._transact(what, finish)
+
+    async def outbox_pending(self: Transactions, *, platform: str | None = None) -> list[OutboxRow]:
         where, params = "status = 'pending'", []
         if platform is not None:
             where += " AND platform = ?"
             params.append(platform)
         sql = f"SELECT {_OUTBOX_COLS} FROM outbox WHERE {where} ORDER BY id"
-        async with self._read("listing pending outbox rows") as db:
-            rows = await db.execute_fetchall(sql, params)
+        rows = await self._query(
+            "listing pending outbox rows", lambda db: db.execute(sql, params).fetchall()
+        )
         return [_outbox(row) for row in rows]
 
-    async def get_outbox(self: _Transactions, outbox_id: int) -> OutboxRow | None:
-        async with self._read(f"reading outbox row {outbox_id}") as db:
-            return await _outbox_row(db, outbox_id)
+    async def get_outbox(self: Transactions, outbox_id: int) -> OutboxRow | None:
+        return await self._query(
+            f"reading outbox row {outbox_id}", lambda db: _outbox_row(db, outbox_id)
+        )
 
-    async def outbox_counts(self: _Transactions) -> dict[str, int]:
-        async with self._read("counting outbox rows") as db:
-            rows = await db.execute_fetchall("SELECT status, COUNT(*) FROM outbox GROUP BY status")
+    async def outbox_counts(self: Transactions) -> dict[str, int]:
+        sql = "SELECT status, COUNT(*) FROM outbox GROUP BY status"
+        rows = await self._query("counting outbox rows", lambda db: db.execute(sql).fetchall())
         return _counts(rows, _OUTBOX_STATUSES)
 
     # -- cursors --------------------------------------------------------------------------
-    async def get_cursor(self: _Transactions, name: str) -> str | None:
-        async with self._read(f"reading cursor {name!r}") as db:
-            sql = "SELECT value FROM cursors WHERE name = ?"
-            rows = list(await db.execute_fetchall(sql, (name,)))
-        return str(rows[0][0]) if rows else None
+    async def get_cursor(self: Transactions, name: str) -> str | None:
+        sql = "SELECT value FROM cursors WHERE name = ?"
+        row = await self._query(
+            f"reading cursor {name!r}", lambda db: db.execute(sql, (name,)).fetchone()
+        )
+        return None if row is None else str(row[0])
 
-    async def set_cursor(self: _Transactions, name: str, value: str) -> None:
-        async with self._write(f"setting cursor {name!r}") as db:
-            await db.execute(_SET_CURSOR, (name, value, time.time()))
+    async def set_cursor(self: Transactions, name: str, value: str) -> None:
+        params = (name, value, time.time())
+        await self._transact(
+            f"setting cursor {name!r}", lambda db: db.execute(_SET_CURSOR, params).rowcount
+        )

@@ -9,10 +9,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, get_args
-
-import aiosqlite
+from typing import Any, get_args
 
 from geodebot.store.protocol import (
     EffectReceipt,
@@ -22,7 +19,14 @@ from geodebot.store.protocol import (
     Resolution,
     StoreError,
 )
-from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, encoding, from_row, paged
+from geodebot.store.sqlite_rows import (
+    INSERT_EVENT,
+    Transactions,
+    dumps,
+    encoding,
+    from_row,
+    paged,
+)
 
 __all__ = ["ReceiptsAndSwitches"]
 
@@ -66,14 +70,6 @@ _INSERT_SWITCH_HISTORY = (
 )
 
 
-class _Transactions(Protocol):
-    """What the mixin needs from the store: its locked read and write transactions."""
-
-    def _read(self, what: str) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
-
-    def _write(self, what: str) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
-
-
 def _receipts(rows: Any) -> list[EffectReceipt]:
     return [from_row(EffectReceipt, row) for row in rows]
 
@@ -100,16 +96,16 @@ def _is_fresh(receipt: EffectReceipt) -> bool:
     )
 
 
-async def _current(db: aiosqlite.Connection, receipt_id: str) -> EffectReceipt | None:
+def _current(db: sqlite3.Connection, receipt_id: str) -> EffectReceipt | None:
     sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE id = ?"
-    rows = list(await db.execute_fetchall(sql, (receipt_id,)))
-    return from_row(EffectReceipt, rows[0]) if rows else None
+    row = db.execute(sql, (receipt_id,)).fetchone()
+    return None if row is None else from_row(EffectReceipt, row)
 
 
 class ReceiptsAndSwitches:
     # -- effect receipts ------------------------------------------------------------------
     async def admit_receipt(
-        self: _Transactions, receipt: EffectReceipt
+        self: Transactions, receipt: EffectReceipt
     ) -> tuple[EffectReceipt, bool]:
         what = f"admission of receipt {receipt.id!r}"
         if not _is_fresh(receipt):
@@ -125,37 +121,41 @@ class ReceiptsAndSwitches:
             receipt.arguments_sha256,
             receipt.admitted_at,
         )
-        async with self._write(what) as db:
-            inserted = list(await db.execute_fetchall(_ADMIT, params))
-            if inserted:
-                return from_row(EffectReceipt, inserted[0]), True
+
+        def admit(db: sqlite3.Connection) -> tuple[EffectReceipt, bool]:
+            inserted = db.execute(_ADMIT, params).fetchone()
+            if inserted is not None:
+                return from_row(EffectReceipt, inserted), True
             sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE key = ?"
-            existing = list(await db.execute_fetchall(sql, (receipt.key,)))
-        return from_row(EffectReceipt, existing[0]), False
+            return from_row(EffectReceipt, db.execute(sql, (receipt.key,)).fetchone()), False
+
+        return await self._transact(what, admit)
 
     async def finish_receipt(
-        self: _Transactions, receipt_id: str, status: FinishStatus, outcome: Mapping[str, Any]
+        self: Transactions, receipt_id: str, status: FinishStatus, outcome: Mapping[str, Any]
     ) -> EffectReceipt:
         what = f"finishing receipt {receipt_id!r} as {status!r}"
         if status not in _FINISH_STATUSES:
             raise StoreError(f"{what} failed: status must be one of {sorted(_FINISH_STATUSES)}")
         with encoding(what):
             outcome_json = dumps(dict(outcome))
-        async with self._write(what) as db:
-            params = (status, outcome_json, time.time(), receipt_id)
-            rows = list(await db.execute_fetchall(_FINISH, params))
-            if not rows:
-                current = await _current(db, receipt_id)
+
+        def finish(db: sqlite3.Connection) -> EffectReceipt:
+            row = db.execute(_FINISH, (status, outcome_json, time.time(), receipt_id)).fetchone()
+            if row is None:
+                current = _current(db, receipt_id)
                 if current is None:
                     raise StoreError(f"{what} failed: no such receipt")
                 raise StoreError(
                     f"{what} failed: it is already {current.status!r}; "
                     "only an admitted receipt can be finished"
                 )
-        return from_row(EffectReceipt, rows[0])
+            return from_row(EffectReceipt, row)
+
+        return await self._transact(what, finish)
 
     async def mark_admitted_uncertain(
-        self: _Transactions, reason: str, *, session_id: str | None = None
+        self: Transactions, reason: str, *, session_id: str | None = None
     ) -> list[EffectReceipt]:
         what = "marking admitted receipts uncertain"
         where, params = "status = 'admitted'", [dumps({"reason": reason}), time.time()]
@@ -167,23 +167,24 @@ class ReceiptsAndSwitches:
             "UPDATE effect_receipts SET status = 'uncertain', outcome = ?, finished_at = ? "
             f"WHERE {where} RETURNING {_RECEIPT_COLS}"
         )
-        async with self._write(what) as db:
-            rows = await db.execute_fetchall(sql, params)
+        rows = await self._transact(what, lambda db: db.execute(sql, params).fetchall())
         # RETURNING has no defined order.
         return sorted(_receipts(rows), key=lambda r: (r.admitted_at, r.id))
 
-    async def get_receipt(self: _Transactions, receipt_id: str) -> EffectReceipt | None:
-        async with self._read(f"reading receipt {receipt_id!r}") as db:
-            return await _current(db, receipt_id)
+    async def get_receipt(self: Transactions, receipt_id: str) -> EffectReceipt | None:
+        return await self._query(
+            f"reading receipt {receipt_id!r}", lambda db: _current(db, receipt_id)
+        )
 
-    async def find_receipt(self: _Transactions, key: str) -> EffectReceipt | None:
-        async with self._read(f"finding the receipt with key {key!r}") as db:
-            sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE key = ?"
-            rows = list(await db.execute_fetchall(sql, (key,)))
-        return from_row(EffectReceipt, rows[0]) if rows else None
+    async def find_receipt(self: Transactions, key: str) -> EffectReceipt | None:
+        sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE key = ?"
+        row = await self._query(
+            f"finding the receipt with key {key!r}", lambda db: db.execute(sql, (key,)).fetchone()
+        )
+        return None if row is None else from_row(EffectReceipt, row)
 
     async def list_receipts(
-        self: _Transactions,
+        self: Transactions,
         *,
         status: ReceiptStatus | None = None,
         session_id: str | None = None,
@@ -207,12 +208,11 @@ class ReceiptsAndSwitches:
             params,
             limit,
         )
-        async with self._read("listing receipts") as db:
-            rows = await db.execute_fetchall(sql, params)
+        rows = await self._query("listing receipts", lambda db: db.execute(sql, params).fetchall())
         return _receipts(rows)
 
     async def resolve_receipt(
-        self: _Transactions, receipt_id: str, resolution: Resolution, *, by: str
+        self: Transactions, receipt_id: str, resolution: Resolution, *, by: str
     ) -> EffectReceipt:
         what = f"resolving receipt {receipt_id!r} as {resolution!r}"
         if resolution not in _RESOLUTIONS:
@@ -220,19 +220,22 @@ class ReceiptsAndSwitches:
         if not by:
             raise StoreError(f"{what} failed: the resolving operator must be named")
         now = time.time()
-        async with self._write(what) as db:
-            rows = list(await db.execute_fetchall(_RESOLVE, (resolution, by, now, receipt_id)))
-            if not rows:
-                raise StoreError(f"{what} failed: {await _unresolvable(db, receipt_id)}")
-            resolved = from_row(EffectReceipt, rows[0])
+
+        def resolve(db: sqlite3.Connection) -> EffectReceipt:
+            row = db.execute(_RESOLVE, (resolution, by, now, receipt_id)).fetchone()
+            if row is None:
+                raise StoreError(f"{what} failed: {_unresolvable(db, receipt_id)}")
+            resolved = from_row(EffectReceipt, row)
             data = dumps({"receipt": receipt_id, "resolution": resolution, "by": by})
             event = (resolved.session_id, resolved.turn_id, now, "receipt_resolved", data)
-            await db.execute(INSERT_EVENT, event)
-        return resolved
+            db.execute(INSERT_EVENT, event)
+            return resolved
+
+        return await self._transact(what, resolve)
 
     # -- operator switches ----------------------------------------------------------------
     async def set_switch(
-        self: _Transactions,
+        self: Transactions,
         name: str,
         enabled: bool,
         *,
@@ -245,19 +248,23 @@ class ReceiptsAndSwitches:
             raise StoreError(f"{what} failed: the operator setting it must be named")
         switch = OperatorSwitch(name, bool(enabled), by, time.time(), expires_at, reason)
         row = (name, int(switch.enabled), by, switch.set_at, expires_at, reason)
-        async with self._write(what) as db:
-            await db.execute(_UPSERT_SWITCH, row)
-            await db.execute(_INSERT_SWITCH_HISTORY, row)
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(_UPSERT_SWITCH, row)
+            db.execute(_INSERT_SWITCH_HISTORY, row)
+
+        await self._transact(what, write)
         return switch
 
-    async def get_switch(self: _Transactions, name: str) -> OperatorSwitch | None:
-        async with self._read(f"reading switch {name!r}") as db:
-            sql = f"SELECT {_SWITCH_COLS} FROM operator_switches WHERE name = ?"
-            rows = list(await db.execute_fetchall(sql, (name,)))
-        return _switch(rows[0]) if rows else None
+    async def get_switch(self: Transactions, name: str) -> OperatorSwitch | None:
+        sql = f"SELECT {_SWITCH_COLS} FROM operator_switches WHERE name = ?"
+        row = await self._query(
+            f"reading switch {name!r}", lambda db: db.execute(sql, (name,)).fetchone()
+        )
+        return None if row is None else _switch(row)
 
     async def switch_history(
-        self: _Transactions, name: str, *, limit: int | None = None
+        self: Transactions, name: str, *, limit: int | None = None
     ) -> list[OperatorSwitch]:
         sql, params = paged(
             f"SELECT {_SWITCH_COLS} FROM operator_switch_history WHERE name = :name "
@@ -265,13 +272,14 @@ class ReceiptsAndSwitches:
             {"name": name},
             limit,
         )
-        async with self._read(f"reading the history of switch {name!r}") as db:
-            rows = await db.execute_fetchall(sql, params)
+        rows = await self._query(
+            f"reading the history of switch {name!r}", lambda db: db.execute(sql, params).fetchall()
+        )
         return [_switch(row) for row in rows]
 
 
-async def _unresolvable(db: aiosqlite.Connection, receipt_id: str) -> str:
-    current = await _current(db, receipt_id)
+def _unresolvable(db: sqlite3.Connection, receipt_id: str) -> str:
+    current = _current(db, receipt_id)
     if current is None:
         return "no such receipt"
     if current.status != "uncertain":

@@ -6,17 +6,29 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from geodebot.store.protocol import StoreError
 
-__all__ = ["INSERT_EVENT", "dumps", "dumps_list", "encoding", "from_row", "paged"]
+__all__ = ["INSERT_EVENT", "Transactions", "dumps", "dumps_list", "encoding", "from_row", "paged"]
 
 _R = TypeVar("_R")
 
 _JSON_COLUMNS = frozenset({"state", "guards", "content", "calls", "results", "data", "outcome"})
 
 INSERT_EVENT = "INSERT INTO timeline (session_id, turn_id, ts, kind, data) VALUES (?, ?, ?, ?, ?)"
+
+
+class Transactions(Protocol):
+    """What the store's mixins need from it: one-hop reads and atomic writes.
+
+    ``fn`` runs on the store's connection thread; a write's ``fn`` runs inside one
+    transaction that a raised exception rolls back.
+    """
+
+    async def _query(self, what: str, fn: Callable[[sqlite3.Connection], _R]) -> _R: ...
+
+    async def _transact(self, what: str, fn: Callable[[sqlite3.Connection], _R]) -> _R: ...
 
 
 def dumps(value: Any) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from geodebot.config import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
+from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.executor import ToolExecutor
 from geodebot.engine.hooks import HookRegistry, hooks_from_config, hooks_from_entry_points
 from geodebot.engine.lanes import Lanes
@@ -234,5 +235,6 @@ async def build_app(
         budgets=config.budgets,
         limits=ModelLimits(config.model.max_tokens, config.model.context_tokens),
         observers=tuple(observers),
+        context_cache=ContextCache(),
     )
     return App(config, services, Lanes(config.daemon.max_concurrent_sessions), state_dir)

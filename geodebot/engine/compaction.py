@@ -8,7 +8,7 @@ what the model sees, never in the store) by a summary that records the seq range
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from geodebot.engine.llm.types import (
     LLMAdapter,
@@ -41,12 +41,18 @@ class ContextItem:
     is_summary: bool = False
     # For a summary: the first seq it covers.
     covers_from: int | None = None
+    # The message's canonical JSON, made once: every round measures and hashes the whole
+    # context, and a long-lived session's context is long.
+    canonical: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.canonical:
+            object.__setattr__(self, "canonical", canonical_json(self.message.to_json()))
 
 
-def estimate_tokens(messages: Sequence[Message], system: str = "") -> int:
+def estimate_tokens(items: Sequence[ContextItem], system: str = "") -> int:
     """A cheap, provider-independent estimate: about four characters per token."""
-    chars = len(system) + sum(len(canonical_json(m.to_json())) for m in messages)
-    return chars // 4 + 1
+    return (len(system) + sum(len(item.canonical) for item in items)) // 4 + 1
 
 
 def split_point(items: Sequence[ContextItem], keep_recent: int) -> int | None:

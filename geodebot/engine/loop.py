@@ -15,6 +15,7 @@ The whole turn runs under the session's hard time budget.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -36,6 +37,7 @@ from geodebot.engine.llm.types import (
     Usage,
     block_from_json,
     block_to_json,
+    canonical_json,
 )
 from geodebot.engine.session import Outcome, Session, TurnResult
 from geodebot.engine.tools.spec import ToolCallContext
@@ -66,6 +68,9 @@ class _Turn:
     forced_compaction: bool = False
     open_batch: ToolBatchRecord | None = None
     events: list[tuple[str | None, str, Mapping[str, Any]]] = field(default_factory=list)
+    # The session row as the turn began: which context copy is still current.
+    generation: int = 0
+    next_seq: int = 0
 
 
 class AgenticLoop:
@@ -92,7 +97,14 @@ class AgenticLoop:
         record = await self._svc.store.get_session(self._session.id)
         if record is None:
             raise StoreError(f"session {self._session.id!r} does not exist")
-        return _Turn(turn_id, text, dict(record.state), dict(record.guards))
+        return _Turn(
+            turn_id,
+            text,
+            dict(record.state),
+            dict(record.guards),
+            generation=record.generation,
+            next_seq=record.next_seq,
+        )
 
     async def _guarded(self, turn: _Turn, work: Awaitable[TurnResult]) -> TurnResult:
         deadline = asyncio.timeout(self._session.time_budget_s)
@@ -141,7 +153,22 @@ class AgenticLoop:
 
     async def _restore(self, turn: _Turn) -> list[ContextItem]:
         """The one restore path: context, then any batch a crash left unfinished."""
-        records = await self._svc.store.load_context(self._session.id)
+        items = await self._context(turn)
+        for batch in await self._svc.store.pending_batches(self._session.id):
+            turn.events.append((batch.turn_id, "tool_batch_recovered", {"batch": batch.id}))
+            calls = [block_from_json(c) for c in batch.calls]
+            await self._execute_batch(
+                turn, items, batch, [c for c in calls if isinstance(c, ToolUseBlock)]
+            )
+        return items
+
+    async def _context(self, turn: _Turn) -> list[ContextItem]:
+        cache, session_id = self._svc.context_cache, self._session.id
+        if cache is not None:
+            cached = cache.get(session_id, turn.generation, turn.next_seq)
+            if cached is not None:
+                return cached
+        records = await self._svc.store.load_context(session_id)
         items = [
             ContextItem(
                 r.seq,
@@ -151,12 +178,8 @@ class AgenticLoop:
             )
             for r in records
         ]
-        for batch in await self._svc.store.pending_batches(self._session.id):
-            turn.events.append((batch.turn_id, "tool_batch_recovered", {"batch": batch.id}))
-            calls = [block_from_json(c) for c in batch.calls]
-            await self._execute_batch(
-                turn, items, batch, [c for c in calls if isinstance(c, ToolUseBlock)]
-            )
+        if cache is not None:
+            cache.put(session_id, turn.generation, turn.next_seq, items)
         return items
 
     async def _rounds(self, turn: _Turn, items: list[ContextItem]) -> TurnResult:
@@ -165,7 +188,7 @@ class AgenticLoop:
             turn.rounds += 1
             items = await self._maybe_compact(turn, items, force=False)
             try:
-                response = await self._call(turn, self._request(items))
+                response = await self._call(turn, self._request(items), items)
             except LLMContextOverflow as exc:
                 # One forced compaction, and one more try only if it shortened anything.
                 compacted = None
@@ -206,16 +229,21 @@ class AgenticLoop:
 
         return self._svc.llm(on_event)
 
-    async def _call(self, turn: _Turn, request: LLMRequest) -> LLMResponse:
+    async def _call(
+        self, turn: _Turn, request: LLMRequest, items: Sequence[ContextItem]
+    ) -> LLMResponse:
         llm = self._llm(turn)
         started = time.monotonic()
-        request_hash = content_hash(
-            [
-                request.system,
-                [m.to_json() for m in request.messages],
-                [t.name for t in request.tools],
-            ]
+        # content_hash([system, [message JSON...], [tool name...]]), built from each item's
+        # cached canonical JSON instead of serialising the whole context again.
+        canonical = ",".join(
+            (
+                canonical_json(request.system),
+                "[" + ",".join(item.canonical for item in items) + "]",
+                canonical_json([t.name for t in request.tools]),
+            )
         )
+        request_hash = hashlib.sha256(f"[{canonical}]".encode()).hexdigest()
         base = {"session": self._session.id, "turn": turn.id, "request_sha256": request_hash}
         try:
             response = await llm.complete(request)
@@ -352,8 +380,7 @@ class AgenticLoop:
         self, turn: _Turn, items: list[ContextItem], *, force: bool
     ) -> list[ContextItem]:
         limit = self._svc.budgets.compact_at * self._svc.limits.context_tokens
-        messages = [i.message for i in items]
-        if not force and compaction.estimate_tokens(messages, self._svc.system_prompt) < limit:
+        if not force and compaction.estimate_tokens(items, self._svc.system_prompt) < limit:
             return items
         index = compaction.split_point(items, self._svc.budgets.keep_recent_messages)
         if index is None:
@@ -479,4 +506,6 @@ class AgenticLoop:
             timeline=events,
         )
         turn.events.clear()
+        if self._svc.context_cache is not None:
+            self._svc.context_cache.appended(self._session.id, seqs, messages)
         return seqs

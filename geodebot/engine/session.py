@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from geodebot.config import BudgetConfig
+from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.types import LLMAdapter, Usage
 from geodebot.engine.modes import Mode
@@ -61,6 +62,8 @@ class EngineServices:
     limits: ModelLimits = field(default_factory=ModelLimits)
     verifiers: tuple[Verifier, ...] = (NonEmptyAnswer(),)
     observers: tuple[Observer, ...] = ()
+    # Decoded contexts of recently active sessions; None reads every context from the store.
+    context_cache: ContextCache | None = None
 
     def emit(self, event: str, data: Mapping[str, Any]) -> None:
         for observer in self.observers:

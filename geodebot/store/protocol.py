@@ -45,6 +45,9 @@ class SessionRecord:
     state: Mapping[str, Any] = field(default_factory=dict)
     # Guard counters survive restarts (rounds, repairs, consecutive failures, ...).
     guards: Mapping[str, Any] = field(default_factory=dict)
+    # The seq the next appended message gets: it changes with every append, so a copy of
+    # the context taken at one value is still the context while the value is unchanged.
+    next_seq: int = 1
 
 
 @dataclass(frozen=True, slots=True)

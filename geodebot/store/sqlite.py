@@ -45,7 +45,7 @@ _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _BUSY_TIMEOUT_MS = 5_000
 _MIGRATION_NAME = re.compile(r"^(\d{4})_\w+\.sql$")
 
-_SESSION_COLS = "id, mode, created_at, updated_at, generation, state, guards"
+_SESSION_COLS = "id, mode, created_at, updated_at, generation, state, guards, next_seq"
 _MESSAGE_COLS = (
     "session_id, seq, generation, role, kind, content, turn_id, covers_from, covers_to, created_at"
 )

@@ -1,0 +1,126 @@
+"""Decoded contexts of recently active sessions, kept between turns within a bound.
+
+Without it every turn reads and decodes its session's whole context from the store, and a
+channel session's context is long. The store stays the truth:
+
+* an entry is used only while the session row's ``(generation, next_seq)`` equals the entry's,
+  and every append or reset changes one of them, whoever makes it;
+* an entry is extended only by the appends this process made, in seq order, with the rule the
+  store's ``load_context`` applies (the newest summary, then the messages after the range it
+  covers); an append that does not continue the entry drops it.
+
+Least recently used entries go first once more than ``max_sessions`` sessions or
+``max_chars`` characters of canonical JSON are held, so idle sessions cost nothing here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from geodebot.engine.compaction import ContextItem
+from geodebot.engine.llm.types import Message
+from geodebot.store.protocol import NewMessage
+
+__all__ = ["ContextCache"]
+
+
+@dataclass(slots=True)
+class _Entry:
+    generation: int
+    next_seq: int
+    items: list[ContextItem]
+    chars: int
+    # No message at or below this seq is in the context (it is at least the current
+    # summary's upper bound): a summary reaching lower would bring back messages not held.
+    floor: int
+
+
+def _chars(items: Sequence[ContextItem]) -> int:
+    return sum(len(item.canonical) for item in items)
+
+
+class ContextCache:
+    def __init__(self, *, max_sessions: int = 256, max_chars: int = 16_000_000) -> None:
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._max_chars = max_chars
+        self._chars = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+    def get(self, session_id: str, generation: int, next_seq: int) -> list[ContextItem] | None:
+        """A copy of the context, if the entry is still the session's current context."""
+        entry = self._entries.get(session_id)
+        if entry is None or (entry.generation, entry.next_seq) != (generation, next_seq):
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(session_id)
+        return list(entry.items)
+
+    def put(
+        self, session_id: str, generation: int, next_seq: int, items: Sequence[ContextItem]
+    ) -> None:
+        """Remember ``items`` as the context while the row reads ``(generation, next_seq)``."""
+        if any(item.seq >= next_seq for item in items):
+            # Read after a later append than the row says: not a context of that row.
+            self.drop(session_id)
+            return
+        messages = [item.seq for item in items if not item.is_summary]
+        floor = min(messages) - 1 if messages else next_seq - 1
+        self._set(session_id, _Entry(generation, next_seq, list(items), _chars(items), floor))
+
+    def appended(
+        self, session_id: str, seqs: Sequence[int], messages: Sequence[NewMessage]
+    ) -> None:
+        """Apply appends this process committed (``seqs`` as the store assigned them)."""
+        entry = self._entries.get(session_id)
+        if entry is None or not seqs:
+            return
+        items, floor = entry.items, entry.floor
+        for seq, new in zip(seqs, messages, strict=True):
+            if seq != entry.next_seq:
+                # Someone else appended in between: the entry no longer knows the context.
+                self.drop(session_id)
+                return
+            item = ContextItem(
+                seq,
+                Message.from_json(new.content),
+                is_summary=new.kind == "summary",
+                covers_from=new.covers_from,
+            )
+            if item.is_summary:
+                upto = new.covers_to if new.covers_to is not None else seq
+                if upto < floor:
+                    self.drop(session_id)
+                    return
+                items = [item, *(i for i in items if not i.is_summary and i.seq > upto)]
+                floor = upto
+            else:
+                items.append(item)
+            entry.next_seq = seq + 1
+        self._set(session_id, _Entry(entry.generation, entry.next_seq, items, _chars(items), floor))
+
+    def drop(self, session_id: str) -> None:
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self._chars -= entry.chars
+
+    def _set(self, session_id: str, entry: _Entry) -> None:
+        self.drop(session_id)
+        if entry.chars > self._max_chars:
+            return
+        self._entries[session_id] = entry
+        self._chars += entry.chars
+        while len(self._entries) > self._max_sessions or self._chars > self._max_chars:
+            _, oldest = self._entries.popitem(last=False)
+            self._chars -= oldest.chars

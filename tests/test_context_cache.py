@@ -1,0 +1,210 @@
+"""The context cache gives a turn exactly the context the store would, or nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from geodebot.engine.compaction import ContextItem
+from geodebot.engine.context_cache import ContextCache
+from geodebot.engine.llm.types import Message
+from geodebot.engine.modes import Mode
+from geodebot.engine.session import SessionSpec
+from geodebot.store.protocol import NewMessage
+from geodebot.store.sqlite import SQLiteStore
+from tests.conftest import make_config, open_app
+from tests.fakes.llm_server import FakeLLMServer, Reply
+
+SID = "s"
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    async with SQLiteStore(tmp_path / "store.db") as opened:
+        await opened.ensure_session(SID, "daemon")
+        yield opened
+
+
+async def stored_context(store: SQLiteStore) -> list[ContextItem]:
+    return [
+        ContextItem(
+            r.seq,
+            Message.from_json(r.content),
+            is_summary=r.kind == "summary",
+            covers_from=r.covers_from,
+        )
+        for r in await store.load_context(SID)
+    ]
+
+
+def shape(items: list[ContextItem]) -> list[tuple[int, bool, int | None, str]]:
+    return [(i.seq, i.is_summary, i.covers_from, i.canonical) for i in items]
+
+
+async def cached_now(store: SQLiteStore, cache: ContextCache) -> list[ContextItem] | None:
+    row = await store.get_session(SID)
+    assert row is not None
+    return cache.get(SID, row.generation, row.next_seq)
+
+
+async def prime(store: SQLiteStore, cache: ContextCache) -> None:
+    row = await store.get_session(SID)
+    assert row is not None
+    cache.put(SID, row.generation, row.next_seq, await stored_context(store))
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_appends_and_summaries_keep_the_copy_equal_to_the_store(
+    store: SQLiteStore, seed: int
+) -> None:
+    rng = random.Random(seed)
+    cache = ContextCache()
+    await prime(store, cache)
+    floor, dropped = 0, 0
+    for step in range(40):
+        backwards = False
+        if step > 3 and rng.random() < 0.25:
+            row = await store.get_session(SID)
+            assert row is not None
+            # A summary of some prefix of what exists, or (no covers_to) of everything before it.
+            covers_to = rng.choice([None, rng.randrange(1, row.next_seq)])
+            upto = row.next_seq if covers_to is None else covers_to
+            # The loop never does this, but a summary reaching below the last one's range
+            # brings back messages the copy no longer holds.
+            backwards, floor = upto < floor, max(floor, upto)
+            new = [
+                NewMessage(
+                    "user",
+                    Message.user_text(f"summary {step}").to_json(),
+                    "t",
+                    kind="summary",
+                    covers_from=1,
+                    covers_to=covers_to,
+                )
+            ]
+        else:
+            new = [
+                NewMessage(role, _text(f"m{step}.{i}", role), "t")
+                for i, role in enumerate(rng.choices(["user", "assistant"], k=rng.randint(1, 3)))
+            ]
+        seqs = await store.checkpoint(SID, messages=new)
+        cache.appended(SID, seqs, new)
+        copy = await cached_now(store, cache)
+        if backwards and copy is None:
+            dropped += 1
+            await prime(store, cache)
+            continue
+        assert copy is not None
+        assert shape(copy) == shape(await stored_context(store))
+    assert cache.hits + dropped == 40
+    assert cache.hits >= 30
+
+
+async def test_a_foreign_append_or_a_reset_makes_the_copy_unusable(store: SQLiteStore) -> None:
+    cache = ContextCache()
+    first = [NewMessage("user", _text("one"), "t")]
+    await store.checkpoint(SID, messages=first)
+    await prime(store, cache)
+    assert await cached_now(store, cache) is not None
+
+    # Another process appends: the row moves on, the copy does not.
+    await store.checkpoint(SID, messages=[NewMessage("assistant", _text("two", "assistant"), "t")])
+    assert await cached_now(store, cache) is None
+
+    # This process's next append does not continue the copy: it is dropped, not patched.
+    await prime(store, cache)
+    await store.checkpoint(SID, messages=[NewMessage("user", _text("three"), "t")])
+    mine = [NewMessage("user", _text("four"), "t")]
+    seqs = await store.checkpoint(SID, messages=mine)
+    cache.appended(SID, seqs, mine)
+    assert len(cache) == 0
+
+    await prime(store, cache)
+    await store.reset_session(SID)
+    assert await cached_now(store, cache) is None
+
+
+async def test_a_copy_read_after_a_later_append_is_not_kept(store: SQLiteStore) -> None:
+    cache = ContextCache()
+    row = await store.get_session(SID)
+    assert row is not None
+    await store.checkpoint(SID, messages=[NewMessage("user", _text("raced"), "t")])
+    cache.put(SID, row.generation, row.next_seq, await stored_context(store))
+    assert len(cache) == 0
+
+
+def test_least_recently_used_sessions_go_first() -> None:
+    item = ContextItem(1, Message.user_text("x" * 100))
+    cache = ContextCache(max_sessions=2, max_chars=10_000)
+    cache.put("a", 1, 2, [item])
+    cache.put("b", 1, 2, [item])
+    assert cache.get("a", 1, 2) is not None  # a is now the most recent
+    cache.put("c", 1, 2, [item])
+    assert cache.get("b", 1, 2) is None
+    assert cache.get("a", 1, 2) is not None
+    assert cache.get("c", 1, 2) is not None
+
+    by_size = ContextCache(max_sessions=100, max_chars=2 * len(item.canonical))
+    for name in "abc":
+        by_size.put(name, 1, 2, [item])
+    assert len(by_size) == 2
+    assert by_size.chars == 2 * len(item.canonical)
+    by_size.put("huge", 1, 2, [item] * 3)
+    assert by_size.get("huge", 1, 2) is None
+
+
+async def test_turns_send_the_same_context_with_and_without_the_cache(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """The same conversation (compaction, a reset and a foreign append included) twice."""
+    sent: dict[str, list[object]] = {}
+    # Every call not scripted (answers, and summaries of later compactions) gets this.
+    llm_server.default = Reply("noted")
+    for label in ("cached", "uncached"):
+        config = make_config(
+            tmp_path / label,
+            llm_server,
+            model={"context_tokens": 1024},
+            budgets={"keep_recent_messages": 2, "compact_at": 0.5},
+        )
+        first = len(llm_server.requests)
+        async with AsyncExitStack() as stack:
+            app = await open_app(config, stack, tmp_path / label / "marker")
+            if label == "uncached":
+                services = dataclasses.replace(app.services, context_cache=None)
+                app = dataclasses.replace(app, services=services)
+            store = app.services.store
+            for index in range(6):
+                if index == 3:
+                    llm_server.script(Reply("THE SUMMARY"))
+                    text = "long " + "lorem ipsum " * 200
+                else:
+                    text = f"q{index}"
+                if index == 4:
+                    # Written behind the daemon's back, as `geodebot run` on the session would.
+                    note = [
+                        NewMessage("user", _text("asked elsewhere"), "x"),
+                        NewMessage("assistant", _text("answered elsewhere", "assistant"), "x"),
+                    ]
+                    await store.checkpoint("long", messages=note)
+                assert (await app.run_turn(Mode.IPC, SessionSpec("long"), text)).ok
+            await store.reset_session("long")
+            assert (await app.run_turn(Mode.IPC, SessionSpec("long"), "after reset")).ok
+            cache = app.services.context_cache
+            if cache is not None:
+                assert cache.hits >= 3
+        sent[label] = [r.json for r in llm_server.requests[first:]]
+    assert json.dumps(sent["cached"]) == json.dumps(sent["uncached"])
+    assert "THE SUMMARY" in json.dumps(sent["cached"])
+    assert "answered elsewhere" in json.dumps(sent["cached"][-2])
+    assert "answered elsewhere" not in json.dumps(sent["cached"][-1])
+
+
+def _text(text: str, role: str = "user") -> dict[str, object]:
+    return {"role": role, "content": [{"type": "text", "text": text}]}

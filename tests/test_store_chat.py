@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import pathlib
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 
 import pytest
 
@@ -433,3 +433,35 @@ async def test_schema_has_the_chat_tables(store: SQLiteStore) -> None:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert {"inbox", "inbox_by_status", "outbox", "outbox_by_status", "cursors"} <= names
     assert await store.schema_version() >= 3
+
+
+# -- durability -----------------------------------------------------------------------------
+async def test_commits_the_outside_acts_on_are_synced_and_the_rest_are_not(
+    db_path: pathlib.Path,
+) -> None:
+    """Inbox adds (before the ack) and part begins (before the send) commit at FULL; the
+    bookkeeping in between at NORMAL, made durable by the next FULL commit's sync of the log."""
+    async with SQLiteStore(db_path, synchronous="FULL") as s:
+        seen: list[str] = []
+        assert s._db is not None
+        await s._db.set_trace_callback(seen.append)
+
+        async def level_of(step: Awaitable[object]) -> list[str]:
+            seen.clear()
+            await step
+            return [sql for sql in seen if sql.startswith("PRAGMA synchronous")]
+
+        row, _ = await add(s, "1")
+        assert await level_of(s.inbox_start(row.id)) == ["PRAGMA synchronous=NORMAL"]
+        _, out = await s.inbox_finish(row.id, "done", reply=reply())
+        assert out is not None
+        assert await level_of(s.outbox_begin_part(out.id, 0)) == ["PRAGMA synchronous=FULL"]
+        assert await level_of(s.outbox_part_sent(out.id, 0, "m1", last=True)) == [
+            "PRAGMA synchronous=NORMAL"
+        ]
+        assert await level_of(add(s, "2")) == ["PRAGMA synchronous=FULL"]
+        # Unchanged level: no statement at all.
+        assert await level_of(add(s, "3")) == []
+        finished = await s.get_outbox(out.id)
+        assert finished is not None
+        assert finished.status == "sent"

@@ -264,8 +264,7 @@ class TelegramChannel:
             return None
         return offset
 
-    async def _commit(self, offset: int) -> None:
-        self._offset = offset
+    async def _save_offset(self, offset: int) -> None:
         if self._cursors is None:
             return
         value = json.dumps({"offset": offset, "saved_at": time.time()})
@@ -314,6 +313,7 @@ class TelegramChannel:
     async def _deliver(self, updates: Sequence[Update]) -> float:
         """Hand each update to the sink, confirming it only then; the backoff on a failure."""
         self._delivering = True  # stop() lets the update in hand finish
+        confirmed = self._offset
         try:
             for update in updates:
                 if self._stopping:
@@ -323,9 +323,13 @@ class TelegramChannel:
                     # The offset stays: the next getUpdates returns this update again.
                     return min(_BACKOFF_FIRST_S * 2.0 ** (self._sink_failures - 1), _BACKOFF_MAX_S)
                 self._sink_failures = 0
-                await self._commit(update.update_id + 1)
+                self._offset = update.update_id + 1
         finally:
             self._delivering = False
+            # Once per batch: a crash before it costs only redeliveries, which the inbox
+            # recognises.
+            if self._offset != confirmed and self._offset is not None:
+                await self._save_offset(self._offset)
         return 0.0
 
     async def _hand_over(self, update: Update) -> bool:

@@ -104,19 +104,6 @@ WHERE id = ? AND session_id = ? RETURNING id
 """
 
 
-def _atomically(fn: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = fn(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        # SQLite may already have rolled back by itself (e.g. on SQLITE_FULL).
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
-    return result
-
-
 def split_statements(script: str) -> list[str]:
     """Split a migration script into statements.
 
@@ -169,6 +156,8 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS_MODES)}")
         self.path = pathlib.Path(path)
         self.synchronous = mode
+        self._relaxed = "NORMAL" if mode in ("FULL", "EXTRA") else mode
+        self._sync_level = mode
         self._db: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -273,14 +262,42 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
         """A read: ``fn`` runs outside any explicit transaction (WAL readers never block)."""
         return await self._in_thread(what, fn)
 
-    async def _transact(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def _transact(
+        self, what: str, fn: Callable[[sqlite3.Connection], _T], *, durable: bool = False
+    ) -> _T:
         """A write: ``fn`` runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the store's thread.
 
         It happens whole or not at all: any exception (a StoreError raised by ``fn`` to refuse
         the change included) rolls back. The caller being cancelled meanwhile changes nothing:
         the function still runs to its commit or rollback.
+
+        ``durable`` marks a commit that something outside acts on next (a platform ack, a
+        send, a tool's effect, an operator's order): it is synced to disk at the store's
+        ``synchronous`` level before it returns. Other commits use at most NORMAL, which in WAL
+        mode survives a killed process but not a power cut, until the next durable commit
+        syncs the log up to itself. So nothing the outside world saw can be lost, and a turn
+        costs two or three syncs instead of ten.
         """
-        return await self._in_thread(what, functools.partial(_atomically, fn))
+        level = self.synchronous if durable else self._relaxed
+        return await self._in_thread(what, functools.partial(self._atomically, fn, level))
+
+    def _atomically(
+        self, fn: Callable[[sqlite3.Connection], _T], level: str, conn: sqlite3.Connection
+    ) -> _T:
+        # Runs on the connection's thread, the only one that touches _sync_level.
+        if level != self._sync_level:
+            conn.execute(f"PRAGMA synchronous={level}")
+            self._sync_level = level
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            # SQLite may already have rolled back by itself (e.g. on SQLITE_FULL).
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return result
 
     @contextlib.asynccontextmanager
     async def _read(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
@@ -362,7 +379,7 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
             )
             return record
 
-        return await self._transact(what, reset)
+        return await self._transact(what, reset, durable=True)
 
     # -- checkpoints ----------------------------------------------------------------------
     async def checkpoint(

@@ -211,7 +211,8 @@ class ChatInboxOutbox:
             sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
             return _inbox(db.execute(sql, (platform, event_id)).fetchone()), False
 
-        return await self._transact(what, add)
+        # The platform is acknowledged next.
+        return await self._transact(what, add, durable=True)
 
     async def inbox_start(self: Transactions, inbox_id: int) -> InboxRow:
         what = f"starting inbox row {inbox_id}"
@@ -302,7 +303,8 @@ class ChatInboxOutbox:
                 )
             return _outbox(db.execute(_BEGIN_PART, (index, time.time(), outbox_id)).fetchone())
 
-        return await self._transact(what, begin)
+        # The part is sent next.
+        return await self._transact(what, begin, durable=True)
 
     async def outbox_part_sent(
         self: Transactions, outbox_id: int, index: int, message_id: str, *, last: bool = False
@@ -350,7 +352,7 @@ class ChatInboxOutbox:
                 raise StoreError(f"{what} failed: no part is in flight")
             return _outbox(db.execute(_BLIND_RESEND, (time.time(), outbox_id)).fetchone())
 
-        return await self._transact(what, note)
+        return await self._transact(what, note, durable=True)
 
     async def outbox_finish(
         self: Transactions, outbox_id: int, status: OutboxFinish, *, error: str = ""

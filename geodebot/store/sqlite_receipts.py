@@ -129,7 +129,8 @@ class ReceiptsAndSwitches:
             sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE key = ?"
             return from_row(EffectReceipt, db.execute(sql, (receipt.key,)).fetchone()), False
 
-        return await self._transact(what, admit)
+        # The tool's effect begins next.
+        return await self._transact(what, admit, durable=True)
 
     async def finish_receipt(
         self: Transactions, receipt_id: str, status: FinishStatus, outcome: Mapping[str, Any]
@@ -231,7 +232,7 @@ class ReceiptsAndSwitches:
             db.execute(INSERT_EVENT, event)
             return resolved
 
-        return await self._transact(what, resolve)
+        return await self._transact(what, resolve, durable=True)
 
     # -- operator switches ----------------------------------------------------------------
     async def set_switch(
@@ -253,7 +254,7 @@ class ReceiptsAndSwitches:
             db.execute(_UPSERT_SWITCH, row)
             db.execute(_INSERT_SWITCH_HISTORY, row)
 
-        await self._transact(what, write)
+        await self._transact(what, write, durable=True)
         return switch
 
     async def get_switch(self: Transactions, name: str) -> OperatorSwitch | None:

@@ -28,7 +28,9 @@ class Transactions(Protocol):
 
     async def _query(self, what: str, fn: Callable[[sqlite3.Connection], _R]) -> _R: ...
 
-    async def _transact(self, what: str, fn: Callable[[sqlite3.Connection], _R]) -> _R: ...
+    async def _transact(
+        self, what: str, fn: Callable[[sqlite3.Connection], _R], *, durable: bool = False
+    ) -> _R: ...
 
 
 def dumps(value: Any) -> str:

@@ -482,3 +482,27 @@ async def test_sigterm_exits_cleanly_within_grace_and_leaks_no_token(rig: Rig) -
     assert posts[1].thread_ts == running["ts"]
     assert len(rig.llm.requests) == 2
     assert_clean_log(after, rig.slack)
+
+
+# -- slash commands ---------------------------------------------------------------------------
+async def test_slash_commands_are_answered_in_the_channel_without_a_model_call(rig: Rig) -> None:
+    daemon = await rig.start()
+    slack = rig.slack
+    status = await slack.push_command("/status", channel=OPS, user=ALICE)
+    await slack.wait_for_ack(status, timeout=15)
+    # A command is addressed to the bot: a binding that needs a mention answers it too.
+    helped = await slack.push_command("/help", channel=QUIET, user=BOB)
+    await slack.wait_for_ack(helped, timeout=15)
+    # The gate still applies: MALLORY is not allowed in DEV.
+    denied = await slack.push_command("/reset", channel=DEV, user=MALLORY)
+    await slack.wait_for_ack(denied, timeout=15)
+
+    [ops] = await rig.wait_posts(OPS, 1)
+    assert ops.thread_ts is None
+    assert "Session: ops" in ops.text
+    [quiet] = await rig.wait_posts(QUIET, 1)
+    assert "/status" in quiet.text
+    assert await daemon.stop() == 0
+    assert rig.posts(DEV) == []
+    assert rig.llm.requests == []
+    assert_clean_log(daemon, slack)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -255,8 +256,12 @@ async def test_chat_commands(tmp_path: Path, llm_server: FakeLLMServer) -> None:
         assert await h.app.services.store.load_context("s1") == []
         await h.chat.deliver(message("long job"))
         await asyncio.sleep(0.3)
+        await h.chat.deliver(message("/status"))
+        busy = (await h.replies(5))[-1]
+        assert "Turn running: yes; queued: 0" in busy
+        assert re.search(r"Daemon: 1 of at most \d+ turns running; 0 messages queued", busy)
         await h.chat.deliver(message("/stop"))
-        texts = await h.replies(6)
+        texts = await h.replies(7)
     assert "Stopping the running turn." in "".join(texts)
     assert "Stopped, as asked." in "".join(texts)
 

@@ -415,3 +415,51 @@ def test_to_inbound_fields() -> None:
     assert named.user_name == "alice"
     assert to_inbound(body(hidden=True), "UBOT") is None
     assert to_inbound({"type": "event_callback", "event": {"type": "reaction_added"}}, "U") is None
+
+
+# -- slash commands ---------------------------------------------------------------------------
+async def test_a_slash_command_is_committed_then_acked(
+    fake: FakeSlack, channel: SlackChannel, sink: Sink
+) -> None:
+    sink.gate = asyncio.Event()
+    envelope = await fake.push_command(
+        "/status", channel=CHANNEL, user=ALICE, trigger_id="123.456.abc"
+    )
+    await sink.entered.wait()
+    await asyncio.sleep(0.1)
+    assert not fake.acked(envelope)  # not before the commit
+    sink.gate.set()
+    ack = await fake.wait_for_ack(envelope)
+    assert ack.at >= sink.returned_at
+    [got] = sink.inbound
+    assert (got.event_id, got.channel, got.thread, got.user, got.text) == (
+        "command:123.456.abc",
+        CHANNEL,
+        None,
+        ALICE,
+        "/status",
+    )
+    assert got.mentions_bot
+    assert not got.is_bot
+
+
+async def test_a_command_that_is_not_ours_is_acked_and_dropped(
+    fake: FakeSlack, channel: SlackChannel, sink: Sink
+) -> None:
+    envelope = await fake.push_command("/deploy", "prod", channel=CHANNEL, user=ALICE)
+    await fake.wait_for_ack(envelope)
+    ours = await fake.push_command("/reset", channel=DM, user=ALICE)
+    await fake.wait_for_ack(ours)
+    [got] = await sink.wait_for(1)
+    assert (got.text, got.is_dm) == ("/reset", True)
+    assert channel.status().counters["ignored"] >= 1
+
+
+async def test_a_failed_commit_leaves_the_command_unacked(
+    fake: FakeSlack, channel: SlackChannel, sink: Sink
+) -> None:
+    sink.fail_next = 1
+    envelope = await fake.push_command("/help", channel=CHANNEL, user=ALICE)
+    await sink.failed.wait()
+    await asyncio.sleep(0.2)
+    assert not fake.acked(envelope)

@@ -240,12 +240,16 @@ class ChatRouter:
         running = lane is not None and lane.running is not None and not lane.running.done()
         queued = len(lane.queue) if lane is not None else 0
         tools = ", ".join(binding.tools) if binding.tools else "none"
+        busy = [lane for lane in self._lanes.values() if lane.running is not None]
+        waiting = sum(len(lane.queue) for lane in self._lanes.values())
         return (
             f"Session: {session_id}\n"
             f"Model: {config.model.provider} {config.model.name}\n"
             f"Turn running: {'yes' if running else 'no'}; queued: {queued}\n"
             f"Time budget per turn: {budget:g} s\n"
-            f"Tools: {tools}"
+            f"Tools: {tools}\n"
+            f"Daemon: {len(busy)} of at most {config.daemon.max_concurrent_sessions} turns "
+            f"running; {waiting} messages queued"
         )
 
     # -- lifecycle --------------------------------------------------------------------------

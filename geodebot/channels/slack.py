@@ -28,11 +28,12 @@ from typing import Any
 
 import aiohttp
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
-from slack_bolt.async_app import AsyncApp
+from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from geodebot.channels.base import (
+    CHAT_COMMANDS,
     ChannelError,
     ChannelStatus,
     Destination,
@@ -70,6 +71,7 @@ _HISTORY_PAGES, _HISTORY_LIMIT = 2, 100
 # Replies come oldest first, so the newest reply of a long thread is on the last page.
 _REPLIES_PAGES, _REPLIES_LIMIT = 10, 200
 _CLAIMS_KEPT = 4096
+COMMAND_NAMES = frozenset(c.name for c in CHAT_COMMANDS)
 
 
 def to_inbound(
@@ -110,6 +112,32 @@ def to_inbound(
         or f"<@{bot_user_id}|" in text,
         is_dm=event.get("channel_type") == "im",
         ts=_float(ts),
+    )
+
+
+def command_to_inbound(body: Mapping[str, Any]) -> Inbound | None:
+    """A slash command payload as an Inbound addressed to the bot, or None for one not ours.
+
+    The commands (``/help``, ``/status``, ``/stop``, ``/reset``) are declared in the Slack app's
+    manifest; Socket Mode delivers them like events. A command has no message to reply to, so
+    the answer goes to the channel, and its ``trigger_id`` is the event id.
+    """
+    name = str(body.get("command") or "").lstrip("/")
+    channel, user, trigger = body.get("channel_id"), body.get("user_id"), body.get("trigger_id")
+    if name not in COMMAND_NAMES or not channel or not user or not trigger:
+        return None
+    text = f"/{name} {body.get('text') or ''}".strip()
+    return Inbound(
+        platform="slack",
+        event_id=f"command:{trigger}",
+        channel=str(channel),
+        thread=None,
+        user=str(user),
+        text=text,
+        message_id="",
+        user_name=str(body.get("user_name") or ""),
+        mentions_bot=True,
+        is_dm=str(channel).startswith("D"),
     )
 
 
@@ -207,6 +235,11 @@ class SlackChannel:
         async def on_message(body: dict[str, Any]) -> None:
             await self._deliver(body)
 
+        async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
+            # Acked only once committed; a failed commit shows the user Slack's own error.
+            await self._deliver_command(body)
+            await ack()
+
         async def on_other(body: dict[str, Any]) -> None:
             # An unhandled event is answered 404 by Bolt, i.e. never acked and redelivered.
             self._counters["ignored"] += 1
@@ -220,6 +253,7 @@ class SlackChannel:
         app.event("message")(on_message)
         app.event("app_mention")(on_message)
         app.event(re.compile(".*"))(on_other)
+        app.command(re.compile(".*"))(on_command)
         app.error(on_error)
         return app
 
@@ -253,6 +287,21 @@ class SlackChannel:
             raise
         finally:
             self._inflight.discard(task)
+        self._counters["delivered"] += 1
+
+    async def _deliver_command(self, body: dict[str, Any]) -> None:
+        self._counters["received"] += 1
+        if self._stopping or self._sink is None:
+            raise ChannelError("Slack channel is stopping")
+        inbound = command_to_inbound(body)
+        if inbound is None:
+            self._counters["ignored"] += 1
+            return
+        try:
+            await self._sink(inbound)
+        except BaseException:
+            self._counters["sink_errors"] += 1
+            raise
         self._counters["delivered"] += 1
 
     async def stop(self) -> None:

@@ -245,6 +245,32 @@ class FakeSlack:
         await self._send(envelope)
         return envelope_id
 
+    async def push_command(
+        self, command: str, text: str = "", *, channel: str, user: str, trigger_id: str = ""
+    ) -> str:
+        """Deliver a slash command as Socket Mode does (a ``slash_commands`` envelope)."""
+        envelope_id = str(uuid.uuid4())
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": "slash_commands",
+            "accepts_response_payload": True,
+            "payload": {
+                "token": "fake-verification-token",
+                "team_id": self.team_id,
+                "api_app_id": "AFAKE0001",
+                "channel_id": channel,
+                "user_id": user,
+                "user_name": "someone",
+                "command": command,
+                "text": text,
+                "response_url": f"{self.root}/commands/{envelope_id}",
+                "trigger_id": trigger_id or f"{next(self._event_ids)}.{envelope_id[:8]}",
+            },
+        }
+        self._envelopes[envelope_id] = _Envelope()
+        await self._send(envelope)
+        return envelope_id
+
     def acked(self, envelope_id: str) -> bool:
         return envelope_id in self.acks
 

@@ -17,6 +17,7 @@ from geodebot.config import Config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
+from geodebot.sdnotify import SystemdNotifier
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,20 @@ async def _sweep_receipts(app: App) -> None:
         )
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     grace = config.daemon.shutdown_grace_s
+    notifier = notifier or SystemdNotifier()
+    status = _Status()
     try:
         async with AsyncExitStack() as stack:
+            stack.callback(notifier.close)
+            # From the start: systemd only counts pings once READY=1 was sent.
+            watchdog = asyncio.create_task(notifier.run_watchdog(status.line))
+            stack.push_async_callback(_stop_task, watchdog)
             app = await build_app(config, stack)
             await _sweep_receipts(app)
             store = app.services.store
@@ -85,6 +92,7 @@ async def serve(config: Config) -> None:
             stack.push_async_callback(outbox.stop, grace)
             stack.push_async_callback(router.drain, grace)
             await supervisor.start()
+            status.supervisor, status.router = supervisor, router
 
             ipc = ipc_handler(app)
             await ipc.start()
@@ -95,11 +103,44 @@ async def serve(config: Config) -> None:
                 app.socket_path,
                 ", ".join(channels) or "none",
             )
+            ready = asyncio.create_task(_ready_when_connected(notifier, supervisor, status))
+            stack.push_async_callback(_stop_task, ready)
             await stop.wait()
             log.info("shutting down (grace %s s)", grace)
+            notifier.stopping(f"stopping: draining turns for up to {grace:g} s")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+class _Status:
+    """The one-line summary systemd shows (``systemctl status``)."""
+
+    def __init__(self) -> None:
+        self.supervisor: ChannelSupervisor | None = None
+        self.router: ChatRouter | None = None
+
+    def line(self) -> str:
+        if self.supervisor is None or self.router is None:
+            return "starting"
+        connected = sum(event.is_set() for event in self.supervisor.ready.values())
+        running, queued = self.router.load()
+        return (
+            f"serving: {connected}/{len(self.supervisor.ready)} channels connected, "
+            f"{running} turns running, {queued} queued"
+        )
+
+
+async def _ready_when_connected(
+    notifier: SystemdNotifier, supervisor: ChannelSupervisor, status: _Status
+) -> None:
+    """READY=1 once the store is open (it is by now) and every enabled channel connected."""
+    waiting = [name for name, event in supervisor.ready.items() if not event.is_set()]
+    if waiting:
+        notifier.status(f"starting: waiting for {', '.join(waiting)} to connect")
+        await asyncio.gather(*(event.wait() for event in supervisor.ready.values()))
+    notifier.ready(status.line())
+    log.info("ready: every enabled channel is connected")
 
 
 async def _stop_task(task: asyncio.Task[None]) -> None:

@@ -240,21 +240,25 @@ class ChatRouter:
         running = lane is not None and lane.running is not None and not lane.running.done()
         queued = len(lane.queue) if lane is not None else 0
         tools = ", ".join(binding.tools) if binding.tools else "none"
-        busy = [lane for lane in self._lanes.values() if lane.running is not None]
-        waiting = sum(len(lane.queue) for lane in self._lanes.values())
+        busy, waiting = self.load()
         return (
             f"Session: {session_id}\n"
             f"Model: {config.model.provider} {config.model.name}\n"
             f"Turn running: {'yes' if running else 'no'}; queued: {queued}\n"
             f"Time budget per turn: {budget:g} s\n"
             f"Tools: {tools}\n"
-            f"Daemon: {len(busy)} of at most {config.daemon.max_concurrent_sessions} turns "
+            f"Daemon: {busy} of at most {config.daemon.max_concurrent_sessions} turns "
             f"running; {waiting} messages queued"
         )
 
     # -- lifecycle --------------------------------------------------------------------------
     def busy_sessions(self) -> int:
         return len(self._lanes)
+
+    def load(self) -> tuple[int, int]:
+        """(turns running, messages queued behind them), over every session."""
+        running = sum(1 for lane in self._lanes.values() if lane.running is not None)
+        return running, sum(len(lane.queue) for lane in self._lanes.values())
 
     async def drain(self, grace_s: float) -> None:
         """Stop taking new work; give running turns ``grace_s``, then cancel them.

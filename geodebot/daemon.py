@@ -5,18 +5,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
+from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from geodebot.app import App, build_app
-from geodebot.channels.base import Destination
+from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer
 from geodebot.channels.outbox import OutboxSender
 from geodebot.channels.router import ChatRouter
-from geodebot.config import Config
+from geodebot.config import Config, ConfigError, resolve_secret
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import SessionSpec, TurnResult
+from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
+from geodebot.health import EngineMetrics, HealthServer, Probe
 from geodebot.sdnotify import SystemdNotifier
 
 log = logging.getLogger(__name__)
@@ -61,7 +67,9 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             # From the start: systemd only counts pings once READY=1 was sent.
             watchdog = asyncio.create_task(notifier.run_watchdog(status.line))
             stack.push_async_callback(_stop_task, watchdog)
-            app = await build_app(config, stack)
+            registry = CollectorRegistry()
+            metrics = EngineMetrics(registry) if config.daemon.http else None
+            app = await build_app(config, stack, observers=(metrics,) if metrics else ())
             await _sweep_receipts(app)
             store = app.services.store
             channels = build_channels(config, store)
@@ -80,6 +88,10 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
                 if table is not None
             }
             router = ChatRouter(app, config.bindings, outbox, max_chars=max_chars, typing=typing)
+            if metrics is not None:
+                health = _health_server(config, app, channels, router, registry, metrics)
+                await health.start()
+                stack.push_async_callback(health.stop)
             recovered = await router.recover()
             if recovered:
                 log.info("answering %s message(s) accepted before the restart", recovered)
@@ -111,6 +123,46 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _health_server(
+    config: Config,
+    app: App,
+    channels: Mapping[str, Channel],
+    router: ChatRouter,
+    registry: CollectorRegistry,
+    metrics: EngineMetrics,
+) -> HealthServer:
+    token = None
+    if config.daemon.http_token_env:
+        token = resolve_secret(config.daemon.http_token_env)
+        if not token:
+            source = str(config.source or "<config>")
+            name = config.daemon.http_token_env
+            raise ConfigError(source, [f"daemon.http_token_env: {name} is not set"])
+    store = app.services.store
+
+    async def computer_use() -> tuple[bool, dict[str, Any]]:
+        switch = await store.get_switch(COMPUTER_USE_SWITCH)
+        if switch is None:
+            return True, {"enabled": False}
+        return True, {
+            "enabled": switch.active(time.time()),
+            "set_by": switch.set_by,
+            "set_at": switch.set_at,
+            "expires_at": switch.expires_at,
+            "reason": switch.reason,
+        }
+
+    probe = Probe(
+        store,
+        channels,
+        router_counters=lambda: router.counters,
+        load=router.load,
+        extra={"computer_use": computer_use},
+    )
+    assert config.daemon.http is not None
+    return HealthServer(config.daemon.http, probe, registry, metrics, token=token)
 
 
 class _Status:

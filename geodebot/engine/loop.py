@@ -251,6 +251,9 @@ class AgenticLoop:
             elapsed = round((time.monotonic() - started) * 1000)
             self._svc.ledger.record("model_call", **base, outcome=exc.kind, latency_ms=elapsed)
             turn.events.append((turn.id, "llm_error", {"kind": exc.kind, "error": str(exc)}))
+            self._svc.emit(
+                "llm_error", {"session": self._session.id, "turn": turn.id, "kind": exc.kind}
+            )
             raise
         elapsed = round((time.monotonic() - started) * 1000)
         turn.usage = turn.usage + response.usage
@@ -321,7 +324,9 @@ class AgenticLoop:
                 arguments_sha256=content_hash(dict(outcome.call.arguments)),
                 result_sha256=content_hash(outcome.result.content),
             )
-            turn.events.append((batch.turn_id, "tool_call", outcome.timeline()))
+            event = outcome.timeline()
+            turn.events.append((batch.turn_id, "tool_call", event))
+            self._svc.emit("tool_call", {"session": self._session.id, **event})
         await self._save_results(turn, items, batch, [o.result for o in outcomes], "done")
 
     async def _save_results(

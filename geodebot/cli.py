@@ -20,6 +20,7 @@ from typing import Any
 from geodebot import __version__
 from geodebot.app import DB_FILE, SOCKET_FILE, TRUST_FILE, build_app, build_redactor
 from geodebot.channels.ipc import IPCClient, IPCError
+from geodebot.check import format_rows, run_checks
 from geodebot.config import Config, ConfigError, config_path, load_config, secret_names
 from geodebot.daemon import serve
 from geodebot.engine.loop import new_id
@@ -95,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     timeline.add_argument("--json", action="store_true", help="one JSON object per line")
     timeline.add_argument("--limit", type=int, default=None)
 
+    sub.add_parser(
+        "check", parents=[common], help="is this configuration ready: secrets, model, platforms"
+    )
     service = sub.add_parser("service", help="run geodebot as a systemd service")
     service_sub = service.add_subparsers(dest="action", required=True)
     install = service_sub.add_parser(
@@ -129,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": _config,
         "mcp": _mcp,
         "service": _service,
+        "check": _check,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))
@@ -163,6 +168,12 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"geodebot: {result.text}", file=sys.stderr)
     return EXIT_FAILED
+
+
+async def _check(config: Config, args: argparse.Namespace) -> int:
+    rows = await run_checks(config)
+    print(format_rows(rows))
+    return EXIT_OK if all(row.ok for row in rows) else EXIT_FAILED
 
 
 async def _service(config: Config, args: argparse.Namespace) -> int:

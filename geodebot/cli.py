@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "check", parents=[common], help="is this configuration ready: secrets, model, platforms"
     )
+    status = sub.add_parser("status", parents=[common], help="ask the running daemon")
+    status.add_argument("--json", action="store_true")
     service = sub.add_parser("service", help="run geodebot as a systemd service")
     service_sub = service.add_subparsers(dest="action", required=True)
     install = service_sub.add_parser(
@@ -134,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mcp": _mcp,
         "service": _service,
         "check": _check,
+        "status": _status,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))
@@ -174,6 +177,34 @@ async def _check(config: Config, args: argparse.Namespace) -> int:
     rows = await run_checks(config)
     print(format_rows(rows))
     return EXIT_OK if all(row.ok for row in rows) else EXIT_FAILED
+
+
+async def _status(config: Config, args: argparse.Namespace) -> int:
+    async with IPCClient(config.state_dir / SOCKET_FILE) as client:
+        answer = await client.request({"op": "status"})
+    if answer.get("op") != "status":
+        raise IPCError(str(answer.get("message", answer)))
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+        return EXIT_OK
+    print(
+        f"geodebot pid {answer['pid']}, up {answer['uptime_s']:.0f} s, "
+        f"{'ready' if answer['ready'] else 'starting: not every channel connected'}"
+    )
+    for name, channel in answer["channels"].items():
+        state = "connected" if channel["connected"] else f"down ({channel['detail']})"
+        print(f"  {name}: {state}")
+    print(
+        f"turns: {answer['turns_running']} running (at most "
+        f"{answer['max_concurrent_sessions']}), {answer['queued']} queued"
+    )
+    inbox, outbox = answer["inbox"], answer["outbox"]
+    print(
+        f"inbox: {inbox.get('pending', 0) + inbox.get('running', 0)} unfinished; "
+        f"outbox: {outbox.get('pending', 0)} pending, {outbox.get('failed', 0)} failed"
+    )
+    print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
+    return EXIT_OK
 
 
 async def _service(config: Config, args: argparse.Namespace) -> int:

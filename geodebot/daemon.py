@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from geodebot.app import App, build_app
 from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
-from geodebot.channels.ipc import IPCServer
+from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.channels.outbox import OutboxSender
 from geodebot.channels.router import ChatRouter
 from geodebot.config import Config, ConfigError, resolve_secret
@@ -28,14 +29,14 @@ from geodebot.sdnotify import SystemdNotifier
 log = logging.getLogger(__name__)
 
 
-def ipc_handler(app: App) -> IPCServer:
+def ipc_handler(app: App, on_status: StatusHandler | None = None) -> IPCServer:
     tools = app.config.tools.ipc_tools
 
     async def on_turn(session_id: str, text: str, approver: Approver) -> TurnResult:
         spec = SessionSpec(session_id, tools=tools, approver=approver)
         return await app.run_turn(Mode.IPC, spec, text)
 
-    return IPCServer(app.socket_path, on_turn)
+    return IPCServer(app.socket_path, on_turn, on_status)
 
 
 async def _sweep_receipts(app: App) -> None:
@@ -106,7 +107,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             await supervisor.start()
             status.supervisor, status.router = supervisor, router
 
-            ipc = ipc_handler(app)
+            ipc = ipc_handler(app, _status_report(app, supervisor, router, channels))
             await ipc.start()
             stack.push_async_callback(ipc.close)
             log.info(
@@ -163,6 +164,38 @@ def _health_server(
     )
     assert config.daemon.http is not None
     return HealthServer(config.daemon.http, probe, registry, metrics, token=token)
+
+
+def _status_report(
+    app: App, supervisor: ChannelSupervisor, router: ChatRouter, channels: Mapping[str, Channel]
+) -> StatusHandler:
+    started = time.time()
+    store = app.services.store
+
+    async def report() -> dict[str, Any]:
+        running, queued = router.load()
+        switch = await store.get_switch(COMPUTER_USE_SWITCH)
+        now = time.time()
+        return {
+            "pid": os.getpid(),
+            "uptime_s": round(now - started, 1),
+            "ready": all(event.is_set() for event in supervisor.ready.values()),
+            "channels": {
+                name: {"connected": state.connected, "detail": state.detail}
+                for name, state in ((n, c.status()) for n, c in sorted(channels.items()))
+            },
+            "turns_running": running,
+            "queued": queued,
+            "max_concurrent_sessions": app.config.daemon.max_concurrent_sessions,
+            "inbox": await store.inbox_counts(),
+            "outbox": await store.outbox_counts(),
+            "computer_use": {
+                "enabled": switch is not None and switch.active(now),
+                "expires_at": None if switch is None else switch.expires_at,
+            },
+        }
+
+    return report
 
 
 class _Status:

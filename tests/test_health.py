@@ -4,9 +4,11 @@ follow real traffic, a bearer token when configured, and loopback unless allowed
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import socket
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,7 @@ class Served:
     llm: FakeLLMServer
     base: str
     session: aiohttp.ClientSession
+    config: Path
 
     async def get(self, path: str, token: str | None = TOKEN) -> tuple[int, str]:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -104,7 +107,8 @@ async def served(tmp_path: Path, llm_server: FakeLLMServer) -> AsyncIterator[Ser
         daemon = DaemonProcess(config, env)
         await daemon.start()
         try:
-            yield Served(daemon, telegram, llm_server, f"http://127.0.0.1:{port}", session)
+            base = f"http://127.0.0.1:{port}"
+            yield Served(daemon, telegram, llm_server, base, session, config)
         finally:
             assert await daemon.stop() == 0
 
@@ -171,3 +175,44 @@ async def test_a_lost_platform_connection_turns_health_503_until_it_is_back(
     assert telegram["ok"] is False
     assert "Bad Gateway" in telegram["detail"]
     await served.until_health(200)
+
+
+async def geodebot_status(config: Path, *extra: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "geodebot",
+        "status",
+        "--config",
+        str(config),
+        *extra,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_status_asks_the_running_daemon(served: Served) -> None:
+    await served.until_health(200)
+    code, out, err = await geodebot_status(served.config, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["ready"] is True
+    assert report["channels"] == {"telegram": {"connected": True, "detail": ""}}
+    assert (report["turns_running"], report["queued"]) == (0, 0)
+    assert report["computer_use"]["enabled"] is False
+    code, out, err = await geodebot_status(served.config)
+    assert code == 0, err
+    assert "ready" in out
+    assert "telegram: connected" in out
+    assert "computer use: off" in out
+
+
+async def test_status_without_a_daemon_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "var"}"\n')
+    code, _, err = await geodebot_status(config)
+    assert code == 1
+    assert "no geodebot daemon is listening" in err

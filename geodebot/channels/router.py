@@ -25,6 +25,7 @@ from geodebot.channels.outbox import OutboxSender
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, time_budget
+from geodebot.logctx import log_context
 from geodebot.store.protocol import InboxRow, NewOutbound
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,10 @@ class ChatRouter:
                 del self._lanes[session_id]
 
     async def _turn(self, row: InboxRow, binding: BindingConfig) -> None:
+        with log_context(platform=row.platform, session=row.session_id, inbox=str(row.id)):
+            await self._turn_in_context(row, binding)
+
+    async def _turn_in_context(self, row: InboxRow, binding: BindingConfig) -> None:
         await self._store.inbox_start(row.id)
         destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -24,7 +25,7 @@ from geodebot.channels.gate import Accepted, BindingIndex, decide
 from geodebot.channels.outbox import OutboxSender
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import SessionSpec, time_budget
+from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, time_budget
 from geodebot.logctx import log_context
 from geodebot.store.protocol import InboxRow, NewOutbound
 
@@ -246,12 +247,23 @@ class ChatRouter:
         queued = len(lane.queue) if lane is not None else 0
         tools = ", ".join(binding.tools) if binding.tools else "none"
         busy, waiting = self.load()
+        switch = await self._store.get_switch(COMPUTER_USE_SWITCH)
+        if switch is None or not switch.active(time.time()):
+            computer = "off"
+        else:
+            until = (
+                "until switched off"
+                if switch.expires_at is None
+                else "until " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.expires_at))
+            )
+            computer = f"on ({until}, by {switch.set_by})"
         return (
             f"Session: {session_id}\n"
             f"Model: {config.model.provider} {config.model.name}\n"
             f"Turn running: {'yes' if running else 'no'}; queued: {queued}\n"
             f"Time budget per turn: {budget:g} s\n"
             f"Tools: {tools}\n"
+            f"Computer use: {computer}\n"
             f"Daemon: {busy} of at most {config.daemon.max_concurrent_sessions} turns "
             f"running; {waiting} messages queued"
         )

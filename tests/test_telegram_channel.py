@@ -197,6 +197,23 @@ async def test_a_failing_sink_gets_the_same_update_again(
     assert any("not committed" in r.getMessage() for r in caplog.records)
 
 
+async def test_an_update_the_sdk_cannot_parse_is_skipped_not_repeated_forever(
+    fake: FakeTelegram, open_channel: OpenChannel, caplog: pytest.LogCaptureFixture
+):
+    """PTB parses a getUpdates batch whole: one broken update fails all of them, every time."""
+    sink, cursors = Recorder(), MemoryCursors()
+    channel = await open_channel(sink, cursors=cursors)
+    before = fake.push_message(GROUP, "before", user_id=42)
+    broken = fake.push_update({"message": {"message_id": "x", "chat": "?", "text": 5}})
+    after = fake.push_message(GROUP, "after", user_id=42)
+    await fake.wait_for_confirmed(after + 1, timeout=10)
+    await sink.wait(2)
+    assert sink.ids() == [str(before), str(after)]
+    assert channel.status().counters["skipped"] == 1
+    assert cursors.offset() == after + 1
+    assert any(f"update {broken} cannot be read" in r.getMessage() for r in caplog.records)
+
+
 async def test_a_restart_resumes_after_the_committed_updates(
     fake: FakeTelegram, open_channel: OpenChannel
 ):

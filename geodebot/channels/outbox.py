@@ -216,7 +216,11 @@ class OutboxSender:
                 if failures >= MAX_ATTEMPTS:
                     log.error("outbox %s: still failing after %s tries: %s", row.id, failures, exc)
                     raise _Later from exc
-                await self._sleep(min(2.0**failures, 60.0) * random.uniform(0.8, 1.2))
+                pause = min(2.0**failures, 60.0) * random.uniform(0.8, 1.2)
+                log.warning(
+                    "outbox %s part %s: %s; trying again in %.1f s", row.id, part.index, exc, pause
+                )
+                await self._sleep(pause)
                 continue
             self.sent_parts += 1
             return await self._store.outbox_part_sent(

@@ -55,6 +55,7 @@ CURSOR_NAME = "telegram:offset"
 ALLOWED_UPDATES: tuple[str, ...] = ("message", "channel_post")
 _BACKOFF_FIRST_S = 0.5
 _BACKOFF_MAX_S = 30.0
+_RAW_TIMEOUT_S = 15.0
 _STOP_GRACE_S = 5.0
 # Telegram picks a random next update_id after a week without updates; an offset that old may
 # lie above the new ids, and passing it would confirm (drop) them unseen.
@@ -291,9 +292,12 @@ class TelegramChannel:
             except tg.TelegramError as exc:  # network, 5xx, 409 (another poller with our token)
                 delay, backoff = self._poll_failed(exc, backoff), min(backoff * 2, _BACKOFF_MAX_S)
             except Exception as exc:
-                # PTB could not parse the answer: an API change or a bug. Keep trying, loudly.
+                # PTB could not parse the answer: one malformed update fails the whole batch,
+                # and would come back forever. Take the batch apart and skip what cannot be read.
                 log.exception("telegram: unreadable getUpdates answer")
                 delay, backoff = self._poll_failed(exc, backoff), min(backoff * 2, _BACKOFF_MAX_S)
+                if await self._skip_unreadable():
+                    delay = 0.0
             else:
                 if not self._connected:
                     log.info("telegram: polling as @%s", self.bot_username)
@@ -302,6 +306,38 @@ class TelegramChannel:
                 delay = await self._deliver(updates)
             if delay > 0 and not self._stopping:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+
+    async def _skip_unreadable(self) -> bool:
+        """Fetch the pending updates raw, deliver the readable ones in order and step over
+        the rest; True if the offset moved."""
+        # PTB refuses getUpdates through do_api_request and would parse the batch whole
+        # again, so this one request goes out as plain HTTP.
+        params = {"offset": self._offset, "timeout": 0, "allowed_updates": list(ALLOWED_UPDATES)}
+        try:
+            async with httpx.AsyncClient(timeout=_RAW_TIMEOUT_S) as client:
+                response = await client.post(f"{self._bot.base_url}/getUpdates", json=params)
+            raw = response.json().get("result")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("telegram: cannot fetch the raw updates: %s", self._safe(exc))
+            return False
+        if not isinstance(raw, list):
+            return False
+        before = self._offset
+        for item in raw:
+            update_id = item.get("update_id") if isinstance(item, dict) else None
+            if not isinstance(update_id, int):
+                return self._offset != before
+            try:
+                update = Update.de_json(item, self._bot)
+            except Exception:
+                self._counters["skipped"] += 1
+                log.exception("telegram: update %s cannot be read; skipped", update_id)
+                self._offset = update_id + 1
+                await self._save_offset(self._offset)
+                continue
+            if await self._deliver([update]) > 0:
+                break  # the sink failed; the poll loop retries this update
+        return self._offset != before
 
     def _poll_failed(self, exc: Exception, delay: float) -> float:
         self._counters["poll_errors"] += 1

@@ -8,10 +8,13 @@ is read too (see :func:`resolve_secret`).
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     BaseModel,
@@ -48,8 +51,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _check_timezone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown timezone {value!r} (an IANA name such as Europe/Berlin)"
+        ) from None
+    return value
+
+
 class DaemonConfig(_Strict):
     state_dir: Path = Path("./var")
+    # Default timezone of scheduled jobs.
     timezone: str = "UTC"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Turns running at once across all sessions; one turn at a time per session regardless.
@@ -58,6 +72,11 @@ class DaemonConfig(_Strict):
     session_queue: Annotated[int, Field(ge=1, le=1000)] = 10
     # On SIGTERM, running turns get this long to finish before they are cancelled.
     shutdown_grace_s: Annotated[float, Field(ge=0, le=600)] = 20.0
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        return _check_timezone(value)
 
 
 class ModelEndpoint(_Strict):
@@ -272,6 +291,65 @@ class BindingConfig(_Strict):
         return self
 
 
+EVERY_PATTERN = re.compile(r"^([1-9][0-9]{0,6})([smhd])$")
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class JobConfig(_Strict):
+    """A scheduled job; cron strings are checked where the scheduler builds its triggers."""
+
+    id: Annotated[str, Field(pattern=JOB_ID_PATTERN)]
+    # Exactly one of: cron (5 fields, or 6 with seconds first), every ("90s", "15m", "2h"),
+    # at (ISO 8601).
+    cron: str | None = None
+    every: str | None = None
+    at: str | None = None
+    # None: [daemon] timezone.
+    timezone: str | None = None
+    prompt: Annotated[str, Field(min_length=1)]
+    # The session id of a binding: the result is posted in that binding's chat.
+    deliver_to: Annotated[str, Field(min_length=1)]
+    # None: "job:<id>". May name a binding's session to share its context.
+    session: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    tools: tuple[str, ...] = ()
+    time_budget_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    catch_up: Literal["latest", "skip", "all"] = "latest"
+    notify_on_failure: bool = True
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str | None) -> str | None:
+        return None if value is None else _check_timezone(value)
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: str | None) -> str | None:
+        if value is not None and EVERY_PATTERN.match(value) is None:
+            raise ValueError(f"{value!r} is not a duration like 90s, 15m, 2h or 1d")
+        return value
+
+    @field_validator("at")
+    @classmethod
+    def _at(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an ISO 8601 date and time") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> JobConfig:
+        given = [k for k in ("cron", "every", "at") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of cron, every or at")
+        return self
+
+    @property
+    def session_id(self) -> str:
+        return self.session or f"job:{self.id}"
+
+
 class Config(_Strict):
     daemon: DaemonConfig = DaemonConfig()
     model: ModelConfig = ModelConfig()
@@ -282,6 +360,7 @@ class Config(_Strict):
     mcp: MCPConfig = MCPConfig()
     channels: ChannelsConfig = ChannelsConfig()
     bindings: tuple[BindingConfig, ...] = ()
+    jobs: tuple[JobConfig, ...] = ()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 
@@ -310,6 +389,20 @@ class Config(_Strict):
             if key in seen:
                 raise ValueError(f"bindings: {binding.platform} channel {binding.channel} twice")
             seen.add(key)
+        return self
+
+    @model_validator(mode="after")
+    def _jobs_deliverable(self) -> Config:
+        sessions = {binding.session for binding in self.bindings}
+        ids: set[str] = set()
+        for index, job in enumerate(self.jobs):
+            if job.id in ids:
+                raise ValueError(f"jobs.{index}.id: {job.id!r} twice")
+            ids.add(job.id)
+            if job.deliver_to not in sessions:
+                raise ValueError(
+                    f"jobs.{index}.deliver_to: {job.deliver_to!r} is not the session of a binding"
+                )
         return self
 
     @property

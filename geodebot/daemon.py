@@ -17,6 +17,8 @@ from geodebot.config import Config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
+from geodebot.scheduler.service import JobScheduler
+from geodebot.scheduler.status import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +74,18 @@ async def serve(config: Config) -> None:
                 )
                 if table is not None
             }
-            router = ChatRouter(app, config.bindings, outbox, max_chars=max_chars, typing=typing)
+            router = ChatRouter(
+                app,
+                config.bindings,
+                outbox,
+                max_chars=max_chars,
+                typing=typing,
+                job_status=JobStatus(store).for_binding,
+            )
             recovered = await router.recover()
             if recovered:
                 log.info("answering %s message(s) accepted before the restart", recovered)
+            scheduler = JobScheduler(app, config.bindings, outbox.kick)
             sender = asyncio.create_task(outbox.run())
             supervisor = ChannelSupervisor(channels, router.accept)
             # Callbacks run last-pushed first: running turns drain, their replies go out,
@@ -84,6 +94,10 @@ async def serve(config: Config) -> None:
             stack.push_async_callback(_stop_task, sender)
             stack.push_async_callback(outbox.stop, grace)
             stack.push_async_callback(router.drain, grace)
+            # Pushed after the router's drain, so it runs before it: no new fires, running
+            # job turns get the grace, and their results still reach the outbox.
+            stack.push_async_callback(scheduler.stop, grace)
+            await scheduler.start()
             await supervisor.start()
 
             ipc = ipc_handler(app)

@@ -37,6 +37,8 @@ TYPING_AFTER_S = 0.5
 _LEADING_MENTION = re.compile(r"^\s*(<@!?[A-Za-z0-9]+>|@\w+)\s+(?=/)")
 FinishStatus = Literal["done", "failed", "dropped"]
 Typing = Callable[[Destination], Awaitable[None]]
+# Lines about the scheduled jobs that post in a binding's chat, for /status.
+JobStatusText = Callable[[str], Awaitable[str]]
 
 
 @dataclass(slots=True)
@@ -59,6 +61,7 @@ class ChatRouter:
         max_chars: Mapping[str, int],
         typing: Typing | None = None,
         typing_after_s: float = TYPING_AFTER_S,
+        job_status: JobStatusText | None = None,
     ) -> None:
         self._app = app
         self._store = app.services.store
@@ -67,6 +70,7 @@ class ChatRouter:
         self._max_chars = max_chars
         self._typing = typing
         self._typing_after_s = typing_after_s
+        self._job_status = job_status
         self._queue_limit = app.config.daemon.session_queue
         self._lanes: dict[str, _Lane] = {}
         self._closing = False
@@ -242,6 +246,7 @@ class ChatRouter:
         tools = ", ".join(binding.tools) if binding.tools else "none"
         busy = [lane for lane in self._lanes.values() if lane.running is not None]
         waiting = sum(len(lane.queue) for lane in self._lanes.values())
+        jobs = "" if self._job_status is None else await self._job_status(binding.session)
         return (
             f"Session: {session_id}\n"
             f"Model: {config.model.provider} {config.model.name}\n"
@@ -250,7 +255,7 @@ class ChatRouter:
             f"Tools: {tools}\n"
             f"Daemon: {len(busy)} of at most {config.daemon.max_concurrent_sessions} turns "
             f"running; {waiting} messages queued"
-        )
+        ) + (f"\n{jobs}" if jobs else "")
 
     # -- lifecycle --------------------------------------------------------------------------
     def busy_sessions(self) -> int:

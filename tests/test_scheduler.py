@@ -29,7 +29,8 @@ async def test_interval_job_posts_its_result_and_records_ok(
     ok = next(r for r in rows if r.outcome == "ok")
     assert ok.cause == "schedule"
     assert ok.scheduled_ms % 1000 == 0
-    assert ok.started_at is not None and ok.ended_at is not None
+    assert ok.started_at is not None
+    assert ok.ended_at is not None
     assert ok.started_at >= ok.scheduled_ms / 1000
     assert ok.outbox_id is not None
     # The run is a DAEMON session on the job's own session id.
@@ -55,7 +56,8 @@ async def test_failing_model_posts_a_notice_and_records_failed_never_ok(
         await world.start_scheduler()
         texts = await world.sent(1)
         rows = await world.wait_history(lambda rows: any(r.notice == "delivered" for r in rows))
-    assert "Job digest" in texts[0] and "failed" in texts[0]
+    assert "Job digest" in texts[0]
+    assert "failed" in texts[0]
     assert {r.outcome for r in rows if r.outcome not in ("running", "delivering")} == {"failed"}
     failed = next(r for r in rows if r.notice == "delivered")
     assert "model_error" in failed.reason

@@ -55,9 +55,7 @@ def _check_timezone(value: str) -> str:
     try:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(
-            f"unknown timezone {value!r} (an IANA name such as Europe/Berlin)"
-        ) from None
+        raise ValueError(f"unknown timezone {value!r} (an IANA name like Europe/Berlin)") from None
     return value
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,7 @@ async def test_restart_across_a_fire_catches_up_once_with_latest(jobs_world: Job
         await jobs_world.wait_history("tick", lambda r: any(f.outcome == "ok" for f in r))
     finally:
         assert await daemon.stop() == 0
+    stopped_at = time.time()
     # Down for more than one fire time.
     await asyncio.sleep(2.2)
     daemon = await DaemonProcess(config, jobs_world.env).start()
@@ -115,8 +117,15 @@ async def test_restart_across_a_fire_catches_up_once_with_latest(jobs_world: Job
         code, out, err = await geodebot("jobs", "history", "tick", "--config", str(config))
     finally:
         assert await daemon.stop() == 0
-    runs = [f for f in rows if f.cause == "catch-up" and f.outcome != "skipped-missed"]
+    catch_up = [f for f in rows if f.cause == "catch-up"]
+    runs = [f for f in catch_up if f.outcome != "skipped-missed"]
     assert len(runs) == 1
+    assert runs[0].scheduled_ms / 1000 > stopped_at
+    # The earlier missed fires are said to be missed, in one row.
+    missed = [f for f in catch_up if f.outcome == "skipped-missed"]
+    assert len(missed) == 1
+    assert "catch_up = latest runs only the newest" in missed[0].reason
+    assert missed[0].scheduled_ms < runs[0].scheduled_ms
     assert code == 0, err
     assert "catch-up" in out
 

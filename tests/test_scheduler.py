@@ -91,7 +91,7 @@ async def test_budget_overrun_is_recorded_as_budget(
 async def test_job_that_overruns_its_interval_records_skipped_overlap(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
-    llm_server.script(Delay(2.5, Reply("slow digest")))
+    llm_server.script(Delay(1.6, Reply("slow digest")))
     llm_server.default = Reply("fast digest")
     async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
         await world.start_scheduler()
@@ -122,32 +122,6 @@ async def test_failed_delivery_is_recorded_as_delivery_failed(
     failed = next(r for r in rows if r.outcome == "delivery-failed")
     assert "chat not found" in failed.reason
     assert not any(r.outcome == "ok" for r in rows)
-
-
-async def test_restart_with_catch_up_latest_runs_exactly_one_catch_up(
-    tmp_path: Path, llm_server: FakeLLMServer
-) -> None:
-    llm_server.default = Reply("caught up")
-    spec = job(every="1s", catch_up="latest")
-    async with scheduler_world(tmp_path, llm_server, [spec]) as world:
-        scheduler = await world.start_scheduler()
-        await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
-        await scheduler.stop(5)
-        stopped_at = time.time()
-        # Down across at least two fire times.
-        await asyncio.sleep(2.2)
-        await world.start_scheduler()
-        rows = await world.wait_history(
-            lambda rows: any(r.cause == "catch-up" and r.outcome == "ok" for r in rows)
-        )
-    catch_up = [r for r in rows if r.cause == "catch-up"]
-    runs = [r for r in catch_up if r.outcome != "skipped-missed"]
-    assert len(runs) == 1
-    assert runs[0].scheduled_ms / 1000 > stopped_at
-    missed = [r for r in catch_up if r.outcome == "skipped-missed"]
-    assert len(missed) == 1
-    assert "catch_up = latest" in missed[0].reason
-    assert missed[0].scheduled_ms < runs[0].scheduled_ms
 
 
 async def test_restart_with_catch_up_skip_runs_none_and_says_so(

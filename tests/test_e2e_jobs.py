@@ -112,7 +112,7 @@ async def test_restart_across_a_fire_catches_up_once_with_latest(jobs_world: Job
     daemon = await DaemonProcess(config, jobs_world.env).start()
     try:
         rows = await jobs_world.wait_history(
-            "tick", lambda r: any(f.cause == "catch-up" and f.final for f in r)
+            "tick", lambda r: any(f.cause == "catch-up" and f.outcome == "ok" for f in r)
         )
         code, out, err = await geodebot("jobs", "history", "tick", "--config", str(config))
     finally:

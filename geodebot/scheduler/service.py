@@ -131,6 +131,7 @@ class JobScheduler:
             return
         self._revision = revision
         jobs = {job.id: job for job in await self._store.job_list()}
+        last_fires = await self._store.fires_latest_scheduled()
         cut_ms = int(time.time() * 1000)
         for job_id in self._jobs.keys() - jobs.keys():
             self._unregister(job_id)
@@ -140,7 +141,7 @@ class JobScheduler:
                 continue
             self._unregister(job.id)
             if not job.paused:
-                await self._register(job, cut_ms)
+                self._register(job, last_fires.get(job.id), cut_ms)
         self._jobs = jobs
         for fire in await self._store.fires_requested():
             self._spawn(self._run_requested(fire))
@@ -150,8 +151,9 @@ class JobScheduler:
             with contextlib.suppress(JobLookupError):
                 self._aps.remove_job(job_id)
 
-    async def _register(self, job: JobRecord, cut_ms: int) -> None:
-        """Catch up on the fires owed up to ``cut_ms``, then schedule the ones after it."""
+    def _register(self, job: JobRecord, last: int | None, cut_ms: int) -> None:
+        """Catch up on the fires owed up to ``cut_ms`` (the last one that has a row is
+        ``last``), then schedule the ones after it."""
         schedule = schedule_of(job)
         try:
             first = next_fire(schedule, cut_ms)
@@ -159,7 +161,6 @@ class JobScheduler:
         except ScheduleError as exc:
             log.error("job %s: cannot schedule %s: %s", job.id, schedule.describe(), exc)
             return
-        last = await self._store.fire_latest_scheduled(job.id)
         owed_after = max(job.since_ms, last if last is not None else job.since_ms)
         plan = plan_catch_up(job, owed_after, cut_ms)
         if plan is not None:

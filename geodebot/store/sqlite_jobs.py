@@ -81,6 +81,17 @@ RETURNING {_FIRE_COLS}
 """
 
 
+# Polled every second: two index range reads, each joined to outbox rows by primary key.
+_SETTLEABLE = """
+SELECT 1 FROM job_fires JOIN outbox ON outbox.id = job_fires.outbox_id
+WHERE job_fires.outcome = 'delivering' AND outbox.status <> 'pending'
+UNION ALL
+SELECT 1 FROM job_fires JOIN outbox ON outbox.id = job_fires.outbox_id
+WHERE job_fires.notice = 'pending' AND outbox.status <> 'pending'
+LIMIT 1
+"""
+
+
 class _Transactions(Protocol):
     def _read(self, what: str) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
 
@@ -337,8 +348,7 @@ class JobsAndFires:
 
     async def fires_settle(self: _Transactions) -> list[FireRecord]:
         async with self._read("looking for fires to settle") as db:
-            sql = "SELECT 1 FROM job_fires WHERE outcome = 'delivering' OR notice = 'pending'"
-            if not list(await db.execute_fetchall(f"{sql} LIMIT 1")):
+            if not list(await db.execute_fetchall(_SETTLEABLE)):
                 return []
         async with self._write("settling fire deliveries") as db:
             rows = list(await db.execute_fetchall(_SETTLE_RESULTS))
@@ -374,6 +384,15 @@ class JobsAndFires:
         async with self._read("reading the latest fires") as db:
             rows = await db.execute_fetchall(sql)
         return {row["job_id"]: _fire(row) for row in rows}
+
+    async def fires_latest_scheduled(self: _Transactions) -> dict[str, int]:
+        sql = (
+            "SELECT job_id, MAX(scheduled_ms) FROM job_fires WHERE cause <> 'manual' "
+            "GROUP BY job_id"
+        )
+        async with self._read("reading the last fire of every job") as db:
+            rows = await db.execute_fetchall(sql)
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def fire_latest_scheduled(self: _Transactions, job_id: str) -> int | None:
         sql = "SELECT MAX(scheduled_ms) FROM job_fires WHERE job_id = ? AND cause <> 'manual'"

@@ -49,5 +49,8 @@ CREATE TABLE job_fires (
 -- History and "last fire" per job read newest first.
 CREATE INDEX job_fires_by_job ON job_fires (job_id, id);
 
--- The overlap check, the restart sweep and delivery settling select by outcome.
+-- The overlap check, the restart sweep and delivery settling select by outcome, and the
+-- settling of failure notices by notice, so neither reads the whole history once a second.
 CREATE INDEX job_fires_by_outcome ON job_fires (outcome, job_id);
+
+CREATE INDEX job_fires_by_notice ON job_fires (notice);

@@ -32,9 +32,9 @@ _FIRE_COLS = (
     "id, job_id, scheduled_ms, cause, outcome, reason, claimed_at, started_at, ended_at, "
     "outbox_id, notice"
 )
-_INSERT_JOB = f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join('?' * 18)})"
+_INSERT_JOB = f"INSERT INTO scheduled_jobs ({_JOB_COLS}) VALUES ({', '.join('?' * 18)})"
 _UPDATE_DEFINITION = """
-UPDATE jobs SET schedule_kind = ?, schedule = ?, timezone = ?, anchor_ms = ?, prompt = ?,
+UPDATE scheduled_jobs SET schedule_kind = ?, schedule = ?, timezone = ?, anchor_ms = ?, prompt = ?,
     deliver_to = ?, session_id = ?, tools = ?, time_budget_s = ?, catch_up = ?,
     notify_on_failure = ?, since_ms = ?, updated_at = ?
 WHERE id = ?
@@ -153,7 +153,9 @@ async def _bump(db: aiosqlite.Connection) -> None:
 
 
 async def _job_row(db: aiosqlite.Connection, job_id: str) -> JobRecord | None:
-    rows = list(await db.execute_fetchall(f"SELECT {_JOB_COLS} FROM jobs WHERE id = ?", (job_id,)))
+    rows = list(
+        await db.execute_fetchall(f"SELECT {_JOB_COLS} FROM scheduled_jobs WHERE id = ?", (job_id,))
+    )
     return _job(rows[0]) if rows else None
 
 
@@ -195,7 +197,7 @@ class JobsAndFires:
         now = time.time()
         changed = False
         async with self._write("syncing the config's jobs") as db:
-            sql = f"SELECT {_JOB_COLS} FROM jobs WHERE origin = 'config'"
+            sql = f"SELECT {_JOB_COLS} FROM scheduled_jobs WHERE origin = 'config'"
             current = {row["id"]: _job(row) for row in await db.execute_fetchall(sql)}
             for job in jobs:
                 old = current.pop(job.id, None)
@@ -213,7 +215,7 @@ class JobsAndFires:
                     await db.execute(_UPDATE_DEFINITION, (*d[2:13], job.since_ms, now, job.id))
                     changed = True
             for gone in current:
-                await db.execute("DELETE FROM jobs WHERE id = ?", (gone,))
+                await db.execute("DELETE FROM scheduled_jobs WHERE id = ?", (gone,))
                 changed = True
             if changed:
                 await _bump(db)
@@ -231,7 +233,9 @@ class JobsAndFires:
     async def job_remove(self: _Transactions, job_id: str) -> bool:
         async with self._write(f"removing job {job_id!r}") as db:
             rows = list(
-                await db.execute_fetchall("DELETE FROM jobs WHERE id = ? RETURNING id", (job_id,))
+                await db.execute_fetchall(
+                    "DELETE FROM scheduled_jobs WHERE id = ? RETURNING id", (job_id,)
+                )
             )
             if rows:
                 await _bump(db)
@@ -242,7 +246,7 @@ class JobsAndFires:
     ) -> JobRecord | None:
         async with self._write(f"pausing job {job_id!r}") as db:
             sql = (
-                "UPDATE jobs SET paused = ?, updated_at = ?, "
+                "UPDATE scheduled_jobs SET paused = ?, updated_at = ?, "
                 "since_ms = CASE WHEN ? = 0 THEN ? ELSE since_ms END "
                 f"WHERE id = ? RETURNING {_JOB_COLS}"
             )
@@ -258,7 +262,7 @@ class JobsAndFires:
 
     async def job_list(self: _Transactions) -> list[JobRecord]:
         async with self._read("listing jobs") as db:
-            rows = await db.execute_fetchall(f"SELECT {_JOB_COLS} FROM jobs ORDER BY id")
+            rows = await db.execute_fetchall(f"SELECT {_JOB_COLS} FROM scheduled_jobs ORDER BY id")
         return [_job(row) for row in rows]
 
     async def jobs_revision(self: _Transactions) -> str:

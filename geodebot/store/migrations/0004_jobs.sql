@@ -4,7 +4,7 @@
 -- Times that define fires are whole milliseconds since the epoch (INTEGER), so one fire
 -- computed by two processes is the same key. since_ms: fires at or before it are not owed
 -- (set at creation, resume and schedule change), which bounds catch-up after downtime.
-CREATE TABLE jobs (
+CREATE TABLE scheduled_jobs (
     id TEXT PRIMARY KEY,
     origin TEXT NOT NULL CHECK (origin IN ('config', 'chat', 'cli')),
     schedule_kind TEXT NOT NULL CHECK (schedule_kind IN ('cron', 'every', 'at')),
@@ -27,7 +27,7 @@ CREATE TABLE jobs (
 
 -- One row per fire: the claim and the history entry are the same row. UNIQUE (job_id,
 -- scheduled_ms) is what makes a second claim of the same fire impossible, across tasks,
--- restarts and processes. No reference to jobs: history outlives a removed job.
+-- restarts and processes. No reference to scheduled_jobs: history outlives a removed job.
 -- notice: the failure notice's delivery, when one was posted.
 CREATE TABLE job_fires (
     id INTEGER PRIMARY KEY,

@@ -17,6 +17,7 @@ from geodebot.config import Config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
+from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.service import JobScheduler
 from geodebot.scheduler.status import JobStatus
 
@@ -56,7 +57,8 @@ async def serve(config: Config) -> None:
     grace = config.daemon.shutdown_grace_s
     try:
         async with AsyncExitStack() as stack:
-            app = await build_app(config, stack)
+            refusals = RefusalWatch()
+            app = await build_app(config, stack, observers=(refusals,))
             await _sweep_receipts(app)
             store = app.services.store
             channels = build_channels(config, store)
@@ -85,7 +87,7 @@ async def serve(config: Config) -> None:
             recovered = await router.recover()
             if recovered:
                 log.info("answering %s message(s) accepted before the restart", recovered)
-            scheduler = JobScheduler(app, config.bindings, outbox.kick)
+            scheduler = JobScheduler(app, config.bindings, outbox.kick, refusals=refusals)
             sender = asyncio.create_task(outbox.run())
             supervisor = ChannelSupervisor(channels, router.accept)
             # Callbacks run last-pushed first: running turns drain, their replies go out,

@@ -14,6 +14,7 @@ from typing import Any
 from geodebot.app import App
 from geodebot.channels.outbox import OutboxSender
 from geodebot.config import Config
+from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.service import JobScheduler
 from geodebot.store.jobs import FireRecord
 from geodebot.testing import MemoryChannel
@@ -37,6 +38,7 @@ class World:
     chat: MemoryChannel
     outbox: OutboxSender
     llm: FakeLLMServer
+    refusals: RefusalWatch
     schedulers: list[JobScheduler] = field(default_factory=list)
 
     @property
@@ -44,7 +46,9 @@ class World:
         return self.app.services.store
 
     async def start_scheduler(self) -> JobScheduler:
-        scheduler = JobScheduler(self.app, self.config.bindings, self.outbox.kick, poll_s=0.05)
+        scheduler = JobScheduler(
+            self.app, self.config.bindings, self.outbox.kick, poll_s=0.05, refusals=self.refusals
+        )
         await scheduler.start()
         self.schedulers.append(scheduler)
         return scheduler
@@ -84,11 +88,12 @@ async def scheduler_world(
         make_config(tmp_path, llm, budgets=budgets), bindings=BINDINGS, jobs=list(jobs)
     )
     async with AsyncExitStack() as stack:
-        app = await open_app(config, stack, tmp_path / "marker")
+        refusals = RefusalWatch()
+        app = await open_app(config, stack, tmp_path / "marker", observers=(refusals,))
         chat = MemoryChannel("telegram")
         outbox = OutboxSender(app.services.store, {"telegram": chat})
         sender = asyncio.create_task(outbox.run())
-        world = World(app, config, chat, outbox, llm)
+        world = World(app, config, chat, outbox, llm, refusals)
         try:
             yield world
         finally:

@@ -63,6 +63,18 @@ async def test_failing_model_posts_a_notice_and_records_failed_never_ok(
     assert "model_error" in failed.reason
 
 
+async def test_a_model_refusal_is_a_failed_run_with_a_notice(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("I can't help with that.", stop="refusal")
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        await world.start_scheduler()
+        texts = await world.sent(1)
+        rows = await world.wait_history(lambda rows: any(r.notice == "delivered" for r in rows))
+    assert "failed: the model refused" in texts[0]
+    assert not any(r.outcome == "ok" for r in rows)
+
+
 async def test_no_notice_when_the_job_does_not_want_one(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
@@ -189,3 +201,31 @@ async def test_restart_right_after_a_claim_does_not_run_the_fire_again(
     assert len(rows) == 1
     assert rows[0].outcome == "failed"
     assert "stopped" in rows[0].reason
+
+
+async def test_pause_stops_fires_and_resume_owes_nothing_for_the_pause(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("tick")
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        scheduler = await world.start_scheduler()
+        await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+        paused_at = time.time()
+        await world.store.job_set_paused("digest", True, since_ms=int(paused_at * 1000))
+        async with asyncio.timeout(5):
+            # The scheduler shows it took the pause by dropping the job from APScheduler.
+            while True:
+                if not scheduler.registered():
+                    break
+                await asyncio.sleep(0.02)
+        await scheduler.wait_idle()
+        # Nothing is due while paused: let fire times pass, then look.
+        await asyncio.sleep(1.3)
+        during = [r for r in await world.history() if r.scheduled_ms / 1000 > paused_at + 0.1]
+        resumed_at = time.time()
+        await world.store.job_set_paused("digest", False, since_ms=int(resumed_at * 1000))
+        rows = await world.wait_history(
+            lambda rows: any(r.scheduled_ms / 1000 > resumed_at and r.final for r in rows)
+        )
+    assert during == []
+    assert not any(r.cause == "catch-up" for r in rows)

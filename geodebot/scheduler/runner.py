@@ -15,6 +15,7 @@ from geodebot.app import App
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
+from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.schedule import format_fire
 from geodebot.store.jobs import FireEnd, FireRecord, JobRecord
 from geodebot.store.protocol import NewOutbound, StoreError
@@ -37,9 +38,14 @@ def _failure(result: TurnResult) -> tuple[FireEnd, str]:
 
 class FireRunner:
     def __init__(
-        self, app: App, bindings: Sequence[BindingConfig], kick: Callable[[], None]
+        self,
+        app: App,
+        bindings: Sequence[BindingConfig],
+        kick: Callable[[], None],
+        refusals: RefusalWatch | None = None,
     ) -> None:
         self._app = app
+        self._refusals = refusals
         self._store = app.services.store
         self._bindings = bindings
         self._kick = kick
@@ -58,6 +64,8 @@ class FireRunner:
                 result = await self._app.run_turn(Mode.DAEMON, spec, job.prompt)
                 if not result.ok:
                     failure = _failure(result)
+                elif self._refusals is not None and self._refusals.refused(result.turn_id):
+                    failure = ("failed", f"the model refused: {result.text}"[:MAX_REASON])
         except asyncio.CancelledError:
             # Shut down mid-run: the fire stays claimed and says so; it is never re-run.
             await asyncio.shield(

@@ -26,6 +26,7 @@ from geodebot.app import App
 from geodebot.config import BindingConfig
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
 from geodebot.scheduler.definitions import config_jobs, schedule_of
+from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.runner import FireRunner
 from geodebot.scheduler.schedule import ScheduleError, build_trigger, from_ms, next_fire, to_ms
 from geodebot.store.jobs import FireCause, FireRecord, JobRecord
@@ -66,10 +67,11 @@ class JobScheduler:
         kick: Callable[[], None],
         *,
         poll_s: float = POLL_S,
+        refusals: RefusalWatch | None = None,
     ) -> None:
         self._app = app
         self._store = app.services.store
-        self._runner = FireRunner(app, bindings, kick)
+        self._runner = FireRunner(app, bindings, kick, refusals)
         self._poll_s = poll_s
         self._jobs: dict[str, JobRecord] = {}
         self._revision: str | None = None

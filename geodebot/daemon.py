@@ -99,8 +99,9 @@ async def serve(config: Config) -> None:
             # Pushed after the router's drain, so it runs before it: no new fires, running
             # job turns get the grace, and their results still reach the outbox.
             stack.push_async_callback(scheduler.stop, grace)
-            await scheduler.start()
             await supervisor.start()
+            # After the channels: a catch-up run's answer can go out as soon as it is ready.
+            await scheduler.start()
 
             ipc = ipc_handler(app)
             await ipc.start()

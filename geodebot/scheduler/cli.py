@@ -16,10 +16,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from geodebot.app import DB_FILE
-from geodebot.config import Config, ConfigError, JobConfig
+from geodebot.config import Config, ConfigError
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.plan import allowlist_problems
+from geodebot.job_config import JobConfig
 from geodebot.scheduler.definitions import config_jobs, schedule_of, schedule_problems
 from geodebot.scheduler.schedule import (
     Schedule,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from geodebot.config import Config, ConfigError, JobConfig
+from geodebot.config import Config, ConfigError
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.plan import allowlist_problems
+from geodebot.job_config import JobConfig
 from geodebot.scheduler.schedule import Schedule, ScheduleError, ScheduleKind, check_schedule
 from geodebot.store.jobs import JobRecord
 

@@ -10,7 +10,7 @@ import re
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -18,7 +18,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from geodebot.config import EVERY_PATTERN
+from geodebot.job_config import EVERY_PATTERN
 
 ScheduleKind = Literal["cron", "every", "at"]
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -194,7 +194,6 @@ __all__ = [
     "from_ms",
     "missed_between",
     "next_fire",
-    "timedelta",
     "to_ms",
     "upcoming",
 ]

@@ -13,8 +13,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from geodebot.config import JOB_ID_PATTERN, BindingConfig
+from geodebot.config import BindingConfig
 from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
+from geodebot.job_config import JOB_ID_PATTERN
 from geodebot.scheduler.schedule import (
     Schedule,
     ScheduleError,

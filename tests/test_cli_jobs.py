@@ -37,7 +37,7 @@ async def test_jobs_add_list_pause_resume_run_history_remove(tmp_path: Path) -> 
     assert "never fired" in rows["hourly"]
 
     paused, requested = await asyncio.gather(
-        jobs(config, "pause", "hourly"), jobs(config, "run", "nightly")
+        jobs(config, "pause", "hourly"), jobs(config, "run", "hourly")
     )
     assert paused[0] == 0
     code, out, _ = await jobs(config, "show", "hourly")
@@ -53,7 +53,7 @@ async def test_jobs_add_list_pause_resume_run_history_remove(tmp_path: Path) -> 
 
     assert requested[0] == 0, requested[2]
     assert "requested" in requested[1]
-    code, out, _ = await jobs(config, "history", "nightly")
+    code, out, _ = await jobs(config, "history", "hourly")
     assert code == 0
     assert "manual" in out.splitlines()[1]
     assert "requested" in out.splitlines()[1]
@@ -64,8 +64,13 @@ async def test_jobs_add_list_pause_resume_run_history_remove(tmp_path: Path) -> 
     assert code == 1
     assert "defined in the config file" in err
     assert removed[0] == 0
-    code, out, _ = await jobs(config, "list")
+    (code, out, _), (_, history, _) = await asyncio.gather(
+        jobs(config, "list"), jobs(config, "history", "hourly")
+    )
     assert [line.split()[0] for line in out.splitlines()[1:]] == ["nightly"]
+    # A removed job's history stays readable.
+    assert "was removed" in history
+    assert "manual" in history
 
 
 async def test_jobs_usage_errors_are_exit_2_and_unknown_ids_exit_1(tmp_path: Path) -> None:

@@ -76,12 +76,15 @@ async def jobs_command(config: Config, args: argparse.Namespace) -> int:
     store = SQLiteStore(config.state_dir / DB_FILE)
     await store.open()
     try:
-        await store.jobs_sync_config(config_jobs(config))
+        # Only the daemon removes config jobs: this CLI may have been given another file.
+        await store.jobs_sync_config(config_jobs(config), remove_missing=False)
         if args.action == "list":
             return await _list(store)
         if args.action == "add":
             return await _add(store, config, args)
         job = await store.job_get(args.id)
+        if job is None and args.action == "history":
+            return await _removed_history(store, args)
         if job is None:
             return _fail(f"no job {args.id!r}")
         handler = {
@@ -90,7 +93,7 @@ async def jobs_command(config: Config, args: argparse.Namespace) -> int:
             "pause": _pause,
             "resume": _pause,
             "run": _run,
-            "history": _history,
+            "history": _job_history,
         }[args.action]
         return await handler(store, job, args)
     finally:
@@ -255,8 +258,20 @@ def _iso(ts: float | None, job: JobRecord) -> str | None:
     return None if ts is None else format_fire(int(ts * 1000), job.timezone)
 
 
-async def _history(store: SQLiteStore, job: JobRecord, args: argparse.Namespace) -> int:
-    fires = await store.fire_history(job.id, limit=args.limit)
+async def _removed_history(store: SQLiteStore, args: argparse.Namespace) -> int:
+    """A removed job's history is kept; it is shown in UTC, its timezone being gone."""
+    if not await store.fire_history(args.id, limit=1):
+        return _fail(f"no job {args.id!r}")
+    print(f"job {args.id} was removed; its history (times in UTC):")
+    return await _history(store, args.id, "UTC", args.limit)
+
+
+async def _job_history(store: SQLiteStore, job: JobRecord, args: argparse.Namespace) -> int:
+    return await _history(store, job.id, job.timezone, args.limit)
+
+
+async def _history(store: SQLiteStore, job_id: str, timezone: str, limit: int) -> int:
+    fires = await store.fire_history(job_id, limit=limit)
     print(f"{'SCHEDULED':<26} {'CAUSE':<9} {'OUTCOME':<16} {'TOOK':>7}  REASON")
     for fire in fires:
         took = (
@@ -267,6 +282,6 @@ async def _history(store: SQLiteStore, job: JobRecord, args: argparse.Namespace)
         outcome: str = fire.outcome
         if fire.notice:
             outcome += "+notice"
-        scheduled = format_fire(fire.scheduled_ms, job.timezone)
+        scheduled = format_fire(fire.scheduled_ms, timezone)
         print(f"{scheduled:<26} {fire.cause:<9} {outcome:<16} {took:>7}  {fire.reason}")
     return EXIT_OK

@@ -100,10 +100,13 @@ class FireRecord:
 
 class JobStore(Protocol):
     # -- definitions ----------------------------------------------------------------------
-    async def jobs_sync_config(self, jobs: Sequence[JobRecord]) -> bool:
-        """Make the ``config`` jobs exactly ``jobs``: add new ones, update changed definitions
-        (keeping their pause state; a changed schedule owes nothing before now), remove the
-        ones gone from the config. Returns whether anything changed."""
+    async def jobs_sync_config(
+        self, jobs: Sequence[JobRecord], *, remove_missing: bool = True
+    ) -> bool:
+        """Make the ``config`` jobs ``jobs``: add new ones, update changed definitions
+        (keeping their pause state; a changed definition owes nothing before now) and, with
+        ``remove_missing``, remove the ones gone from the config. Returns whether anything
+        changed."""
 
     async def job_add(self, job: JobRecord) -> JobRecord:
         """Add a run-time job; :class:`StoreError` if the id is taken."""

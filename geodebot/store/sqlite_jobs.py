@@ -193,7 +193,9 @@ async def _add_outbound(db: aiosqlite.Connection, message: NewOutbound, now: flo
 
 class JobsAndFires:
     # -- definitions ----------------------------------------------------------------------
-    async def jobs_sync_config(self: _Transactions, jobs: Sequence[JobRecord]) -> bool:
+    async def jobs_sync_config(
+        self: _Transactions, jobs: Sequence[JobRecord], *, remove_missing: bool = True
+    ) -> bool:
         now = time.time()
         changed = False
         async with self._write("syncing the config's jobs") as db:
@@ -214,7 +216,7 @@ class JobsAndFires:
                     d = _job_params(job)
                     await db.execute(_UPDATE_DEFINITION, (*d[2:13], job.since_ms, now, job.id))
                     changed = True
-            for gone in current:
+            for gone in current if remove_missing else ():
                 await db.execute("DELETE FROM scheduled_jobs WHERE id = ?", (gone,))
                 changed = True
             if changed:

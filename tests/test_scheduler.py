@@ -10,6 +10,7 @@ from pathlib import Path
 
 from geodebot.app import DB_FILE
 from geodebot.channels.base import ChannelError
+from geodebot.store.jobs import JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.fakes.llm_server import Delay, Error, FakeLLMServer, Reply
 from tests.scheduler_world import job, scheduler_world
@@ -229,3 +230,34 @@ async def test_pause_stops_fires_and_resume_owes_nothing_for_the_pause(
         )
     assert during == []
     assert not any(r.cause == "catch-up" for r in rows)
+
+
+async def test_a_chat_made_job_loses_tools_its_binding_no_longer_has(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("done")
+    control = job("control", every="1h", tools=["get_time"])
+    async with scheduler_world(tmp_path, llm_server, [control]) as world:
+        now = time.time()
+        made_in_chat = JobRecord(
+            id="chatty", origin="chat", schedule_kind="every", schedule="1h", timezone="UTC",
+            anchor_ms=0, prompt="Use the clock.", deliver_to="ops", session_id="job:chatty",
+            tools=("get_time",), time_budget_s=None, catch_up="latest", notify_on_failure=True,
+            creator="binding:ops", paused=False, since_ms=int(now * 1000), created_at=now,
+            updated_at=now,
+        )  # fmt: skip
+        await world.store.job_add(made_in_chat)
+        await world.start_scheduler()
+        for job_id in ("chatty", "control"):
+            await world.store.fire_request(job_id, int(now * 1000))
+        for job_id in ("chatty", "control"):
+            await world.wait_history(lambda rows: any(r.final for r in rows), job_id=job_id)
+    offered = {
+        "chatty" if "Use the clock." in str(r.json["messages"]) else "control": [
+            tool["name"] for tool in r.json.get("tools", [])
+        ]
+        for r in llm_server.requests
+    }
+    # The ops binding lists no tools: the chat-made job's model call offers none, while the
+    # operator's job keeps its own allowlist.
+    assert offered == {"chatty": [], "control": ["get_time"]}

@@ -29,6 +29,13 @@ def binding_for(bindings: Sequence[BindingConfig], session: str) -> BindingConfi
     return next((b for b in bindings if b.session == session), None)
 
 
+def _tools(job: JobRecord, binding: BindingConfig) -> tuple[str, ...]:
+    """A job made from chat never has a tool its chat's binding lacks, now or later."""
+    if job.origin != "chat":
+        return job.tools
+    return tuple(name for name in job.tools if name in binding.tools)
+
+
 def _failure(result: TurnResult) -> tuple[FireEnd, str]:
     if result.outcome == "budget":
         return "budget", result.text[:MAX_REASON]
@@ -60,7 +67,9 @@ class FireRunner:
             if binding is None:
                 failure = ("failed", f"deliver_to {job.deliver_to!r} is not a binding's session")
             else:
-                spec = SessionSpec(job.session_id, tools=job.tools, time_budget_s=job.time_budget_s)
+                spec = SessionSpec(
+                    job.session_id, tools=_tools(job, binding), time_budget_s=job.time_budget_s
+                )
                 result = await self._app.run_turn(Mode.DAEMON, spec, job.prompt)
                 if not result.ok:
                     failure = _failure(result)

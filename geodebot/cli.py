@@ -20,13 +20,15 @@ from typing import Any
 from geodebot import __version__
 from geodebot.app import DB_FILE, SOCKET_FILE, TRUST_FILE, build_app, build_redactor
 from geodebot.channels.ipc import IPCClient, IPCError
-from geodebot.config import Config, ConfigError, config_path, load_config
+from geodebot.check import format_rows, run_checks
+from geodebot.config import Config, ConfigError, config_path, load_config, secret_names
 from geodebot.daemon import serve
 from geodebot.engine.loop import new_id
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec
 from geodebot.logs import setup_logging
 from geodebot.scheduler.cli import add_jobs_parser, jobs_command
+from geodebot.service import CREDENTIALS_DIR, DEFAULT_UNIT_PATH, layout_problems, unit_for
 from geodebot.store.protocol import StoreError
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.trust import TrustStore
@@ -96,6 +98,19 @@ def _parser() -> argparse.ArgumentParser:
     timeline.add_argument("id")
     timeline.add_argument("--json", action="store_true", help="one JSON object per line")
     timeline.add_argument("--limit", type=int, default=None)
+
+    sub.add_parser(
+        "check", parents=[common], help="is this configuration ready: secrets, model, platforms"
+    )
+    status = sub.add_parser("status", parents=[common], help="ask the running daemon")
+    status.add_argument("--json", action="store_true")
+    service = sub.add_parser("service", help="run geodebot as a systemd service")
+    service_sub = service.add_subparsers(dest="action", required=True)
+    install = service_sub.add_parser(
+        "install", parents=[common], help="write the systemd unit for this installation"
+    )
+    install.add_argument("--output", type=Path, default=DEFAULT_UNIT_PATH)
+    install.add_argument("--print", action="store_true", help="print the unit, write nothing")
     return parser
 
 
@@ -122,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "receipts": _receipts,
         "config": _config,
         "mcp": _mcp,
+        "service": _service,
+        "check": _check,
+        "status": _status,
         "jobs": jobs_command,
     }[args.command]
     try:
@@ -157,6 +175,68 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"geodebot: {result.text}", file=sys.stderr)
     return EXIT_FAILED
+
+
+async def _check(config: Config, args: argparse.Namespace) -> int:
+    rows = await run_checks(config)
+    print(format_rows(rows))
+    return EXIT_OK if all(row.ok for row in rows) else EXIT_FAILED
+
+
+async def _status(config: Config, args: argparse.Namespace) -> int:
+    async with IPCClient(config.state_dir / SOCKET_FILE) as client:
+        answer = await client.request({"op": "status"})
+    if answer.get("op") != "status":
+        raise IPCError(str(answer.get("message", answer)))
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+        return EXIT_OK
+    print(
+        f"geodebot pid {answer['pid']}, up {answer['uptime_s']:.0f} s, "
+        f"{'ready' if answer['ready'] else 'starting: not every channel connected'}"
+    )
+    for name, channel in answer["channels"].items():
+        state = "connected" if channel["connected"] else f"down ({channel['detail']})"
+        print(f"  {name}: {state}")
+    print(
+        f"turns: {answer['turns_running']} running (at most "
+        f"{answer['max_concurrent_sessions']}), {answer['queued']} queued"
+    )
+    inbox, outbox = answer["inbox"], answer["outbox"]
+    print(
+        f"inbox: {inbox.get('pending', 0) + inbox.get('running', 0)} unfinished; "
+        f"outbox: {outbox.get('pending', 0)} pending, {outbox.get('failed', 0)} failed"
+    )
+    print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
+    return EXIT_OK
+
+
+async def _service(config: Config, args: argparse.Namespace) -> int:
+    return _install_service(config, args)
+
+
+def _install_service(config: Config, args: argparse.Namespace) -> int:
+    problems = layout_problems(config)
+    for problem in problems:
+        print(f"geodebot: {problem}", file=sys.stderr)
+    if problems:
+        return EXIT_USAGE
+    source = config.source or config_path(args.config)
+    unit = unit_for(config, Path(source).resolve())
+    if args.print:
+        print(unit, end="")
+        return EXIT_OK
+    args.output.write_text(unit, encoding="utf-8")
+    args.output.chmod(0o644)
+    print(f"wrote {args.output}")
+    names = sorted(set(secret_names(config)))
+    missing = [n for n in names if not (CREDENTIALS_DIR / n).is_file()]
+    if missing:
+        print(
+            f"put each secret in {CREDENTIALS_DIR}/<NAME> (mode 0600, root): " + ", ".join(missing)
+        )
+    print("then: systemctl daemon-reload && systemctl enable --now geodebot")
+    return EXIT_OK
 
 
 async def _serve(config: Config, args: argparse.Namespace) -> int:

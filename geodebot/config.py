@@ -7,6 +7,7 @@ is read too (see :func:`resolve_secret`).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -50,6 +52,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """``"127.0.0.1:8787"`` or ``"[::1]:8787"`` -> (host, port); ValueError if malformed."""
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not host:port (e.g. 127.0.0.1:8787)")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class DaemonConfig(_Strict):
     state_dir: Path = Path("./var")
     # Default timezone of scheduled jobs.
@@ -61,6 +81,27 @@ class DaemonConfig(_Strict):
     session_queue: Annotated[int, Field(ge=1, le=1000)] = 10
     # On SIGTERM, running turns get this long to finish before they are cancelled.
     shutdown_grace_s: Annotated[float, Field(ge=0, le=600)] = 20.0
+    # Health and metrics over HTTP ("host:port"); off when unset. Loopback only unless
+    # allow_remote, which also needs a bearer token (http_token_env names its variable).
+    allow_remote: bool = False
+    http_token_env: str | None = None
+    http: str | None = None
+
+    @field_validator("http")
+    @classmethod
+    def _http(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if not value:
+            return None
+        host, _ = split_host_port(value)
+        if not is_loopback(host):
+            if not info.data.get("allow_remote"):
+                raise ValueError(
+                    f"{host} is not a loopback address; the health and metrics endpoint stays "
+                    "on loopback unless daemon.allow_remote = true (with daemon.http_token_env)"
+                )
+            if not info.data.get("http_token_env"):
+                raise ValueError("daemon.http_token_env is required with allow_remote = true")
+        return value
 
     @field_validator("timezone")
     @classmethod
@@ -417,6 +458,8 @@ def resolve_secret(name: str, environ: Mapping[str, str] | None = None) -> str |
 
 def secret_names(config: Config) -> Iterable[str]:
     yield config.model.key_env
+    if config.daemon.http_token_env:
+        yield config.daemon.http_token_env
     for fb in config.model.fallbacks:
         yield fb.key_env
     yield from channel_secret_names(config)

@@ -4,34 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import time
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
+from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from geodebot.app import App, build_app
-from geodebot.channels.base import Destination
+from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
-from geodebot.channels.ipc import IPCServer
+from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.channels.outbox import OutboxSender
 from geodebot.channels.router import ChatRouter
-from geodebot.config import Config
+from geodebot.config import Config, ConfigError, resolve_secret
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import SessionSpec, TurnResult
+from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
+from geodebot.health import EngineMetrics, HealthServer, Probe
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.service import JobScheduler
 from geodebot.scheduler.status import JobStatus
+from geodebot.sdnotify import SystemdNotifier
 
 log = logging.getLogger(__name__)
 
 
-def ipc_handler(app: App) -> IPCServer:
+def ipc_handler(app: App, on_status: StatusHandler | None = None) -> IPCServer:
     tools = app.config.tools.ipc_tools
 
     async def on_turn(session_id: str, text: str, approver: Approver) -> TurnResult:
         spec = SessionSpec(session_id, tools=tools, approver=approver)
         return await app.run_turn(Mode.IPC, spec, text)
 
-    return IPCServer(app.socket_path, on_turn)
+    return IPCServer(app.socket_path, on_turn, on_status)
 
 
 async def _sweep_receipts(app: App) -> None:
@@ -49,16 +57,25 @@ async def _sweep_receipts(app: App) -> None:
         )
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     grace = config.daemon.shutdown_grace_s
+    notifier = notifier or SystemdNotifier()
+    status = _Status()
     try:
         async with AsyncExitStack() as stack:
+            stack.callback(notifier.close)
+            # From the start: systemd only counts pings once READY=1 was sent.
+            watchdog = asyncio.create_task(notifier.run_watchdog(status.line))
+            stack.push_async_callback(_stop_task, watchdog)
+            registry = CollectorRegistry()
+            metrics = EngineMetrics(registry) if config.daemon.http else None
             refusals = RefusalWatch()
-            app = await build_app(config, stack, observers=(refusals,))
+            observers = (refusals, metrics) if metrics else (refusals,)
+            app = await build_app(config, stack, observers=observers)
             await _sweep_receipts(app)
             store = app.services.store
             channels = build_channels(config, store)
@@ -84,6 +101,10 @@ async def serve(config: Config) -> None:
                 typing=typing,
                 job_status=JobStatus(store).for_binding,
             )
+            if metrics is not None:
+                health = _health_server(config, app, channels, router, registry, metrics)
+                await health.start()
+                stack.push_async_callback(health.stop)
             recovered = await router.recover()
             if recovered:
                 log.info("answering %s message(s) accepted before the restart", recovered)
@@ -100,10 +121,11 @@ async def serve(config: Config) -> None:
             # job turns get the grace, and their results still reach the outbox.
             stack.push_async_callback(scheduler.stop, grace)
             await supervisor.start()
+            status.supervisor, status.router = supervisor, router
             # After the channels: a catch-up run's answer can go out as soon as it is ready.
             await scheduler.start()
 
-            ipc = ipc_handler(app)
+            ipc = ipc_handler(app, _status_report(app, supervisor, router, channels))
             await ipc.start()
             stack.push_async_callback(ipc.close)
             log.info(
@@ -112,11 +134,116 @@ async def serve(config: Config) -> None:
                 app.socket_path,
                 ", ".join(channels) or "none",
             )
+            ready = asyncio.create_task(_ready_when_connected(notifier, supervisor, status))
+            stack.push_async_callback(_stop_task, ready)
             await stop.wait()
             log.info("shutting down (grace %s s)", grace)
+            notifier.stopping(f"stopping: draining turns for up to {grace:g} s")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _health_server(
+    config: Config,
+    app: App,
+    channels: Mapping[str, Channel],
+    router: ChatRouter,
+    registry: CollectorRegistry,
+    metrics: EngineMetrics,
+) -> HealthServer:
+    token = None
+    if config.daemon.http_token_env:
+        token = resolve_secret(config.daemon.http_token_env)
+        if not token:
+            source = str(config.source or "<config>")
+            name = config.daemon.http_token_env
+            raise ConfigError(source, [f"daemon.http_token_env: {name} is not set"])
+    store = app.services.store
+
+    async def computer_use() -> tuple[bool, dict[str, Any]]:
+        switch = await store.get_switch(COMPUTER_USE_SWITCH)
+        if switch is None:
+            return True, {"enabled": False}
+        return True, {
+            "enabled": switch.active(time.time()),
+            "set_by": switch.set_by,
+            "set_at": switch.set_at,
+            "expires_at": switch.expires_at,
+            "reason": switch.reason,
+        }
+
+    probe = Probe(
+        store,
+        channels,
+        router_counters=lambda: router.counters,
+        load=router.load,
+        extra={"computer_use": computer_use},
+    )
+    assert config.daemon.http is not None
+    return HealthServer(config.daemon.http, probe, registry, metrics, token=token)
+
+
+def _status_report(
+    app: App, supervisor: ChannelSupervisor, router: ChatRouter, channels: Mapping[str, Channel]
+) -> StatusHandler:
+    started = time.time()
+    store = app.services.store
+
+    async def report() -> dict[str, Any]:
+        running, queued = router.load()
+        switch = await store.get_switch(COMPUTER_USE_SWITCH)
+        now = time.time()
+        return {
+            "pid": os.getpid(),
+            "uptime_s": round(now - started, 1),
+            "ready": all(event.is_set() for event in supervisor.ready.values()),
+            "channels": {
+                name: {"connected": state.connected, "detail": state.detail}
+                for name, state in ((n, c.status()) for n, c in sorted(channels.items()))
+            },
+            "turns_running": running,
+            "queued": queued,
+            "max_concurrent_sessions": app.config.daemon.max_concurrent_sessions,
+            "inbox": await store.inbox_counts(),
+            "outbox": await store.outbox_counts(),
+            "computer_use": {
+                "enabled": switch is not None and switch.active(now),
+                "expires_at": None if switch is None else switch.expires_at,
+            },
+        }
+
+    return report
+
+
+class _Status:
+    """The one-line summary systemd shows (``systemctl status``)."""
+
+    def __init__(self) -> None:
+        self.supervisor: ChannelSupervisor | None = None
+        self.router: ChatRouter | None = None
+
+    def line(self) -> str:
+        if self.supervisor is None or self.router is None:
+            return "starting"
+        connected = sum(event.is_set() for event in self.supervisor.ready.values())
+        running, queued = self.router.load()
+        return (
+            f"serving: {connected}/{len(self.supervisor.ready)} channels connected, "
+            f"{running} turns running, {queued} queued"
+        )
+
+
+async def _ready_when_connected(
+    notifier: SystemdNotifier, supervisor: ChannelSupervisor, status: _Status
+) -> None:
+    """READY=1 once the store is open (it is by now) and every enabled channel connected."""
+    waiting = [name for name, event in supervisor.ready.items() if not event.is_set()]
+    if waiting:
+        notifier.status(f"starting: waiting for {', '.join(waiting)} to connect")
+        await asyncio.gather(*(event.wait() for event in supervisor.ready.values()))
+    notifier.ready(status.line())
+    log.info("ready: every enabled channel is connected")
 
 
 async def _stop_task(task: asyncio.Task[None]) -> None:

@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import TextIO
 
+from geodebot.logctx import current_context
 from geodebot.redact import RedactingFilter, Redactor
 
 # These log every request URL at INFO, and a Telegram URL carries the bot token.
@@ -31,16 +32,34 @@ _NOISY = (
 
 
 class JSONFormatter(logging.Formatter):
+    """One JSON object per line (journald keeps it whole), with the turn's ids."""
+
     def format(self, record: logging.LogRecord) -> str:
         row = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
+            **current_context(),
             "msg": record.getMessage(),
         }
         if record.exc_text:
             row["exc"] = record.exc_text
         return json.dumps(row, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """For a terminal: the usual line, with the turn's ids in brackets."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        context = current_context()
+        if not context:
+            return line
+        ids = " ".join(f"{k}={v}" for k, v in context.items())
+        return f"{line} [{ids}]"
 
 
 def setup_logging(
@@ -52,7 +71,7 @@ def setup_logging(
     handler = logging.StreamHandler(out)
     handler.addFilter(RedactingFilter(redactor))
     if out.isatty():
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     else:
         handler.setFormatter(JSONFormatter())
     root = logging.getLogger()

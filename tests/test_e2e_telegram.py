@@ -4,6 +4,7 @@ against the fake Bot API, the anthropic SDK against the fake model server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -69,6 +70,11 @@ async def test_bound_message_is_answered_in_its_chat_once(world: World) -> None:
     assert sent[0].text == "<b>Hello</b> Alice"
     assert sent[0].reply_to_message_id is not None
     assert len(world.llm.requests) == 1
+    # The daemon's log (JSON off a terminal) names the turn's platform, session and turn.
+    rows = [json.loads(line) for line in daemon.log if line.startswith("{")]
+    [finished] = [r for r in rows if r["msg"].startswith("turn finished: completed")]
+    assert (finished["platform"], finished["session"]) == ("telegram", "ops")
+    assert finished["turn"].startswith("t-")
     assert world.telegram.commands is not None
     assert "Traceback" not in daemon.text()
     assert world.telegram.token not in daemon.text()

@@ -251,13 +251,18 @@ async def test_chat_commands(tmp_path: Path, llm_server: FakeLLMServer) -> None:
         status = "".join(await h.replies(3))
         assert "Session: s1" in status
         assert "model-under-test-1" in status
+        assert "Computer use: off" in status
         await h.chat.deliver(message("/reset"))
         assert "fresh context" in "".join(await h.replies(4))
         assert await h.app.services.store.load_context("s1") == []
         await h.chat.deliver(message("long job"))
         await asyncio.sleep(0.3)
+        await h.app.services.store.set_switch(
+            "computer_use", True, by="ops-admin", expires_at=4102444800.0, reason="test"
+        )
         await h.chat.deliver(message("/status"))
         busy = (await h.replies(5))[-1]
+        assert "Computer use: on (until 2100-01-01 00:00 UTC, by ops-admin)" in busy
         assert "Turn running: yes; queued: 0" in busy
         assert re.search(r"Daemon: 1 of at most \d+ turns running; 0 messages queued", busy)
         await h.chat.deliver(message("/stop"))

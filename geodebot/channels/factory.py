@@ -12,7 +12,7 @@ import logging
 import random
 from collections.abc import Mapping
 
-from geodebot.channels.base import Channel, InboundSink
+from geodebot.channels.base import Channel, ChannelError, InboundSink
 from geodebot.config import Config, ConfigError, resolve_secret
 from geodebot.store.protocol import Store
 
@@ -94,9 +94,15 @@ class ChannelSupervisor:
         while True:
             try:
                 await channel.start(self._sink)
-            except Exception:
+            except Exception as exc:
+                # A ChannelError already says what went wrong; anything else is a bug to trace.
+                expected = isinstance(exc, ChannelError)
                 log.error(
-                    "channel %s could not start; retrying in %.0f s", name, delay, exc_info=True
+                    "channel %s could not start%s; retrying in %.0f s",
+                    name,
+                    f": {exc}" if expected else "",
+                    delay,
+                    exc_info=not expected,
                 )
                 with contextlib.suppress(Exception):
                     await channel.stop()

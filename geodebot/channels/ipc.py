@@ -4,8 +4,9 @@ It is the one channel with a person at the other end who can approve tool calls,
 sessions run in IPC mode. Frames, one JSON object per line:
 
 client -> daemon   {"op": "turn", "session": "ID", "text": "..."}   |   {"op": "ping"}
-                   {"op": "approval", "id": "...", "approved": true|false}
+                   {"op": "approval", "id": "...", "approved": true|false}   |   {"op": "status"}
 daemon -> client   {"op": "reply", "session", "turn_id", "outcome", "text"}
+                   {"op": "status", ...}   (what ``geodebot status`` shows)
                    {"op": "approval_request", "id", "tool", "arguments", "safety", "effect",
                     "reason"}   (while a turn runs; unanswered requests time out as "no")
                    {"op": "pong"}   |   {"op": "error", "message": "..."}
@@ -38,6 +39,7 @@ MAX_TEXT_CHARS = 100_000
 MAX_SOCKET_PATH = 107
 
 TurnHandler = Callable[[str, str, Approver], Awaitable[TurnResult]]
+StatusHandler = Callable[[], Awaitable[dict[str, Any]]]
 ApprovalPrompt = Callable[[dict[str, Any]], Awaitable[bool]]
 
 
@@ -45,14 +47,21 @@ class IPCError(Exception):
     pass
 
 
+# _handle's answer for a status request, which needs an await before it can be sent.
+_STATUS: dict[str, Any] = {"op": "status"}
+
+
 def _encode(frame: dict[str, Any]) -> bytes:
     return json.dumps(frame, ensure_ascii=False).encode() + b"\n"
 
 
 class IPCServer:
-    def __init__(self, path: Path, on_turn: TurnHandler) -> None:
+    def __init__(
+        self, path: Path, on_turn: TurnHandler, on_status: StatusHandler | None = None
+    ) -> None:
         self._path = path
         self._on_turn = on_turn
+        self._on_status = on_status
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
         self._turns: set[asyncio.Task[None]] = set()
@@ -124,6 +133,8 @@ class IPCServer:
             if not line:
                 return
             answer = self._handle(line, conn)
+            if answer is _STATUS:
+                answer = await self._status()
             if answer is not None:
                 await conn.send(answer)
 
@@ -137,6 +148,8 @@ class IPCServer:
         op = frame.get("op")
         if op == "ping":
             return {"op": "pong"}
+        if op == "status":
+            return _STATUS
         if op == "approval":
             if not conn.resolve(frame.get("id"), frame.get("approved") is True):
                 return {"op": "error", "message": "no such approval request"}
@@ -156,6 +169,15 @@ class IPCServer:
         self._turns.add(conn.turn)
         conn.turn.add_done_callback(self._turns.discard)
         return None
+
+    async def _status(self) -> dict[str, Any]:
+        if self._on_status is None:
+            return {"op": "error", "message": "this server has no status"}
+        try:
+            return {"op": "status", **await self._on_status()}
+        except Exception:
+            log.exception("IPC status failed")
+            return {"op": "error", "message": "the status could not be read"}
 
     async def _turn(self, conn: _Connection, session: str, text: str) -> None:
         try:

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -24,7 +25,8 @@ from geodebot.channels.gate import Accepted, BindingIndex, decide
 from geodebot.channels.outbox import OutboxSender
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import SessionSpec, time_budget
+from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, time_budget
+from geodebot.logctx import log_context
 from geodebot.store.protocol import InboxRow, NewOutbound
 
 log = logging.getLogger(__name__)
@@ -159,6 +161,10 @@ class ChatRouter:
                 del self._lanes[session_id]
 
     async def _turn(self, row: InboxRow, binding: BindingConfig) -> None:
+        with log_context(platform=row.platform, session=row.session_id, inbox=str(row.id)):
+            await self._turn_in_context(row, binding)
+
+    async def _turn_in_context(self, row: InboxRow, binding: BindingConfig) -> None:
         await self._store.inbox_start(row.id)
         destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
@@ -244,8 +250,17 @@ class ChatRouter:
         running = lane is not None and lane.running is not None and not lane.running.done()
         queued = len(lane.queue) if lane is not None else 0
         tools = ", ".join(binding.tools) if binding.tools else "none"
-        busy = [lane for lane in self._lanes.values() if lane.running is not None]
-        waiting = sum(len(lane.queue) for lane in self._lanes.values())
+        busy, waiting = self.load()
+        switch = await self._store.get_switch(COMPUTER_USE_SWITCH)
+        if switch is None or not switch.active(time.time()):
+            computer = "off"
+        else:
+            until = (
+                "until switched off"
+                if switch.expires_at is None
+                else "until " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.expires_at))
+            )
+            computer = f"on ({until}, by {switch.set_by})"
         jobs = "" if self._job_status is None else await self._job_status(binding.session)
         return (
             f"Session: {session_id}\n"
@@ -253,13 +268,19 @@ class ChatRouter:
             f"Turn running: {'yes' if running else 'no'}; queued: {queued}\n"
             f"Time budget per turn: {budget:g} s\n"
             f"Tools: {tools}\n"
-            f"Daemon: {len(busy)} of at most {config.daemon.max_concurrent_sessions} turns "
+            f"Computer use: {computer}\n"
+            f"Daemon: {busy} of at most {config.daemon.max_concurrent_sessions} turns "
             f"running; {waiting} messages queued"
         ) + (f"\n{jobs}" if jobs else "")
 
     # -- lifecycle --------------------------------------------------------------------------
     def busy_sessions(self) -> int:
         return len(self._lanes)
+
+    def load(self) -> tuple[int, int]:
+        """(turns running, messages queued behind them), over every session."""
+        running = sum(1 for lane in self._lanes.values() if lane.running is not None)
+        return running, sum(len(lane.queue) for lane in self._lanes.values())
 
     async def drain(self, grace_s: float) -> None:
         """Stop taking new work; give running turns ``grace_s``, then cancel them.

@@ -42,6 +42,7 @@ from geodebot.engine.llm.types import (
 from geodebot.engine.session import Outcome, Session, TurnResult
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
+from geodebot.logctx import log_context
 from geodebot.store.protocol import BatchStatus, NewMessage, StoreError, ToolBatchRecord
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class _Turn:
     forced_compaction: bool = False
     open_batch: ToolBatchRecord | None = None
     events: list[tuple[str | None, str, Mapping[str, Any]]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
     # The session row as the turn began: which context copy is still current.
     generation: int = 0
     next_seq: int = 0
@@ -81,7 +83,8 @@ class AgenticLoop:
     # -- entry points ---------------------------------------------------------------------
     async def arun(self, message: str) -> TurnResult:
         turn = await self._new_turn(new_id("t"), message)
-        return await self._guarded(turn, self._run(turn, message))
+        with log_context(session=self._session.id, turn=turn.id):
+            return await self._guarded(turn, self._run(turn, message))
 
     async def resume(self) -> TurnResult | None:
         """Finish a turn a crash interrupted after its tool batch was saved."""
@@ -89,7 +92,8 @@ class AgenticLoop:
         if not pending:
             return None
         turn = await self._new_turn(pending[0].turn_id, "")
-        return await self._guarded(turn, self._resume(turn))
+        with log_context(session=self._session.id, turn=turn.id):
+            return await self._guarded(turn, self._resume(turn))
 
     # -- the turn -------------------------------------------------------------------------
     async def _new_turn(self, turn_id: str, text: str) -> _Turn:
@@ -251,6 +255,9 @@ class AgenticLoop:
             elapsed = round((time.monotonic() - started) * 1000)
             self._svc.ledger.record("model_call", **base, outcome=exc.kind, latency_ms=elapsed)
             turn.events.append((turn.id, "llm_error", {"kind": exc.kind, "error": str(exc)}))
+            self._svc.emit(
+                "llm_error", {"session": self._session.id, "turn": turn.id, "kind": exc.kind}
+            )
             raise
         elapsed = round((time.monotonic() - started) * 1000)
         turn.usage = turn.usage + response.usage
@@ -321,7 +328,9 @@ class AgenticLoop:
                 arguments_sha256=content_hash(dict(outcome.call.arguments)),
                 result_sha256=content_hash(outcome.result.content),
             )
-            turn.events.append((batch.turn_id, "tool_call", outcome.timeline()))
+            event = outcome.timeline()
+            turn.events.append((batch.turn_id, "tool_call", event))
+            self._svc.emit("tool_call", {"session": self._session.id, **event})
         await self._save_results(turn, items, batch, [o.result for o in outcomes], "done")
 
     async def _save_results(
@@ -479,6 +488,14 @@ class AgenticLoop:
     ) -> TurnResult:
         self._svc.emit(
             "turn_finished", {"session": self._session.id, "turn": turn.id, "outcome": outcome}
+        )
+        log.info(
+            "turn finished: %s after %d round(s), %d ms, %d+%d tokens",
+            outcome,
+            turn.rounds,
+            round((time.monotonic() - turn.started) * 1000),
+            turn.usage.input_tokens,
+            turn.usage.output_tokens,
         )
         return TurnResult(self._session.id, turn.id, outcome, text, turn.rounds, turn.usage, error)
 

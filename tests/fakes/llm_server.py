@@ -175,6 +175,8 @@ class RecordedRequest:
 class FakeLLMServer:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.default: Item | None = None
+        # Model ids GET /v1/models/{id} knows; None: every id.
+        self.models: set[str] | None = None
         self.requests: list[RecordedRequest] = []
         self._host = host
         self._port = port
@@ -200,6 +202,23 @@ class FakeLLMServer:
         async with self._arrived:
             await self._arrived.wait_for(lambda: len(self.requests) >= count)
 
+    async def _model_info(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        if self.models is not None and model not in self.models:
+            error = {"type": "not_found_error", "message": f"model: {model}"}
+            return web.json_response({"type": "error", "error": error}, status=404)
+        return web.json_response(
+            {
+                "id": model,
+                "type": "model",
+                "object": "model",
+                "display_name": f"Fake {model}",
+                "created_at": "2025-01-01T00:00:00Z",
+                "created": 1735689600,
+                "owned_by": "fake",
+            }
+        )
+
     @property
     def url(self) -> str:
         if self._runner is None:
@@ -216,6 +235,8 @@ class FakeLLMServer:
         app = web.Application()
         app.router.add_post(ANTHROPIC_PATH, self._anthropic)
         app.router.add_post(OPENAI_PATH, self._openai)
+        # Both SDKs retrieve a model at GET /v1/models/{id}; one body satisfies both.
+        app.router.add_get("/v1/models/{model}", self._model_info)
         # Hanging handlers notice the stop flag within a poll, so cleanup never waits long.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()

@@ -146,6 +146,22 @@ class AnthropicAdapter:
                 self._err.detail(f"malformed body: {exc}"), **self._err.ids()
             ) from exc
 
+    async def probe(self) -> str:
+        """The provider's record of the model, spending no tokens (``geodebot check``)."""
+        if self._client is None:
+            raise LLMMissingCredential(self._api_key_env, provider=PROVIDER, model=self._model)
+        try:
+            info = await self._client.models.retrieve(self._model)
+        except anthropic.APIStatusError as exc:
+            raise self._status_error(exc) from exc
+        except anthropic.APIConnectionError as exc:
+            raise LLMConnectionError(
+                self._err.detail(connection_detail(exc)), **self._err.ids()
+            ) from exc
+        except anthropic.AnthropicError as exc:
+            raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
+        return str(getattr(info, "display_name", None) or info.id)
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()

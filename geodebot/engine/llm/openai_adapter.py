@@ -144,6 +144,22 @@ class OpenAIAdapter:
                 self._err.detail(f"malformed body: {exc}"), **self._err.ids()
             ) from exc
 
+    async def probe(self) -> str:
+        """The provider's record of the model, spending no tokens (``geodebot check``)."""
+        if self._client is None:
+            raise LLMMissingCredential(self._api_key_env, **self._err.ids())
+        try:
+            info = await self._client.models.retrieve(self._model)
+        except openai.APIStatusError as exc:
+            raise self._status_error(exc) from exc
+        except openai.APIConnectionError as exc:
+            raise LLMConnectionError(
+                self._err.detail(connection_detail(exc)), **self._err.ids()
+            ) from exc
+        except openai.OpenAIError as exc:
+            raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
+        return str(getattr(info, "display_name", None) or info.id)
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()

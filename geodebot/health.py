@@ -1,0 +1,253 @@
+"""Health and metrics over HTTP: ``/healthz`` (JSON per component) and ``/metrics``
+(Prometheus text format), on ``[daemon] http``.
+
+Metrics live in a registry of the daemon's own, never the process-global default one. Engine
+events (turns, model calls, tool calls) arrive through the engine's observer hook; the
+channels' and router's counters are read when Prometheus scrapes, so the hot path pays
+nothing for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from geodebot.channels.base import Channel
+from geodebot.config import split_host_port
+from geodebot.store.protocol import Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EngineMetrics", "HealthServer", "Probe"]
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
+_STORE_TIMEOUT_S = 2.0
+
+
+class EngineMetrics:
+    """An engine observer: counts turns, model calls and tool calls into ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.turns = Counter(
+            "geodebot_turns", "Turns finished, by outcome.", ["outcome"], registry=registry
+        )
+        self.model_latency = Histogram(
+            "geodebot_model_latency_seconds",
+            "Latency of successful model calls.",
+            ["provider", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.model_tokens = Counter(
+            "geodebot_model_tokens",
+            "Tokens of successful model calls.",
+            ["provider", "model", "direction"],
+            registry=registry,
+        )
+        self.model_errors = Counter(
+            "geodebot_model_errors", "Failed model calls, by kind.", ["kind"], registry=registry
+        )
+        self.tool_calls = Counter(
+            "geodebot_tool_calls",
+            "Tool calls, by tool, status and refusal or error reason.",
+            ["tool", "status", "reason"],
+            registry=registry,
+        )
+        self.last_model_ok: float | None = None
+        self.last_model_error: tuple[float, str] | None = None
+
+    def __call__(self, event: str, data: Mapping[str, Any]) -> None:
+        if event == "turn_finished":
+            self.turns.labels(str(data.get("outcome", ""))).inc()
+        elif event == "llm_call":
+            provider, model = str(data.get("provider", "")), str(data.get("model", ""))
+            self.model_latency.labels(provider, model).observe(
+                float(data.get("latency_ms", 0)) / 1000
+            )
+            tokens = self.model_tokens
+            tokens.labels(provider, model, "input").inc(int(data.get("input_tokens", 0)))
+            tokens.labels(provider, model, "output").inc(int(data.get("output_tokens", 0)))
+            self.last_model_ok = time.time()
+        elif event == "llm_error":
+            kind = str(data.get("kind", ""))
+            self.model_errors.labels(kind).inc()
+            self.last_model_error = (time.time(), kind)
+        elif event == "tool_call":
+            self.tool_calls.labels(
+                str(data.get("tool", "")), str(data.get("status", "")), str(data.get("reason", ""))
+            ).inc()
+
+
+@dataclass
+class Probe:
+    """What the endpoint reads of the running daemon; set as the parts come up."""
+
+    store: Store
+    channels: Mapping[str, Channel] = field(default_factory=dict)
+    router_counters: Callable[[], Mapping[str, int]] = dict
+    load: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    # name -> (ok, detail) for further components (scheduler, computer use, ...).
+    extra: dict[str, Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]] = field(
+        default_factory=dict
+    )
+
+
+class _LiveCollector(Collector):
+    """Counters and gauges read from the daemon's own state at scrape time."""
+
+    def __init__(self, probe: Probe) -> None:
+        self._probe = probe
+        self.outbox: dict[str, int] = {}
+
+    def collect(self) -> Iterator[Any]:
+        messages = CounterMetricFamily(
+            "geodebot_messages",
+            "Chat messages seen by the router: received, accepted, duplicate, busy, "
+            "dropped:<reason>.",
+            labels=["event"],
+        )
+        for event, count in sorted(self._probe.router_counters().items()):
+            messages.add_metric([event], count)
+        yield messages
+        channel_events = CounterMetricFamily(
+            "geodebot_channel_events",
+            "Per-platform adapter counters.",
+            labels=["platform", "event"],
+        )
+        connected = GaugeMetricFamily(
+            "geodebot_channel_connected",
+            "1 when the platform connection is up.",
+            labels=["platform"],
+        )
+        for name, channel in sorted(self._probe.channels.items()):
+            status = channel.status()
+            connected.add_metric([name], 1.0 if status.connected else 0.0)
+            for event, count in sorted(status.counters.items()):
+                channel_events.add_metric([name, event], count)
+        yield channel_events
+        yield connected
+        running, queued = self._probe.load()
+        yield GaugeMetricFamily("geodebot_turns_running", "Turns running now.", value=running)
+        yield GaugeMetricFamily(
+            "geodebot_queue_depth", "Messages waiting behind running turns.", value=queued
+        )
+        outbox = GaugeMetricFamily(
+            "geodebot_outbox_rows", "Outbox rows by status.", labels=["status"]
+        )
+        for row_status, count in sorted(self.outbox.items()):
+            outbox.add_metric([row_status], count)
+        yield outbox
+
+
+class HealthServer:
+    def __init__(
+        self,
+        address: str,
+        probe: Probe,
+        registry: CollectorRegistry,
+        metrics: EngineMetrics,
+        *,
+        token: str | None = None,
+    ) -> None:
+        self._host, self._port = split_host_port(address)
+        self._probe = probe
+        self._registry = registry
+        self._metrics = metrics
+        self._token = token
+        self._live = _LiveCollector(probe)
+        registry.register(self._live)
+        ProcessCollector(registry=registry)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._scrape)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
+        await site.start()
+        self._runner = runner
+        # Port 0 asks for a free one; the bound address says which.
+        self.port = int(runner.addresses[0][1]) if runner.addresses else self._port
+        log.info("health and metrics on http://%s:%s/", self._host, self.port)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self._token is not None:
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if not hmac.compare_digest(given.encode(), self._token.encode()):
+                return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
+    async def health(self) -> tuple[bool, dict[str, Any]]:
+        components: dict[str, Any] = {}
+        healthy = True
+        try:
+            async with asyncio.timeout(_STORE_TIMEOUT_S):
+                version = await self._probe.store.schema_version()
+            components["store"] = {"ok": True, "schema_version": version}
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer: unhealthy
+            components["store"] = {"ok": False, "error": str(exc)[:300]}
+            healthy = False
+        channels: dict[str, Any] = {}
+        for name, channel in sorted(self._probe.channels.items()):
+            status = channel.status()
+            channels[name] = {"ok": status.connected, "detail": status.detail}
+            healthy = healthy and status.connected
+        components["channels"] = channels
+        m = self._metrics
+        components["model"] = {
+            "last_ok": m.last_model_ok,
+            "last_error": None
+            if m.last_model_error is None
+            else {"at": m.last_model_error[0], "kind": m.last_model_error[1]},
+        }
+        for name, check in sorted(self._probe.extra.items()):
+            try:
+                ok, detail = await check()
+            except Exception as exc:  # noqa: BLE001 - a failing check is an unhealthy part
+                ok, detail = False, {"error": str(exc)[:300]}
+            components[name] = {"ok": ok, **detail}
+            healthy = healthy and ok
+        running, queued = self._probe.load()
+        components["turns"] = {"running": running, "queued": queued}
+        return healthy, components
+
+    async def _healthz(self, request: web.Request) -> web.StreamResponse:
+        healthy, components = await self.health()
+        body = {"status": "ok" if healthy else "unhealthy", "components": components}
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def _scrape(self, request: web.Request) -> web.StreamResponse:
+        try:
+            self._live.outbox = await self._probe.store.outbox_counts()
+        except Exception:
+            log.warning("metrics: cannot count outbox rows", exc_info=True)
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -36,6 +36,7 @@ test: lint typecheck pytest
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/telegram_bench.py
+	$(BIN)/python bench/scheduler_bench.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

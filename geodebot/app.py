@@ -39,6 +39,8 @@ from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.redact import Redactor
+from geodebot.scheduler.definitions import check_jobs
+from geodebot.scheduler.tools import JobTools
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.trust import TrustStore, load_project_servers
 
@@ -211,7 +213,11 @@ async def build_app(
     )
     pool = await open_mcp_pool(config, stack)
     registry = registry if registry is not None else ToolRegistry(builtin_tools(settings))
+    for spec in JobTools(store, config.bindings, default_timezone=config.daemon.timezone).specs():
+        if registry.get(spec.name) is None:
+            registry.register(spec)
     check_tool_lists(config, registry)
+    check_jobs(config, registry.names())
     hooks = HookRegistry([*hooks_from_config(config.hooks), *hooks_from_entry_points()])
     verifiers: list[Verifier] = [NonEmptyAnswer()]
     stop_hooks = hooks.stop_verifier()

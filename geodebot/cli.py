@@ -27,6 +27,7 @@ from geodebot.engine.loop import new_id
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec
 from geodebot.logs import setup_logging
+from geodebot.scheduler.cli import add_jobs_parser, jobs_command
 from geodebot.service import CREDENTIALS_DIR, DEFAULT_UNIT_PATH, layout_problems, unit_for
 from geodebot.store.protocol import StoreError
 from geodebot.store.sqlite import SQLiteStore
@@ -91,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     mcp_sub = mcp.add_subparsers(dest="action", required=True)
     mcp_sub.add_parser("serve", parents=[common], help="serve run_agent over stdio")
 
+    add_jobs_parser(sub, common)
+
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
     timeline.add_argument("id")
     timeline.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -137,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "service": _service,
         "check": _check,
         "status": _status,
+        "jobs": jobs_command,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))

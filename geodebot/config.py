@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from geodebot.job_config import JobConfig, check_timezone
+
 DEFAULT_CONFIG_PATH = Path("/etc/geodebot/config.toml")
 CONFIG_ENV = "GEODEBOT_CONFIG"
 
@@ -70,6 +72,7 @@ def is_loopback(host: str) -> bool:
 
 class DaemonConfig(_Strict):
     state_dir: Path = Path("./var")
+    # Default timezone of scheduled jobs.
     timezone: str = "UTC"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Turns running at once across all sessions; one turn at a time per session regardless.
@@ -99,6 +102,11 @@ class DaemonConfig(_Strict):
             if not info.data.get("http_token_env"):
                 raise ValueError("daemon.http_token_env is required with allow_remote = true")
         return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        return check_timezone(value)
 
 
 class ModelEndpoint(_Strict):
@@ -323,6 +331,7 @@ class Config(_Strict):
     mcp: MCPConfig = MCPConfig()
     channels: ChannelsConfig = ChannelsConfig()
     bindings: tuple[BindingConfig, ...] = ()
+    jobs: tuple[JobConfig, ...] = ()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 
@@ -351,6 +360,20 @@ class Config(_Strict):
             if key in seen:
                 raise ValueError(f"bindings: {binding.platform} channel {binding.channel} twice")
             seen.add(key)
+        return self
+
+    @model_validator(mode="after")
+    def _jobs_deliverable(self) -> Config:
+        sessions = {binding.session for binding in self.bindings}
+        ids: set[str] = set()
+        for index, job in enumerate(self.jobs):
+            if job.id in ids:
+                raise ValueError(f"jobs.{index}.id: {job.id!r} twice")
+            ids.add(job.id)
+            if job.deliver_to not in sessions:
+                raise ValueError(
+                    f"jobs.{index}.deliver_to: {job.deliver_to!r} is not the session of a binding"
+                )
         return self
 
     @property

@@ -24,6 +24,9 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
 from geodebot.health import EngineMetrics, HealthServer, Probe
+from geodebot.scheduler.refusals import RefusalWatch
+from geodebot.scheduler.service import JobScheduler
+from geodebot.scheduler.status import JobStatus
 from geodebot.sdnotify import SystemdNotifier
 
 log = logging.getLogger(__name__)
@@ -70,7 +73,9 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             stack.push_async_callback(_stop_task, watchdog)
             registry = CollectorRegistry()
             metrics = EngineMetrics(registry) if config.daemon.http else None
-            app = await build_app(config, stack, observers=(metrics,) if metrics else ())
+            refusals = RefusalWatch()
+            observers = (refusals, metrics) if metrics else (refusals,)
+            app = await build_app(config, stack, observers=observers)
             await _sweep_receipts(app)
             store = app.services.store
             channels = build_channels(config, store)
@@ -88,7 +93,14 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
                 )
                 if table is not None
             }
-            router = ChatRouter(app, config.bindings, outbox, max_chars=max_chars, typing=typing)
+            router = ChatRouter(
+                app,
+                config.bindings,
+                outbox,
+                max_chars=max_chars,
+                typing=typing,
+                job_status=JobStatus(store).for_binding,
+            )
             if metrics is not None:
                 health = _health_server(config, app, channels, router, registry, metrics)
                 await health.start()
@@ -96,6 +108,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             recovered = await router.recover()
             if recovered:
                 log.info("answering %s message(s) accepted before the restart", recovered)
+            scheduler = JobScheduler(app, config.bindings, outbox.kick, refusals=refusals)
             sender = asyncio.create_task(outbox.run())
             supervisor = ChannelSupervisor(channels, router.accept)
             # Callbacks run last-pushed first: running turns drain, their replies go out,
@@ -104,8 +117,13 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             stack.push_async_callback(_stop_task, sender)
             stack.push_async_callback(outbox.stop, grace)
             stack.push_async_callback(router.drain, grace)
+            # Pushed after the router's drain, so it runs before it: no new fires, running
+            # job turns get the grace, and their results still reach the outbox.
+            stack.push_async_callback(scheduler.stop, grace)
             await supervisor.start()
             status.supervisor, status.router = supervisor, router
+            # After the channels: a catch-up run's answer can go out as soon as it is ready.
+            await scheduler.start()
 
             ipc = ipc_handler(app, _status_report(app, supervisor, router, channels))
             await ipc.start()

@@ -26,6 +26,8 @@ _NOISY = (
     "slack_sdk",
     # discord.py logs interaction tokens (valid for 15 minutes) at DEBUG.
     "discord",
+    # A line per job registered at INFO: thousands of jobs would flood the log at start.
+    "apscheduler",
 )
 
 

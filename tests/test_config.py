@@ -110,3 +110,44 @@ def test_secret_from_env_then_credentials_directory(tmp_path: Path) -> None:
     # An empty variable is a missing secret, not an empty key.
     assert resolve_secret("OTHER", {"OTHER": ""}) is None
     assert resolve_secret("OTHER", env) is None
+
+
+def test_job_errors_name_the_job_and_key(tmp_path: Path) -> None:
+    binding = '[[bindings]]\nplatform = "telegram"\nchannel = "1"\nsession = "ops"\n'
+    assert problems_of(
+        binding + '[[jobs]]\nid = "a"\nprompt = "p"\ndeliver_to = "ops"\n', tmp_path
+    ) == ["jobs.0: give exactly one of cron, every or at"]
+    assert problems_of(
+        binding + '[[jobs]]\nid = "a"\nevery = "1h"\nprompt = "p"\ndeliver_to = "dev"\n', tmp_path
+    ) == ["jobs.0.deliver_to: 'dev' is not the session of a binding"]
+    assert problems_of(
+        binding
+        + '[[jobs]]\nid = "a"\nevery = "soon"\nprompt = "p"\ndeliver_to = "ops"\n'
+        + 'timezone = "Mars/Base"\ncatch_up = "never"\nat = "yesterday"\n',
+        tmp_path,
+    ) == [
+        "jobs.0.every: 'soon' is not a duration like 90s, 15m, 2h or 1d",
+        "jobs.0.at: 'yesterday' is not an ISO 8601 date and time",
+        "jobs.0.timezone: unknown timezone 'Mars/Base' (an IANA name like Europe/Berlin)",
+        "jobs.0.catch_up: must be one of latest, skip, all",
+    ]
+    job = '[[jobs]]\nid = "a"\nevery = "1h"\nprompt = "p"\ndeliver_to = "ops"\n'
+    assert problems_of(binding + job + job, tmp_path) == ["jobs.1.id: 'a' twice"]
+    assert problems_of('[daemon]\ntimezone = "Nowhere"\n', tmp_path) == [
+        "daemon.timezone: unknown timezone 'Nowhere' (an IANA name like Europe/Berlin)"
+    ]
+
+
+def test_job_defaults() -> None:
+    config = parse_config(
+        {
+            "daemon": {"timezone": "Europe/Berlin"},
+            "bindings": [{"platform": "telegram", "channel": "1", "session": "ops"}],
+            "jobs": [{"id": "j", "every": "15m", "prompt": "p", "deliver_to": "ops"}],
+        }
+    )
+    job = config.jobs[0]
+    assert job.session_id == "job:j"
+    assert job.catch_up == "latest"
+    assert job.notify_on_failure is True
+    assert job.timezone is None

@@ -39,6 +39,8 @@ TYPING_AFTER_S = 0.5
 _LEADING_MENTION = re.compile(r"^\s*(<@!?[A-Za-z0-9]+>|@\w+)\s+(?=/)")
 FinishStatus = Literal["done", "failed", "dropped"]
 Typing = Callable[[Destination], Awaitable[None]]
+# Lines about the scheduled jobs that post in a binding's chat, for /status.
+JobStatusText = Callable[[str], Awaitable[str]]
 
 
 @dataclass(slots=True)
@@ -61,6 +63,7 @@ class ChatRouter:
         max_chars: Mapping[str, int],
         typing: Typing | None = None,
         typing_after_s: float = TYPING_AFTER_S,
+        job_status: JobStatusText | None = None,
     ) -> None:
         self._app = app
         self._store = app.services.store
@@ -69,6 +72,7 @@ class ChatRouter:
         self._max_chars = max_chars
         self._typing = typing
         self._typing_after_s = typing_after_s
+        self._job_status = job_status
         self._queue_limit = app.config.daemon.session_queue
         self._lanes: dict[str, _Lane] = {}
         self._closing = False
@@ -257,6 +261,7 @@ class ChatRouter:
                 else "until " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.expires_at))
             )
             computer = f"on ({until}, by {switch.set_by})"
+        jobs = "" if self._job_status is None else await self._job_status(binding.session)
         return (
             f"Session: {session_id}\n"
             f"Model: {config.model.provider} {config.model.name}\n"
@@ -266,7 +271,7 @@ class ChatRouter:
             f"Computer use: {computer}\n"
             f"Daemon: {busy} of at most {config.daemon.max_concurrent_sessions} turns "
             f"running; {waiting} messages queued"
-        )
+        ) + (f"\n{jobs}" if jobs else "")
 
     # -- lifecycle --------------------------------------------------------------------------
     def busy_sessions(self) -> int:

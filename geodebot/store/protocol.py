@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from geodebot.store.jobs import JobStore
+
 MessageKind = Literal["message", "summary"]
 BatchStatus = Literal["proposed", "done", "abandoned"]
 ReceiptStatus = Literal["admitted", "committed", "failed", "uncertain"]
@@ -215,7 +217,7 @@ class OutboxRow:
     blind_resends: int = 0
 
 
-class Store(Protocol):
+class Store(JobStore, Protocol):
     async def open(self) -> None:
         """Open the store and apply pending migrations."""
 

@@ -35,6 +35,7 @@ from geodebot.store.protocol import (
     ToolBatchRecord,
 )
 from geodebot.store.sqlite_chat import ChatInboxOutbox
+from geodebot.store.sqlite_jobs import JobsAndFires
 from geodebot.store.sqlite_receipts import ReceiptsAndSwitches
 from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding, from_row, paged
 
@@ -143,7 +144,7 @@ def load_migrations(root: Traversable | None = None) -> list[tuple[int, str, str
     return [found[version] for version in sorted(found)]
 
 
-class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox):
+class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
     """A :class:`Store` in one SQLite file, created with mode 0600 on first open.
 
     Effect receipts and operator switches live in :class:`ReceiptsAndSwitches`; they run

@@ -1,0 +1,82 @@
+"""The ``[[jobs]]`` table of the configuration: pure data, validated by pydantic.
+
+Its own module so that config.py stays one screenful per concern; config.py re-exports it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def check_timezone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown timezone {value!r} (an IANA name like Europe/Berlin)") from None
+    return value
+
+
+EVERY_PATTERN = re.compile(r"^([1-9][0-9]{0,6})([smhd])$")
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class JobConfig(BaseModel):
+    """A scheduled job; cron strings are checked where the scheduler builds its triggers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Annotated[str, Field(pattern=JOB_ID_PATTERN)]
+    # Exactly one of: cron (5 fields, or 6 with seconds first), every ("90s", "15m", "2h"),
+    # at (ISO 8601).
+    cron: str | None = None
+    every: str | None = None
+    at: str | None = None
+    # None: [daemon] timezone.
+    timezone: str | None = None
+    prompt: Annotated[str, Field(min_length=1)]
+    # The session id of a binding: the result is posted in that binding's chat.
+    deliver_to: Annotated[str, Field(min_length=1)]
+    # None: "job:<id>". May name a binding's session to share its context.
+    session: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    tools: tuple[str, ...] = ()
+    time_budget_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    catch_up: Literal["latest", "skip", "all"] = "latest"
+    notify_on_failure: bool = True
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str | None) -> str | None:
+        return None if value is None else check_timezone(value)
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: str | None) -> str | None:
+        if value is not None and EVERY_PATTERN.match(value) is None:
+            raise ValueError(f"{value!r} is not a duration like 90s, 15m, 2h or 1d")
+        return value
+
+    @field_validator("at")
+    @classmethod
+    def _at(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an ISO 8601 date and time") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> JobConfig:
+        given = [k for k in ("cron", "every", "at") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of cron, every or at")
+        return self
+
+    @property
+    def session_id(self) -> str:
+        return self.session or f"job:{self.id}"

@@ -1,0 +1,133 @@
+"""One job run: a DAEMON turn on the job's session, then delivery through the outbox.
+
+The run's one catch-all lives here (one per job run): whatever goes wrong ends the fire as
+failed with a reason, and the bound chat gets a short notice when the job asks for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from geodebot.app import App
+from geodebot.config import BindingConfig
+from geodebot.engine.modes import Mode
+from geodebot.engine.session import SessionSpec, TurnResult
+from geodebot.scheduler.refusals import RefusalWatch
+from geodebot.scheduler.schedule import format_fire
+from geodebot.store.jobs import FireEnd, FireRecord, JobRecord
+from geodebot.store.protocol import NewOutbound, StoreError
+
+log = logging.getLogger(__name__)
+
+MAX_REASON = 300
+
+
+def binding_for(bindings: Sequence[BindingConfig], session: str) -> BindingConfig | None:
+    return next((b for b in bindings if b.session == session), None)
+
+
+def _tools(job: JobRecord, binding: BindingConfig) -> tuple[str, ...]:
+    """A job made from chat never has a tool its chat's binding lacks, now or later."""
+    if job.origin != "chat":
+        return job.tools
+    return tuple(name for name in job.tools if name in binding.tools)
+
+
+def _failure(result: TurnResult) -> tuple[FireEnd, str]:
+    if result.outcome == "budget":
+        return "budget", result.text[:MAX_REASON]
+    detail = f" ({result.error})" if result.error else ""
+    return "failed", f"{result.outcome}{detail}: {result.text}"[:MAX_REASON]
+
+
+class FireRunner:
+    def __init__(
+        self,
+        app: App,
+        bindings: Sequence[BindingConfig],
+        kick: Callable[[], None],
+        refusals: RefusalWatch | None = None,
+    ) -> None:
+        self._app = app
+        self._refusals = refusals
+        self._store = app.services.store
+        self._bindings = bindings
+        self._kick = kick
+
+    async def run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
+        """Run a claimed (``running``) fire to its end; never raises but for cancellation."""
+        started = time.time()
+        binding = binding_for(self._bindings, job.deliver_to)
+        result: TurnResult | None = None
+        failure: tuple[FireEnd, str] | None = None
+        try:
+            if binding is None:
+                failure = ("failed", f"deliver_to {job.deliver_to!r} is not a binding's session")
+            else:
+                spec = SessionSpec(
+                    job.session_id, tools=_tools(job, binding), time_budget_s=job.time_budget_s
+                )
+                result = await self._app.run_turn(Mode.DAEMON, spec, job.prompt)
+                if not result.ok:
+                    failure = _failure(result)
+                elif self._refusals is not None and self._refusals.refused(result.turn_id):
+                    failure = ("failed", f"the model refused: {result.text}"[:MAX_REASON])
+        except asyncio.CancelledError:
+            # Shut down mid-run: the fire stays claimed and says so; it is never re-run.
+            await asyncio.shield(
+                self._finish(job, fire, started, binding, None, ("failed", "daemon stopped"))
+            )
+            raise
+        except Exception as exc:
+            log.exception("job %s: run of fire %s failed", job.id, fire.id)
+            failure = ("failed", f"internal error: {type(exc).__name__}: {exc}"[:MAX_REASON])
+        return await self._finish(job, fire, started, binding, result, failure)
+
+    async def _finish(
+        self,
+        job: JobRecord,
+        fire: FireRecord,
+        started: float,
+        binding: BindingConfig | None,
+        result: TurnResult | None,
+        failure: tuple[FireEnd, str] | None,
+    ) -> FireRecord:
+        when = format_fire(fire.scheduled_ms, job.timezone)
+        message: NewOutbound | None = None
+        if binding is not None and (failure is None or job.notify_on_failure):
+            if failure is None:
+                assert result is not None
+                text, kind = f"**Job {job.id}** ({when})\n\n{result.text}", "job"
+            else:
+                what = "ran out of its time budget" if failure[0] == "budget" else "failed"
+                text = f"Job {job.id} ({when}) {what}: {failure[1][:200]}"
+                kind = "notice"
+            message = NewOutbound(
+                session_id=job.session_id,
+                platform=binding.platform,
+                channel=binding.channel,
+                thread=None,
+                reply_to=None,
+                text=text,
+                kind=kind,
+            )
+        try:
+            if failure is None:
+                done = await self._store.fire_finish(fire.id, started_at=started, result=message)
+            else:
+                done = await self._store.fire_finish(
+                    fire.id, started_at=started, failure=failure, notice=message
+                )
+        except StoreError:
+            log.exception("job %s: cannot record the end of fire %s", job.id, fire.id)
+            return fire
+        if message is not None:
+            self._kick()
+        level = logging.INFO if failure is None else logging.WARNING
+        log.log(
+            level, "job %s fire %s (%s): %s %s", job.id, fire.id, when, done.outcome, done.reason
+        )
+        return done

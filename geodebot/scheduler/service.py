@@ -1,0 +1,230 @@
+"""The job scheduler: APScheduler says when, the store's fire claims say whether.
+
+APScheduler 3.x runs with its in-memory job store only (it cannot share a persistent one
+between processes); the store is the single source of truth for job definitions and is
+polled, so changes made by the CLI or a chat tool reach a running daemon within a second.
+A due fire is handed to :class:`_FireExecutor`, which passes the exact scheduled times on:
+the claim is keyed by them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.executors.base import BaseExecutor
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.jobstores.memory import MemoryJobStore
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from geodebot.app import App
+from geodebot.config import BindingConfig
+from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
+from geodebot.scheduler.definitions import config_jobs, schedule_of
+from geodebot.scheduler.refusals import RefusalWatch
+from geodebot.scheduler.runner import FireRunner
+from geodebot.scheduler.schedule import ScheduleError, build_trigger, from_ms, next_fire, to_ms
+from geodebot.store.jobs import FireCause, FireRecord, JobRecord
+from geodebot.store.protocol import StoreError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+
+
+class _FireExecutor(BaseExecutor):  # type: ignore[misc]  # APScheduler ships no types
+    """Hands due fires to the scheduler with their scheduled times.
+
+    Overlap is decided by the fire claims, not by APScheduler's max_instances, which would
+    drop a fire with only a log line.
+    """
+
+    def __init__(self, on_due: Callable[[str, list[datetime]], None]) -> None:
+        super().__init__()
+        self._on_due = on_due
+
+    def submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        self._on_due(job.id, run_times)
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        self._on_due(job.id, run_times)
+
+
+def _never_called() -> None:
+    """APScheduler wants a callable per job; fires go through the executor instead."""
+
+
+class JobScheduler:
+    def __init__(
+        self,
+        app: App,
+        bindings: Sequence[BindingConfig],
+        kick: Callable[[], None],
+        *,
+        poll_s: float = POLL_S,
+        refusals: RefusalWatch | None = None,
+    ) -> None:
+        self._app = app
+        self._store = app.services.store
+        self._runner = FireRunner(app, bindings, kick, refusals)
+        self._poll_s = poll_s
+        self._jobs: dict[str, JobRecord] = {}
+        self._revision: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._aps: AsyncIOScheduler | None = None
+        self._closing = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Sync the config's jobs, settle what a previous run left, catch up, schedule."""
+        await self._store.jobs_sync_config(config_jobs(self._app.config))
+        # Nothing of a previous process can still run: its claimed fires are not re-run.
+        for fire in await self._store.fires_interrupted("the daemon stopped during the run"):
+            log.warning("job %s: fire %s was cut short by a restart", fire.job_id, fire.id)
+        await self._store.fires_settle()
+        self._aps = AsyncIOScheduler(
+            timezone=UTC,
+            jobstores={"default": MemoryJobStore()},
+            executors={"default": _FireExecutor(self._on_due)},
+            job_defaults={"misfire_grace_time": None, "coalesce": False, "max_instances": 1},
+            event_loop=asyncio.get_running_loop(),
+        )
+        self._aps.start()
+        await self._refresh()
+        self._poller = asyncio.create_task(self._poll())
+
+    async def stop(self, grace_s: float) -> None:
+        """No new fires; running ones get ``grace_s``, then are cancelled (and say so)."""
+        self._closing = True
+        if self._aps is not None and self._aps.running:
+            self._aps.shutdown(wait=False)
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def registered(self) -> int:
+        return len(self._aps.get_jobs()) if self._aps is not None else 0
+
+    # -- the store as source of truth -------------------------------------------------------
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_s)
+            try:
+                await self._refresh()
+                for fire in await self._store.fires_settle():
+                    log.info("job %s: fire %s is %s", fire.job_id, fire.id, fire.outcome)
+            except StoreError:
+                log.exception("scheduler: cannot read the store; trying again")
+
+    async def _refresh(self) -> None:
+        revision = await self._store.jobs_revision()
+        if revision == self._revision:
+            return
+        self._revision = revision
+        jobs = {job.id: job for job in await self._store.job_list()}
+        last_fires = await self._store.fires_latest_scheduled()
+        cut_ms = int(time.time() * 1000)
+        for job_id in self._jobs.keys() - jobs.keys():
+            self._unregister(job_id)
+        for job in jobs.values():
+            old = self._jobs.get(job.id)
+            if old is not None and (old.definition(), old.paused) == (job.definition(), job.paused):
+                continue
+            self._unregister(job.id)
+            if not job.paused:
+                self._register(job, last_fires.get(job.id), cut_ms)
+        self._jobs = jobs
+        for fire in await self._store.fires_requested():
+            self._spawn(self._run_requested(fire))
+
+    def _unregister(self, job_id: str) -> None:
+        if self._aps is not None:
+            with contextlib.suppress(JobLookupError):
+                self._aps.remove_job(job_id)
+
+    def _register(self, job: JobRecord, last: int | None, cut_ms: int) -> None:
+        """Catch up on the fires owed up to ``cut_ms`` (the last one that has a row is
+        ``last``), then schedule the ones after it."""
+        schedule = schedule_of(job)
+        try:
+            first = next_fire(schedule, cut_ms)
+            trigger = build_trigger(schedule)
+        except ScheduleError as exc:
+            log.error("job %s: cannot schedule %s: %s", job.id, schedule.describe(), exc)
+            return
+        owed_after = max(job.since_ms, last if last is not None else job.since_ms)
+        plan = plan_catch_up(job, owed_after, cut_ms)
+        if plan is not None:
+            self._spawn(self._catch_up(job, plan))
+        if first is not None and self._aps is not None:
+            self._aps.add_job(
+                _never_called,
+                trigger=trigger,
+                id=job.id,
+                name=job.id,
+                next_run_time=from_ms(first),
+                replace_existing=True,
+            )
+
+    # -- fires ------------------------------------------------------------------------------
+    def _on_due(self, job_id: str, run_times: list[datetime]) -> None:
+        for moment in run_times:
+            self._spawn(self._fire(job_id, to_ms(moment), "schedule"))
+
+    def _spawn(self, work: Any) -> None:
+        if self._closing:
+            work.close()
+            return
+        task: asyncio.Task[None] = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fire(self, job_id: str, scheduled_ms: int, cause: FireCause) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or job.paused:
+            return
+        try:
+            fire, won = await self._store.fire_claim(job_id, scheduled_ms, cause)
+        except StoreError:
+            log.exception("job %s: cannot claim fire %s", job_id, scheduled_ms)
+            return
+        if not won:
+            if fire.outcome == "skipped-overlap":
+                log.warning("job %s: fire skipped, %s", job_id, fire.reason)
+            return
+        await self._runner.run(job, fire)
+
+    async def _catch_up(self, job: JobRecord, plan: CatchUpPlan) -> None:
+        if plan.skipped_ms is not None:
+            await self._store.fire_skip(job.id, plan.skipped_ms, "catch-up", plan.reason)
+            log.warning("job %s: %s", job.id, plan.reason)
+        for scheduled_ms in plan.run_ms:
+            await self._fire(job.id, scheduled_ms, "catch-up")
+
+    async def _run_requested(self, requested: FireRecord) -> None:
+        job = self._jobs.get(requested.job_id)
+        fire, won = await self._store.fire_start_requested(requested.id)
+        if not won:
+            return
+        if job is None:
+            await self._store.fire_finish(
+                fire.id, started_at=time.time(), failure=("failed", "no such job any more")
+            )
+            return
+        await self._runner.run(job, fire)
+
+    async def wait_idle(self) -> None:
+        """Until no fire task runs (tests and benchmarks)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

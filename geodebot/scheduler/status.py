@@ -1,0 +1,61 @@
+"""Each job's next fire time and last outcome, for /status in chat and ``geodebot jobs list``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from geodebot.scheduler.definitions import schedule_of
+from geodebot.scheduler.schedule import ScheduleError, format_fire, next_fire
+from geodebot.store.jobs import FireRecord, JobRecord, JobStore
+
+
+@dataclass(frozen=True, slots=True)
+class JobLine:
+    job: JobRecord
+    next_fire: str  # ISO time in the job's timezone, "paused" or "none"
+    last: FireRecord | None
+
+    @property
+    def last_outcome(self) -> str:
+        if self.last is None:
+            return "never fired"
+        outcome: str = self.last.outcome
+        if self.last.notice:
+            outcome += f" (notice {self.last.notice})"
+        return f"{outcome} at {format_fire(self.last.scheduled_ms, self.job.timezone)}"
+
+
+def next_fire_text(job: JobRecord, now_ms: int) -> str:
+    if job.paused:
+        return "paused"
+    try:
+        upcoming = next_fire(schedule_of(job), max(now_ms, job.since_ms))
+    except ScheduleError as exc:
+        return f"invalid schedule: {exc}"
+    return "none" if upcoming is None else format_fire(upcoming, job.timezone)
+
+
+async def job_lines(store: JobStore, *, deliver_to: str | None = None) -> list[JobLine]:
+    now_ms = int(time.time() * 1000)
+    latest = await store.fires_latest()
+    return [
+        JobLine(job, next_fire_text(job, now_ms), latest.get(job.id))
+        for job in await store.job_list()
+        if deliver_to is None or job.deliver_to == deliver_to
+    ]
+
+
+class JobStatus:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+
+    async def for_binding(self, session: str) -> str:
+        """The /status lines of the jobs posting in a binding's chat; "" when there are none."""
+        lines = await job_lines(self._store, deliver_to=session)
+        if not lines:
+            return ""
+        rows = [
+            f"- {line.job.id}: next {line.next_fire}; last {line.last_outcome}" for line in lines
+        ]
+        return "Jobs posting here:\n" + "\n".join(rows)

@@ -1,0 +1,220 @@
+"""Chat tools for jobs: ``schedule_job``, ``list_jobs``, ``cancel_job``.
+
+They act for the binding whose session calls them, found from the call's session id at the
+composition root's binding list: a job made from chat delivers to that binding, records it as
+creator, can have only tools the binding has, and only that binding (or the operator with the
+CLI) can cancel it. A session that belongs to no binding gets a tool error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from geodebot.config import BindingConfig
+from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
+from geodebot.job_config import JOB_ID_PATTERN
+from geodebot.scheduler.schedule import (
+    Schedule,
+    ScheduleError,
+    ScheduleKind,
+    check_schedule,
+    format_fire,
+    upcoming,
+    zone,
+)
+from geodebot.store.jobs import JobRecord, JobStore
+from geodebot.store.protocol import StoreError
+
+SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB = "schedule_job", "list_jobs", "cancel_job"
+JOB_TOOL_NAMES = (SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB)
+CHAT_CREATOR = "binding:"
+
+
+def calling_binding(bindings: Sequence[BindingConfig], session_id: str) -> BindingConfig | None:
+    """The binding a session belongs to: its own session, or a thread of a thread binding."""
+    for binding in bindings:
+        if session_id == binding.session:
+            return binding
+        if binding.scope == "thread" and session_id.startswith(binding.session + "/"):
+            return binding
+    return None
+
+
+_SCHEDULE_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": JOB_ID_PATTERN},
+        "cron": {
+            "type": "string",
+            "maxLength": 200,
+            "description": "5 fields (minute hour day month weekday), or 6 with seconds first",
+        },
+        "every": {"type": "string", "maxLength": 16, "description": "e.g. 90s, 15m, 2h, 1d"},
+        "at": {"type": "string", "maxLength": 64, "description": "ISO 8601 date and time"},
+        "timezone": {"type": "string", "maxLength": 64, "description": "IANA name"},
+        "prompt": {"type": "string", "minLength": 1, "maxLength": 8000},
+        "tools": {"type": "array", "items": {"type": "string", "maxLength": 128}},
+        "time_budget_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+        "catch_up": {"enum": ["latest", "skip", "all"]},
+    },
+    "required": ["id", "prompt"],
+    "additionalProperties": False,
+}
+
+
+class JobTools:
+    def __init__(
+        self, store: JobStore, bindings: Sequence[BindingConfig], *, default_timezone: str
+    ) -> None:
+        self._store = store
+        self._bindings = bindings
+        self._timezone = default_timezone
+
+    def specs(self) -> list[ToolSpec]:
+        return [
+            ToolSpec(
+                name=SCHEDULE_JOB,
+                description=(
+                    "Schedule a job that runs a prompt later and posts the answer in this chat. "
+                    "Give exactly one of cron, every or at; turn natural-language times into "
+                    "one of them. Answers with the parsed schedule and the next three fire times."
+                ),
+                input_schema=_SCHEDULE_SCHEMA,
+                safety=Safety.WRITE,
+                effect=Effect.ADMINISTRATIVE,
+                handler=self._schedule,
+                # Listing the tool on a binding is the operator's authorisation.
+                requires_approval=False,
+                resource_keys=("jobs",),
+                timeout_s=10.0,
+            ),
+            ToolSpec(
+                name=LIST_JOBS,
+                description="The jobs that post in this chat, with their next fire times.",
+                input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+                safety=Safety.READ,
+                effect=Effect.NONE,
+                handler=self._list,
+                timeout_s=10.0,
+            ),
+            ToolSpec(
+                name=CANCEL_JOB,
+                description="Cancel a job that was scheduled from this chat.",
+                input_schema={
+                    "type": "object",
+                    "properties": {"id": {"type": "string", "maxLength": 64}},
+                    "required": ["id"],
+                    "additionalProperties": False,
+                },
+                safety=Safety.WRITE,
+                effect=Effect.ADMINISTRATIVE,
+                handler=self._cancel,
+                requires_approval=False,
+                resource_keys=("jobs",),
+                timeout_s=10.0,
+            ),
+        ]
+
+    def _binding(self, ctx: ToolCallContext) -> BindingConfig:
+        binding = calling_binding(self._bindings, ctx.session_id)
+        if binding is None:
+            raise ToolError("jobs can be managed only from a bound chat")
+        return binding
+
+    async def _schedule(self, arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
+        binding = self._binding(ctx)
+        given = [k for k in ("cron", "every", "at") if arguments.get(k)]
+        if len(given) != 1:
+            raise ToolError("give exactly one of cron, every or at")
+        kind: ScheduleKind = given[0]  # type: ignore[assignment]  # one of the three keys
+        timezone = str(arguments.get("timezone") or self._timezone)
+        now = time.time()
+        schedule = Schedule(kind, str(arguments[kind]), timezone, anchor_ms=int(now) * 1000)
+        try:
+            zone(timezone)
+            check_schedule(schedule)
+        except ScheduleError as exc:
+            raise ToolError(str(exc)) from None
+        tools = tuple(dict.fromkeys(str(t) for t in arguments.get("tools", ())))
+        lacking = [t for t in tools if t not in binding.tools]
+        if lacking:
+            raise ToolError(
+                f"this chat's binding does not have {', '.join(lacking)}; a job can have only "
+                "tools its chat has"
+            )
+        next_three = upcoming(schedule, int(now * 1000))
+        if not next_three:
+            raise ToolError(f"{schedule.describe()} never fires after now")
+        job = JobRecord(
+            id=str(arguments["id"]),
+            origin="chat",
+            schedule_kind=kind,
+            schedule=schedule.expr,
+            timezone=timezone,
+            anchor_ms=schedule.anchor_ms,
+            prompt=str(arguments["prompt"]),
+            deliver_to=binding.session,
+            session_id=f"job:{arguments['id']}",
+            tools=tools,
+            time_budget_s=arguments.get("time_budget_s"),
+            catch_up=arguments.get("catch_up", "latest"),
+            notify_on_failure=True,
+            creator=f"{CHAT_CREATOR}{binding.session}",
+            paused=False,
+            since_ms=int(now * 1000),
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            await self._store.job_add(job)
+        except StoreError as exc:
+            raise ToolError(f"job {job.id!r} exists already; pick another id") from exc
+        return json.dumps(
+            {
+                "scheduled": job.id,
+                "schedule": schedule.describe(),
+                "next_fires": [format_fire(ms, timezone) for ms in next_three],
+                "delivers_to": binding.session,
+                "tools": list(tools),
+            },
+            ensure_ascii=False,
+        )
+
+    async def _list(self, arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
+        binding = self._binding(ctx)
+        now_ms = int(time.time() * 1000)
+        jobs = [job for job in await self._store.job_list() if job.deliver_to == binding.session]
+        rows = []
+        for job in jobs:
+            schedule = Schedule(job.schedule_kind, job.schedule, job.timezone, job.anchor_ms)
+            try:
+                fires = upcoming(schedule, now_ms, 1)
+            except ScheduleError:
+                fires = []
+            rows.append(
+                {
+                    "id": job.id,
+                    "schedule": schedule.describe(),
+                    "paused": job.paused,
+                    "next_fire": format_fire(fires[0], job.timezone) if fires else None,
+                    "made_here": job.creator == f"{CHAT_CREATOR}{binding.session}",
+                }
+            )
+        return json.dumps({"jobs": rows}, ensure_ascii=False)
+
+    async def _cancel(self, arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
+        binding = self._binding(ctx)
+        job_id = str(arguments["id"])
+        job = await self._store.job_get(job_id)
+        if job is None:
+            raise ToolError(f"no job {job_id!r}")
+        if job.creator != f"{CHAT_CREATOR}{binding.session}":
+            raise ToolError(
+                f"job {job_id!r} was not scheduled from this chat; only its own chat or the "
+                "operator can cancel it"
+            )
+        await self._store.job_remove(job_id)
+        return json.dumps({"cancelled": job_id})

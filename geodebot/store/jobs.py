@@ -1,0 +1,182 @@
+"""Job definitions and fire history: record types and the store methods for them.
+
+A fire's row is its claim: it is written (unique per job and scheduled time) before the run
+starts, and the same row then records how the fire ended. ``outcome`` moves only forward:
+
+    requested -> running                      (a manual run picked up by the daemon)
+    running   -> delivering -> ok | delivery-failed
+    running   -> failed | budget              (the failure notice's delivery is in ``notice``)
+    skipped-overlap, skipped-missed           (written as such; never ran)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    # Only for annotations: protocol.py builds its Store on JobStore, so it imports us.
+    from geodebot.store.protocol import NewOutbound
+
+JobOrigin = Literal["config", "chat", "cli"]
+CatchUp = Literal["latest", "skip", "all"]
+FireCause = Literal["schedule", "catch-up", "manual"]
+FireOutcome = Literal[
+    "requested",
+    "running",
+    "delivering",
+    "ok",
+    "failed",
+    "budget",
+    "skipped-overlap",
+    "skipped-missed",
+    "delivery-failed",
+]
+FireEnd = Literal["failed", "budget"]
+NoticeStatus = Literal["", "pending", "delivered", "delivery-failed"]
+# Outcomes that are final; "requested", "running" and "delivering" are not yet.
+FINAL_OUTCOMES: frozenset[str] = frozenset(
+    {"ok", "failed", "budget", "skipped-overlap", "skipped-missed", "delivery-failed"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: str
+    origin: JobOrigin
+    schedule_kind: Literal["cron", "every", "at"]
+    schedule: str
+    timezone: str
+    anchor_ms: int
+    prompt: str
+    deliver_to: str  # the session id of a binding
+    session_id: str
+    tools: tuple[str, ...]
+    time_budget_s: float | None
+    catch_up: CatchUp
+    notify_on_failure: bool
+    creator: str  # "" for config jobs; who made it otherwise (binding session, CLI user)
+    paused: bool
+    since_ms: int
+    created_at: float
+    updated_at: float
+
+    def definition(self) -> tuple[object, ...]:
+        """What decides when and how the job runs (not its pause state or bookkeeping)."""
+        return (
+            self.schedule_kind,
+            self.schedule,
+            self.timezone,
+            self.anchor_ms,
+            self.prompt,
+            self.deliver_to,
+            self.session_id,
+            self.tools,
+            self.time_budget_s,
+            self.catch_up,
+            self.notify_on_failure,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FireRecord:
+    id: int
+    job_id: str
+    scheduled_ms: int
+    cause: FireCause
+    outcome: FireOutcome
+    reason: str
+    claimed_at: float
+    started_at: float | None
+    ended_at: float | None
+    outbox_id: int | None
+    notice: NoticeStatus
+
+    @property
+    def final(self) -> bool:
+        return self.outcome in FINAL_OUTCOMES
+
+
+class JobStore(Protocol):
+    # -- definitions ----------------------------------------------------------------------
+    async def jobs_sync_config(
+        self, jobs: Sequence[JobRecord], *, remove_missing: bool = True
+    ) -> bool:
+        """Make the ``config`` jobs ``jobs``: add new ones, update changed definitions
+        (keeping their pause state; a changed definition owes nothing before now) and, with
+        ``remove_missing``, remove the ones gone from the config. Returns whether anything
+        changed."""
+
+    async def job_add(self, job: JobRecord) -> JobRecord:
+        """Add a run-time job; :class:`StoreError` if the id is taken."""
+
+    async def job_remove(self, job_id: str) -> bool: ...
+
+    async def job_set_paused(self, job_id: str, paused: bool, *, since_ms: int) -> JobRecord | None:
+        """Pause or resume; a resume owes no fire at or before ``since_ms``."""
+
+    async def job_get(self, job_id: str) -> JobRecord | None: ...
+
+    async def job_list(self) -> list[JobRecord]:
+        """Every job, by id."""
+
+    async def jobs_revision(self) -> str:
+        """Changes whenever a job definition, pause state or run request changes, in any
+        process; a daemon polls it to pick up changes made with the CLI."""
+
+    # -- fires ----------------------------------------------------------------------------
+    async def fire_claim(
+        self, job_id: str, scheduled_ms: int, cause: FireCause
+    ) -> tuple[FireRecord, bool]:
+        """Claim a fire. Writes nothing and returns ``(existing, False)`` if it was claimed
+        before (also when two claims race). Otherwise the new row is ``running`` and
+        ``(row, True)`` is returned, or, when another fire of the job is still ``running``,
+        it is written ``skipped-overlap`` and ``(row, False)`` is returned."""
+
+    async def fire_skip(
+        self, job_id: str, scheduled_ms: int, cause: FireCause, reason: str
+    ) -> FireRecord | None:
+        """Record a fire as ``skipped-missed``; None if that fire already has a row."""
+
+    async def fire_request(self, job_id: str, scheduled_ms: int) -> FireRecord:
+        """A manual run ("fire now"): a ``requested`` row the daemon starts."""
+
+    async def fires_requested(self) -> list[FireRecord]: ...
+
+    async def fire_start_requested(self, fire_id: int) -> tuple[FireRecord, bool]:
+        """Start a ``requested`` fire as :meth:`fire_claim` starts a new one."""
+
+    async def fire_finish(
+        self,
+        fire_id: int,
+        *,
+        started_at: float,
+        result: NewOutbound | None = None,
+        failure: tuple[FireEnd, str] | None = None,
+        notice: NewOutbound | None = None,
+    ) -> FireRecord:
+        """End a ``running`` fire in one transaction with its outbox row: ``result`` makes it
+        ``delivering`` (settled later by :meth:`fires_settle`); ``failure`` (outcome, reason)
+        makes it final, with ``notice`` posted if given. :class:`StoreError` unless the fire
+        is ``running``."""
+
+    async def fires_settle(self) -> list[FireRecord]:
+        """Finish ``delivering`` fires and pending notices whose outbox rows are finished;
+        returns the fires that changed."""
+
+    async def fires_interrupted(self, reason: str) -> list[FireRecord]:
+        """Turn every ``running`` fire ``failed`` with ``reason``: only safe when none can
+        still run (daemon start). The fire stays claimed, so it is never run again."""
+
+    async def fire_history(self, job_id: str, *, limit: int | None = None) -> list[FireRecord]:
+        """Newest first."""
+
+    async def fires_latest(self) -> dict[str, FireRecord]:
+        """The newest fire of every job that has one."""
+
+    async def fire_latest_scheduled(self, job_id: str) -> int | None:
+        """The newest scheduled time (schedule or catch-up) that has a row."""
+
+    async def fires_latest_scheduled(self) -> dict[str, int]:
+        """:meth:`fire_latest_scheduled` of every job that has one, in one read."""

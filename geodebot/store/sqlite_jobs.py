@@ -1,0 +1,290 @@
+"""Jobs and fire history of :class:`~geodebot.store.sqlite.SQLiteStore` (see store/jobs.py).
+
+A mixin like the chat one: each method is one function run in one hop on the store's thread,
+inside one transaction when it writes. Commits that something acts on next (a run, a send,
+an operator's order) are durable.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from geodebot.store.jobs import FireCause, FireEnd, FireRecord, JobRecord
+from geodebot.store.protocol import NewOutbound, StoreError
+from geodebot.store.sqlite_jobs_sql import (
+    FIRE_COLS,
+    INSERT_FIRE,
+    INSERT_JOB,
+    JOB_COLS,
+    REVISION_CURSOR,
+    SETTLE_NOTICES,
+    SETTLE_RESULTS,
+    SETTLEABLE,
+    UPDATE_DEFINITION,
+    add_outbound,
+    bump,
+    fire_from_row,
+    fire_row,
+    job_from_row,
+    job_params,
+    job_row,
+    start_or_skip,
+)
+from geodebot.store.sqlite_rows import Transactions
+
+__all__ = ["JobsAndFires"]
+
+
+class JobsAndFires:
+    # -- definitions ----------------------------------------------------------------------
+    async def jobs_sync_config(
+        self: Transactions, jobs: Sequence[JobRecord], *, remove_missing: bool = True
+    ) -> bool:
+        now = time.time()
+
+        def sync(db: sqlite3.Connection) -> bool:
+            sql = f"SELECT {JOB_COLS} FROM scheduled_jobs WHERE origin = 'config'"
+            current = {row["id"]: job_from_row(row) for row in db.execute(sql).fetchall()}
+            changed = False
+            for job in jobs:
+                old = current.pop(job.id, None)
+                if old is None:
+                    taken = job_row(db, job.id)
+                    if taken is not None:
+                        raise StoreError(
+                            f"job {job.id!r} of the config clashes with a job made with "
+                            f"{taken.origin}; remove one of them"
+                        )
+                    db.execute(INSERT_JOB, job_params(job))
+                    changed = True
+                elif old.definition() != job.definition():
+                    d = job_params(job)
+                    db.execute(UPDATE_DEFINITION, (*d[2:13], job.since_ms, now, job.id))
+                    changed = True
+            for gone in current if remove_missing else ():
+                db.execute("DELETE FROM scheduled_jobs WHERE id = ?", (gone,))
+                changed = True
+            if changed:
+                bump(db)
+            return changed
+
+        return await self._transact("syncing the config's jobs", sync)
+
+    async def job_add(self: Transactions, job: JobRecord) -> JobRecord:
+        what = f"adding job {job.id!r}"
+
+        def add(db: sqlite3.Connection) -> JobRecord:
+            if job_row(db, job.id) is not None:
+                raise StoreError(f"{what} failed: a job with that id exists")
+            db.execute(INSERT_JOB, job_params(job))
+            bump(db)
+            return job
+
+        return await self._transact(what, add, durable=True)
+
+    async def job_remove(self: Transactions, job_id: str) -> bool:
+        def remove(db: sqlite3.Connection) -> bool:
+            sql = "DELETE FROM scheduled_jobs WHERE id = ? RETURNING id"
+            removed = db.execute(sql, (job_id,)).fetchone() is not None
+            if removed:
+                bump(db)
+            return removed
+
+        return await self._transact(f"removing job {job_id!r}", remove, durable=True)
+
+    async def job_set_paused(
+        self: Transactions, job_id: str, paused: bool, *, since_ms: int
+    ) -> JobRecord | None:
+        def pause(db: sqlite3.Connection) -> JobRecord | None:
+            sql = (
+                "UPDATE scheduled_jobs SET paused = ?, updated_at = ?, "
+                "since_ms = CASE WHEN ? = 0 THEN ? ELSE since_ms END "
+                f"WHERE id = ? RETURNING {JOB_COLS}"
+            )
+            params = (int(paused), time.time(), int(paused), since_ms, job_id)
+            row = db.execute(sql, params).fetchone()
+            if row is None:
+                return None
+            bump(db)
+            return job_from_row(row)
+
+        return await self._transact(f"pausing job {job_id!r}", pause, durable=True)
+
+    async def job_get(self: Transactions, job_id: str) -> JobRecord | None:
+        return await self._query(f"reading job {job_id!r}", lambda db: job_row(db, job_id))
+
+    async def job_list(self: Transactions) -> list[JobRecord]:
+        sql = f"SELECT {JOB_COLS} FROM scheduled_jobs ORDER BY id"
+        return await self._query(
+            "listing jobs", lambda db: [job_from_row(row) for row in db.execute(sql).fetchall()]
+        )
+
+    async def jobs_revision(self: Transactions) -> str:
+        def read(db: sqlite3.Connection) -> str:
+            sql = "SELECT value FROM cursors WHERE name = ?"
+            row = db.execute(sql, (REVISION_CURSOR,)).fetchone()
+            return "" if row is None else str(row[0])
+
+        return await self._query("reading the jobs revision", read)
+
+    # -- fires ----------------------------------------------------------------------------
+    async def fire_claim(
+        self: Transactions, job_id: str, scheduled_ms: int, cause: FireCause
+    ) -> tuple[FireRecord, bool]:
+        def claim(db: sqlite3.Connection) -> tuple[FireRecord, bool]:
+            params = (job_id, scheduled_ms, cause, "requested", "", time.time(), None)
+            row = db.execute(INSERT_FIRE, params).fetchone()
+            if row is None:
+                sql = f"SELECT {FIRE_COLS} FROM job_fires WHERE job_id = ? AND scheduled_ms = ?"
+                return fire_from_row(db.execute(sql, (job_id, scheduled_ms)).fetchone()), False
+            return start_or_skip(db, fire_from_row(row))
+
+        # The run starts next: the claim must survive anything that happens during it.
+        what = f"claiming fire {scheduled_ms} of job {job_id!r}"
+        return await self._transact(what, claim, durable=True)
+
+    async def fire_skip(
+        self: Transactions, job_id: str, scheduled_ms: int, cause: FireCause, reason: str
+    ) -> FireRecord | None:
+        def skip(db: sqlite3.Connection) -> FireRecord | None:
+            now = time.time()
+            params = (job_id, scheduled_ms, cause, "skipped-missed", reason, now, now)
+            row = db.execute(INSERT_FIRE, params).fetchone()
+            return None if row is None else fire_from_row(row)
+
+        return await self._transact(f"recording a missed fire of job {job_id!r}", skip)
+
+    async def fire_request(self: Transactions, job_id: str, scheduled_ms: int) -> FireRecord:
+        what = f"requesting a run of job {job_id!r}"
+
+        def request(db: sqlite3.Connection) -> FireRecord:
+            params = (job_id, scheduled_ms, "manual", "requested", "", time.time(), None)
+            row = db.execute(INSERT_FIRE, params).fetchone()
+            if row is None:
+                raise StoreError(f"{what} failed: a run at that moment exists; try again")
+            bump(db)
+            return fire_from_row(row)
+
+        return await self._transact(what, request, durable=True)
+
+    async def fires_requested(self: Transactions) -> list[FireRecord]:
+        sql = f"SELECT {FIRE_COLS} FROM job_fires WHERE outcome = 'requested' ORDER BY id"
+        return await self._query(
+            "reading requested runs",
+            lambda db: [fire_from_row(row) for row in db.execute(sql).fetchall()],
+        )
+
+    async def fire_start_requested(self: Transactions, fire_id: int) -> tuple[FireRecord, bool]:
+        what = f"starting requested run {fire_id}"
+
+        def start(db: sqlite3.Connection) -> tuple[FireRecord, bool]:
+            fire = fire_row(db, fire_id)
+            if fire is None:
+                raise StoreError(f"{what} failed: no such fire")
+            if fire.outcome != "requested":
+                return fire, False
+            return start_or_skip(db, fire)
+
+        return await self._transact(what, start, durable=True)
+
+    async def fire_finish(
+        self: Transactions,
+        fire_id: int,
+        *,
+        started_at: float,
+        result: NewOutbound | None = None,
+        failure: tuple[FireEnd, str] | None = None,
+        notice: NewOutbound | None = None,
+    ) -> FireRecord:
+        what = f"finishing fire {fire_id}"
+        if (result is None) == (failure is None):
+            raise StoreError(f"{what} failed: give exactly one of result or failure")
+
+        def finish(db: sqlite3.Connection) -> FireRecord:
+            now = time.time()
+            fire = fire_row(db, fire_id)
+            if fire is None or fire.outcome != "running":
+                state = "no such fire" if fire is None else f"it is {fire.outcome!r}"
+                raise StoreError(f"{what} failed: {state}")
+            message = result if result is not None else notice
+            outbox_id = None if message is None else add_outbound(db, message, now)
+            outcome, reason = ("delivering", "") if failure is None else failure
+            notice_status = "pending" if failure is not None and notice is not None else ""
+            sql = (
+                "UPDATE job_fires SET outcome = ?, reason = ?, started_at = ?, ended_at = ?, "
+                f"outbox_id = ?, notice = ? WHERE id = ? RETURNING {FIRE_COLS}"
+            )
+            params = (outcome, reason, started_at, now, outbox_id, notice_status, fire_id)
+            return fire_from_row(db.execute(sql, params).fetchone())
+
+        # The outbox sends the message next.
+        return await self._transact(what, finish, durable=True)
+
+    async def fires_settle(self: Transactions) -> list[FireRecord]:
+        if not await self._query(
+            "looking for fires to settle", lambda db: db.execute(SETTLEABLE).fetchone() is not None
+        ):
+            return []
+
+        def settle(db: sqlite3.Connection) -> list[FireRecord]:
+            rows = db.execute(SETTLE_RESULTS).fetchall()
+            rows += db.execute(SETTLE_NOTICES).fetchall()
+            return [fire_from_row(row) for row in rows]
+
+        return await self._transact("settling fire deliveries", settle)
+
+    async def fires_interrupted(self: Transactions, reason: str) -> list[FireRecord]:
+        def sweep(db: sqlite3.Connection) -> list[FireRecord]:
+            sql = (
+                "UPDATE job_fires SET outcome = 'failed', reason = ?, ended_at = ? "
+                f"WHERE outcome = 'running' RETURNING {FIRE_COLS}"
+            )
+            rows = db.execute(sql, (reason, time.time())).fetchall()
+            return sorted((fire_from_row(row) for row in rows), key=lambda fire: fire.id)
+
+        return await self._transact("sweeping interrupted fires", sweep)
+
+    async def fire_history(
+        self: Transactions, job_id: str, *, limit: int | None = None
+    ) -> list[FireRecord]:
+        sql = f"SELECT {FIRE_COLS} FROM job_fires WHERE job_id = ? ORDER BY id DESC"
+        params: tuple[Any, ...] = (job_id,)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params += (limit,)
+        return await self._query(
+            f"reading the history of job {job_id!r}",
+            lambda db: [fire_from_row(row) for row in db.execute(sql, params).fetchall()],
+        )
+
+    async def fires_latest(self: Transactions) -> dict[str, FireRecord]:
+        sql = (
+            f"SELECT {FIRE_COLS} FROM job_fires "
+            "WHERE id IN (SELECT MAX(id) FROM job_fires GROUP BY job_id)"
+        )
+        return await self._query(
+            "reading the latest fires",
+            lambda db: {row["job_id"]: fire_from_row(row) for row in db.execute(sql).fetchall()},
+        )
+
+    async def fires_latest_scheduled(self: Transactions) -> dict[str, int]:
+        sql = (
+            "SELECT job_id, MAX(scheduled_ms) FROM job_fires WHERE cause <> 'manual' "
+            "GROUP BY job_id"
+        )
+        return await self._query(
+            "reading the last fire of every job",
+            lambda db: {str(row[0]): int(row[1]) for row in db.execute(sql).fetchall()},
+        )
+
+    async def fire_latest_scheduled(self: Transactions, job_id: str) -> int | None:
+        sql = "SELECT MAX(scheduled_ms) FROM job_fires WHERE job_id = ? AND cause <> 'manual'"
+
+        def read(db: sqlite3.Connection) -> int | None:
+            value = db.execute(sql, (job_id,)).fetchone()[0]
+            return None if value is None else int(value)
+
+        return await self._query(f"reading the last fire of job {job_id!r}", read)

@@ -412,13 +412,22 @@ def to_discord(md: str) -> str:
     out: list[str] = []
     for line in scan_lines(text):
         raw = text[line.start : line.end]
+        if line.kind in (Kind.OPEN, Kind.CLOSE):
+            # Escaping would lengthen a fence line, which can stop it being one; an info
+            # string with a mass mention is only a language hint, so it goes instead.
+            fence = line.fence
+            if fence is not None and _MASS_MENTION.search(raw):
+                raw = fence.indent + "`" * fence.ticks
+            out.append(raw)
+            continue
         m = HEADING_RE.fullmatch(raw) if line.kind is Kind.TEXT else None
         # Inner "**" would close the bold early; the whole line is bold anyway.
         title = heading_text(m[2]).replace("**", "").strip() if m else ""
         # Discord renders #, ## and ### only; deeper ones would show their hashes.
-        out.append(f"**{title}**" if m and len(m[1]) > 3 and title else raw)
-    # Also inside code: the zero-width space costs nothing there and no ping can slip through.
-    return _MASS_MENTION.sub("@\u200b\\1", "\n".join(out))
+        line_out = f"**{title}**" if m and len(m[1]) > 3 and title else raw
+        # Also inside code: the zero-width space costs nothing there and no ping slips through.
+        out.append(_MASS_MENTION.sub("@\u200b\\1", line_out))
+    return "\n".join(out)
 
 
 # --- per platform -----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from geodebot.engine.tools.spec import Approver
 from geodebot.health import EngineMetrics, HealthServer, Probe
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.service import JobScheduler
-from geodebot.scheduler.status import JobStatus
+from geodebot.scheduler.status import JobStatus, job_lines
 from geodebot.sdnotify import SystemdNotifier
 
 log = logging.getLogger(__name__)
@@ -101,14 +101,14 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
                 typing=typing,
                 job_status=JobStatus(store).for_binding,
             )
+            scheduler = JobScheduler(app, config.bindings, outbox.kick, refusals=refusals)
             if metrics is not None:
-                health = _health_server(config, app, channels, router, registry, metrics)
+                health = _health_server(config, app, channels, router, scheduler, registry, metrics)
                 await health.start()
                 stack.push_async_callback(health.stop)
             recovered = await router.recover()
             if recovered:
                 log.info("answering %s message(s) accepted before the restart", recovered)
-            scheduler = JobScheduler(app, config.bindings, outbox.kick, refusals=refusals)
             sender = asyncio.create_task(outbox.run())
             supervisor = ChannelSupervisor(channels, router.accept)
             # Callbacks run last-pushed first: running turns drain, their replies go out,
@@ -149,6 +149,7 @@ def _health_server(
     app: App,
     channels: Mapping[str, Channel],
     router: ChatRouter,
+    scheduler: JobScheduler,
     registry: CollectorRegistry,
     metrics: EngineMetrics,
 ) -> HealthServer:
@@ -173,12 +174,16 @@ def _health_server(
             "reason": switch.reason,
         }
 
+    async def jobs() -> tuple[bool, dict[str, Any]]:
+        return scheduler.running, {"jobs": scheduler.registered()}
+
     probe = Probe(
         store,
         channels,
         router_counters=lambda: router.counters,
         load=router.load,
-        extra={"computer_use": computer_use},
+        fire_counts=store.fire_counts,
+        extra={"computer_use": computer_use, "scheduler": jobs},
     )
     assert config.daemon.http is not None
     return HealthServer(config.daemon.http, probe, registry, metrics, token=token)
@@ -211,6 +216,10 @@ def _status_report(
                 "enabled": switch is not None and switch.active(now),
                 "expires_at": None if switch is None else switch.expires_at,
             },
+            "jobs": [
+                {"id": line.job.id, "next": line.next_fire, "last": line.last_outcome}
+                for line in await job_lines(store)
+            ],
         }
 
     return report

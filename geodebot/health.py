@@ -103,6 +103,8 @@ class Probe:
     channels: Mapping[str, Channel] = field(default_factory=dict)
     router_counters: Callable[[], Mapping[str, int]] = dict
     load: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    # Job fires by outcome (over all history), when the daemon runs a scheduler.
+    fire_counts: Callable[[], Awaitable[Mapping[str, int]]] | None = None
     # name -> (ok, detail) for further components (scheduler, computer use, ...).
     extra: dict[str, Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]] = field(
         default_factory=dict
@@ -114,7 +116,8 @@ class _LiveCollector(Collector):
 
     def __init__(self, probe: Probe) -> None:
         self._probe = probe
-        self.outbox: dict[str, int] = {}
+        self.outbox: Mapping[str, int] = {}
+        self.fires: Mapping[str, int] = {}
 
     def collect(self) -> Iterator[Any]:
         messages = CounterMetricFamily(
@@ -154,6 +157,12 @@ class _LiveCollector(Collector):
         for row_status, count in sorted(self.outbox.items()):
             outbox.add_metric([row_status], count)
         yield outbox
+        fires = CounterMetricFamily(
+            "geodebot_job_fires", "Scheduled job fires, by outcome.", labels=["outcome"]
+        )
+        for outcome, count in sorted(self.fires.items()):
+            fires.add_metric([outcome], count)
+        yield fires
 
 
 class HealthServer:
@@ -247,7 +256,9 @@ class HealthServer:
     async def _scrape(self, request: web.Request) -> web.StreamResponse:
         try:
             self._live.outbox = await self._probe.store.outbox_counts()
+            if self._probe.fire_counts is not None:
+                self._live.fires = await self._probe.fire_counts()
         except Exception:
-            log.warning("metrics: cannot count outbox rows", exc_info=True)
+            log.warning("metrics: cannot count outbox rows or job fires", exc_info=True)
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -15,6 +15,7 @@ from geodebot.app import App
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
+from geodebot.logctx import log_context
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.schedule import format_fire
 from geodebot.store.jobs import FireEnd, FireRecord, JobRecord
@@ -59,6 +60,10 @@ class FireRunner:
 
     async def run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
         """Run a claimed (``running``) fire to its end; never raises but for cancellation."""
+        with log_context(job=job.id, fire=str(fire.id), session=job.session_id):
+            return await self._run(job, fire)
+
+    async def _run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
         started = time.time()
         binding = binding_for(self._bindings, job.deliver_to)
         result: TurnResult | None = None

@@ -113,6 +113,11 @@ class JobScheduler:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
+    @property
+    def running(self) -> bool:
+        """The store poll (and so the scheduler) is alive."""
+        return self._poller is not None and not self._poller.done()
+
     def registered(self) -> int:
         return len(self._aps.get_jobs()) if self._aps is not None else 0
 

@@ -178,5 +178,9 @@ class JobStore(Protocol):
     async def fire_latest_scheduled(self, job_id: str) -> int | None:
         """The newest scheduled time (schedule or catch-up) that has a row."""
 
+    async def fire_counts(self) -> dict[str, int]:
+        """Fires by outcome, over all history."""
+        ...
+
     async def fires_latest_scheduled(self) -> dict[str, int]:
         """:meth:`fire_latest_scheduled` of every job that has one, in one read."""

@@ -270,6 +270,13 @@ class JobsAndFires:
             lambda db: {row["job_id"]: fire_from_row(row) for row in db.execute(sql).fetchall()},
         )
 
+    async def fire_counts(self: Transactions) -> dict[str, int]:
+        sql = "SELECT outcome, COUNT(*) FROM job_fires GROUP BY outcome"
+        return await self._query(
+            "counting fires",
+            lambda db: {str(row[0]): int(row[1]) for row in db.execute(sql).fetchall()},
+        )
+
     async def fires_latest_scheduled(self: Transactions) -> dict[str, int]:
         sql = (
             "SELECT job_id, MAX(scheduled_ms) FROM job_fires WHERE cause <> 'manual' "

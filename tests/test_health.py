@@ -101,6 +101,8 @@ async def served(tmp_path: Path, llm_server: FakeLLMServer) -> AsyncIterator[Ser
             f'api_base_url = "{telegram.api_base_url}"\npoll_timeout_s = 1\n'
             f'[[bindings]]\nplatform = "telegram"\nchannel = "{GROUP}"\nsession = "ops"\n'
             f'allowed_users = ["{ALICE}"]\n'
+            '[[jobs]]\nid = "nightly"\ncron = "0 3 * * *"\nprompt = "digest"\n'
+            'deliver_to = "ops"\n'
         )
         env = dict(os.environ, HEALTH_TG_TOKEN=telegram.token, HEALTH_TOKEN=TOKEN)
         env[TEST_KEY_ENV] = TEST_KEY
@@ -134,6 +136,7 @@ async def test_health_and_metrics_follow_traffic(served: Served) -> None:
     assert components["store"]["ok"] is True
     assert components["channels"]["telegram"]["ok"] is True
     assert components["computer_use"] == {"ok": True, "enabled": False}
+    assert components["scheduler"] == {"ok": True, "jobs": 1}
     assert components["model"]["last_ok"] is None
 
     served.llm.script(Reply("all good"))
@@ -158,6 +161,7 @@ async def test_health_and_metrics_follow_traffic(served: Served) -> None:
     code, text = await served.get("/metrics")
     assert metric(text, "geodebot_outbox_rows", status="sent") == 1
     assert metric(text, "process_resident_memory_bytes") > 10_000_000
+    assert "# TYPE geodebot_job_fires counter" in text
 
     body = await served.until_health(200)
     assert body["components"]["model"]["last_ok"] is not None
@@ -203,6 +207,9 @@ async def test_status_asks_the_running_daemon(served: Served) -> None:
     assert report["channels"] == {"telegram": {"connected": True, "detail": ""}}
     assert (report["turns_running"], report["queued"]) == (0, 0)
     assert report["computer_use"]["enabled"] is False
+    [job] = report["jobs"]
+    assert (job["id"], job["last"]) == ("nightly", "never fired")
+    assert job["next"].startswith("20")
     code, out, err = await geodebot_status(served.config)
     assert code == 0, err
     assert "ready" in out

@@ -161,7 +161,7 @@ async def test_health_and_metrics_follow_traffic(served: Served) -> None:
     code, text = await served.get("/metrics")
     assert metric(text, "geodebot_outbox_rows", status="sent") == 1
     assert metric(text, "process_resident_memory_bytes") > 10_000_000
-    assert "# TYPE geodebot_job_fires counter" in text
+    assert "# TYPE geodebot_job_fires_total counter" in text
 
     body = await served.until_health(200)
     assert body["components"]["model"]["last_ok"] is not None

@@ -1,10 +1,11 @@
 """SQLite implementation of :class:`~geodebot.store.protocol.Store`.
 
-One aiosqlite connection serves the whole daemon. Every operation, reads included, runs under
-one asyncio lock: a read interleaved with a half-done write on the same connection would see
-that write's uncommitted rows. Writes are explicit ``BEGIN IMMEDIATE`` transactions so that
-another process holding the database makes us wait on ``busy_timeout`` up front instead of
-failing at commit.
+One aiosqlite connection serves the whole daemon. Every operation is one function run on the
+connection's thread (one hop, not one per statement), taken in turn under one asyncio lock, so
+no operation ever sees another's half-done transaction. Writes are explicit ``BEGIN
+IMMEDIATE`` transactions so that another process holding the database makes us wait on
+``busy_timeout`` up front instead of failing at commit; only the commits something outside
+acts on are synced to disk at the configured level (see :meth:`SQLiteStore._transact`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pathlib
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -214,29 +215,26 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
                 raise StoreError(f"closing store {str(self.path)!r} failed: {exc}") from exc
 
     async def schema_version(self) -> int:
-        async with self._read("reading the schema version") as db:
-            return await self._version(db)
-
-    @staticmethod
-    async def _version(db: aiosqlite.Connection) -> int:
-        rows = list(await db.execute_fetchall("SELECT MAX(version) FROM schema_migrations"))
-        return int(rows[0][0] or 0)
+        return await self._query("reading the schema version", _version)
 
     async def _migrate(self) -> None:
         current = await self.schema_version()
         for version, name, script in load_migrations():
             if version <= current:
                 continue
-            async with self._write(f"applying migration {name}") as db:
+
+            def apply(db: sqlite3.Connection, version: int = version, script: str = script) -> None:
                 # Another process may have applied it since we looked; now we hold the lock.
-                if await self._version(db) >= version:
-                    continue
+                if _version(db) >= version:
+                    return
                 for statement in split_statements(script):
-                    await db.execute(statement)
-                await db.execute(
+                    db.execute(statement)
+                db.execute(
                     "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
                     (version, time.time()),
                 )
+
+            await self._transact(f"applying migration {name}", apply, durable=True)
 
     # -- transaction plumbing -------------------------------------------------------------
     def _connection(self, what: str) -> aiosqlite.Connection:
@@ -299,37 +297,6 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
                 conn.execute("ROLLBACK")
             raise
         return result
-
-    @contextlib.asynccontextmanager
-    async def _read(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
-        db = self._connection(what)
-        async with self._lock:
-            try:
-                yield db
-            except sqlite3.Error as exc:
-                raise StoreError(f"{what} failed: {exc}") from exc
-
-    @contextlib.asynccontextmanager
-    async def _write(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
-        db = self._connection(what)
-        async with self._lock:
-            try:
-                await db.execute("BEGIN IMMEDIATE")
-                yield db
-                await db.execute("COMMIT")
-            except BaseException as exc:
-                # Shielded so a second cancellation cannot skip it; the connection's queue runs
-                # the rollback before anything queued after it.
-                await asyncio.shield(self._rollback(db))
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"{what} failed: {exc}") from exc
-                raise
-
-    @staticmethod
-    async def _rollback(db: aiosqlite.Connection) -> None:
-        # SQLite may already have rolled back by itself (e.g. on SQLITE_FULL).
-        with contextlib.suppress(sqlite3.Error, ValueError):
-            await db.execute("ROLLBACK")
 
     # -- sessions -------------------------------------------------------------------------
     async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:
@@ -489,6 +456,10 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
             lambda db: db.execute(sql, params).fetchall(),
         )
         return [from_row(TimelineEvent, row) for row in rows]
+
+
+def _version(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] or 0)
 
 
 def _session(db: sqlite3.Connection, session_id: str) -> SessionRecord:

@@ -208,6 +208,8 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"outbox: {outbox.get('pending', 0)} pending, {outbox.get('failed', 0)} failed"
     )
     print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
+    for job in answer.get("jobs", []):
+        print(f"job {job['id']}: next {job['next']}; last {job['last']}")
     return EXIT_OK
 
 

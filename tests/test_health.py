@@ -215,6 +215,7 @@ async def test_status_asks_the_running_daemon(served: Served) -> None:
     assert "ready" in out
     assert "telegram: connected" in out
     assert "computer use: off" in out
+    assert "job nightly: next 20" in out
 
 
 async def test_status_without_a_daemon_says_so(tmp_path: Path) -> None:

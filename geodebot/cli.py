@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import getpass
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +29,7 @@ from geodebot.engine.loop import new_id
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec
 from geodebot.logs import setup_logging
+from geodebot.redact import Redactor
 from geodebot.scheduler.cli import add_jobs_parser, jobs_command
 from geodebot.service import CREDENTIALS_DIR, DEFAULT_UNIT_PATH, layout_problems, unit_for
 from geodebot.store.protocol import StoreError
@@ -104,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     status = sub.add_parser("status", parents=[common], help="ask the running daemon")
     status.add_argument("--json", action="store_true")
+    desktop = sub.add_parser(
+        "desktop-agent", help="serve computer-use actions on an X display (its own service)"
+    )
+    desktop.add_argument("--socket", type=Path, required=True, help="unix socket to listen on")
+    desktop.add_argument("--display", default=os.environ.get("DISPLAY", ":0"))
     service = sub.add_parser("service", help="run geodebot as a systemd service")
     service_sub = service.add_subparsers(dest="action", required=True)
     install = service_sub.add_parser(
@@ -120,6 +128,9 @@ def _load(args: argparse.Namespace) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "desktop-agent":
+        # Runs in its own service beside the display; it reads no configuration.
+        return _desktop_agent(args)
     try:
         config = _load(args)
     except ConfigError as exc:
@@ -210,6 +221,31 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
     print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
     for job in answer.get("jobs", []):
         print(f"job {job['id']}: next {job['next']}; last {job['last']}")
+    return EXIT_OK
+
+
+def _desktop_agent(args: argparse.Namespace) -> int:
+    from geodebot.desktop_agent import DesktopAgent, DesktopError, serve_agent
+
+    setup_logging("info", Redactor())
+    try:
+        agent = DesktopAgent(args.display)
+    except DesktopError as exc:
+        print(f"geodebot: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_agent(args.socket, agent, stop)
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:
+        print(f"geodebot: cannot serve on {args.socket}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

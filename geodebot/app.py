@@ -210,6 +210,7 @@ async def build_app(
         http_max_bytes=config.tools.http_max_bytes,
         http_timeout_s=config.tools.http_timeout_s,
         bash_timeout_s=config.tools.bash_timeout_s,
+        computer_socket=config.tools.computer_socket,
     )
     pool = await open_mcp_pool(config, stack)
     registry = registry if registry is not None else ToolRegistry(builtin_tools(settings))

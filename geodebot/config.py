@@ -193,6 +193,8 @@ class ToolsConfig(_Strict):
     http_max_bytes: Annotated[int, Field(ge=1, le=50_000_000)] = 1_000_000
     http_timeout_s: Annotated[float, Field(gt=0, le=300)] = 20.0
     bash_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # The unix socket of `geodebot desktop-agent`; without it the computer tool refuses.
+    computer_socket: Path | None = None
     # How long `geodebot chat` has to answer an approval request before it counts as "no".
     approval_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
     # Tools of terminal chat sessions; writes are asked for at the terminal.

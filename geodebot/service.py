@@ -70,7 +70,7 @@ RestartPreventExitStatus=2
 DynamicUser=yes
 StateDirectory=geodebot
 StateDirectoryMode=0700
-{load_credentials}
+{load_credentials}{computer}
 UMask=0077
 NoNewPrivileges=yes
 CapabilityBoundingSet=
@@ -123,6 +123,7 @@ def render_unit(
     secrets: Iterable[str],
     *,
     credentials: Path = CREDENTIALS_DIR,
+    computer_use: bool = False,
 ) -> str:
     exec_start = shlex.join([*command, "serve", "--config", str(config_path)])
     names = sorted(set(secrets))
@@ -131,11 +132,16 @@ def render_unit(
         exec_start=exec_start,
         load_credentials=load or "# No secrets named by the configuration.",
         credentials=credentials,
+        # The desktop agent's socket (geodebot-desktop.service) is open to this group only.
+        computer="\nSupplementaryGroups=geodebot-desktop" if computer_use else "",
     )
 
 
 def unit_for(config: Config, config_path: Path) -> str:
-    return render_unit(current_executable(), config_path, secret_names(config))
+    computer_use = config.tools.computer_socket is not None
+    return render_unit(
+        current_executable(), config_path, secret_names(config), computer_use=computer_use
+    )
 
 
 def layout_problems(config: Config) -> list[str]:

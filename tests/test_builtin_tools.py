@@ -93,6 +93,10 @@ def test_schemas_accept_and_reject_what_the_handlers_expect(
 VALID_ACTIONS: list[dict[str, Any]] = [
     {"type": "screenshot"},
     {"type": "click", "x": 10, "y": 20},
+    {"type": "double_click", "x": 10, "y": 20},
+    {"type": "right_click", "x": 10, "y": 20},
+    {"type": "scroll", "x": 1, "y": 2, "direction": "down", "amount": 3},
+    {"type": "cursor_position"},
     {"type": "type", "text": "hello"},
     {"type": "key", "keys": "ctrl+c"},
 ]
@@ -104,6 +108,8 @@ INVALID_ACTIONS: list[Any] = [
     {"type": "type", "text": ""},
     {"type": "key", "keys": "a", "extra": 1},
     {"type": "scroll"},
+    {"type": "scroll", "x": 1, "y": 2, "direction": "diagonal", "amount": 3},
+    {"type": "scroll", "x": 1, "y": 2, "direction": "up", "amount": 51},
     "screenshot",
 ]
 
@@ -125,9 +131,10 @@ def test_computer_schema_has_no_top_level_combinator() -> None:
     assert not {"oneOf", "anyOf", "allOf"} & set(schema)
 
 
-async def test_computer_refuses_every_call() -> None:
+async def test_without_a_desktop_agent_the_computer_tool_refuses_every_call() -> None:
     spec = computer_tool()
     assert spec.data_class is DataClass.INTERNAL
+    assert spec.repeatable  # two screenshots in a turn are two screenshots
     for action in VALID_ACTIONS:
         with pytest.raises(ToolError, match="computer use has no backend on this host"):
             await spec.handler({"action": action}, CTX)

@@ -3,118 +3,21 @@ for anything malformed. (.ci/run installs xvfb and xdotool.)"""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import json
 import os
-import shutil
 import struct
-import sys
-import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-WIDTH, HEIGHT = 640, 480
-
-
-@dataclass
-class Desktop:
-    display: str
-    socket: Path
-
-    async def ask(self, **request: Any) -> dict[str, Any]:
-        reader, writer = await asyncio.open_unix_connection(str(self.socket))
-        try:
-            writer.write(json.dumps(request).encode() + b"\n")
-            await writer.drain()
-            answer: dict[str, Any] = json.loads(await reader.readline())
-            return answer
-        finally:
-            writer.close()
-            await writer.wait_closed()
-
-    async def raw(self, *lines: bytes) -> list[dict[str, Any]]:
-        reader, writer = await asyncio.open_unix_connection(str(self.socket))
-        try:
-            answers = []
-            for line in lines:
-                writer.write(line)
-                await writer.drain()
-                answers.append(json.loads(await reader.readline()))
-            return answers
-        finally:
-            writer.close()
-            await writer.wait_closed()
-
-
-def free_display() -> int:
-    for number in range(90, 200):
-        if (
-            not Path(f"/tmp/.X11-unix/X{number}").exists()
-            and not Path(f"/tmp/.X{number}-lock").exists()
-        ):
-            return number
-    raise RuntimeError("no free X display number")
-
-
-async def wait_for(path: Path, proc: asyncio.subprocess.Process, what: str) -> None:
-    async with asyncio.timeout(20):
-        while not path.exists():
-            if proc.returncode is not None:
-                raise RuntimeError(f"{what} exited with {proc.returncode}")
-            await asyncio.sleep(0.05)
+from tests.desktop import HEIGHT, WIDTH, Desktop, running_desktop
 
 
 @pytest.fixture
 async def desktop() -> AsyncIterator[Desktop]:
-    xvfb = shutil.which("Xvfb")
-    assert xvfb is not None, "Xvfb is needed (Debian package xvfb)"
-    assert shutil.which("xdotool") is not None, "xdotool is needed (Debian package xdotool)"
-    number = free_display()
-    screen = await asyncio.create_subprocess_exec(
-        xvfb,
-        f":{number}",
-        "-screen",
-        "0",
-        f"{WIDTH}x{HEIGHT}x24",
-        "-nolisten",
-        "tcp",
-        # Without it Xvfb resets (pointer included) whenever its last client disconnects.
-        "-noreset",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    agent = None
-    with tempfile.TemporaryDirectory(prefix="gb-desk-") as directory:
-        socket = Path(directory) / "agent.sock"
-        try:
-            await wait_for(Path(f"/tmp/.X11-unix/X{number}"), screen, "Xvfb")
-            agent = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "geodebot",
-                "desktop-agent",
-                "--socket",
-                str(socket),
-                "--display",
-                f":{number}",
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-            await wait_for(socket, agent, "desktop-agent")
-            yield Desktop(f":{number}", socket)
-        finally:
-            for proc in (agent, screen):
-                if proc is not None and proc.returncode is None:
-                    proc.terminate()
-                    await proc.wait()
-    assert agent is not None
-    assert agent.returncode == 0  # SIGTERM is a clean stop
-    assert not socket.exists()
+    async with running_desktop() as running:
+        yield running
 
 
 async def test_clicks_and_scrolls_move_the_real_pointer(desktop: Desktop) -> None:

@@ -34,12 +34,15 @@ def geodebot(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def service_config(tmp_path: Path, workspace: str = "/var/lib/geodebot/workspace") -> Path:
+def service_config(
+    tmp_path: Path, workspace: str = "/var/lib/geodebot/workspace", computer_socket: str = ""
+) -> Path:
     config = tmp_path / "config.toml"
+    socket = f'computer_socket = "{computer_socket}"\n' if computer_socket else ""
     config.write_text(
         f'[daemon]\nstate_dir = "{tmp_path / "var"}"\n'
         '[model]\nprovider = "anthropic"\nname = "m"\napi_key_env = "ANTHROPIC_API_KEY"\n'
-        f'[tools]\nworkspace = "{workspace}"\n'
+        f'[tools]\nworkspace = "{workspace}"\n{socket}'
         '[channels.telegram]\ntoken_env = "TELEGRAM_BOT_TOKEN"\n'
         "[channels.slack]\nenabled = false\n"
     )
@@ -99,3 +102,20 @@ def test_print_writes_nothing(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("# geodebot as a system service")
     assert "Type=notify" in result.stdout
+    assert "SupplementaryGroups" not in result.stdout
+    computer = service_config(tmp_path, computer_socket="/run/geodebot-desktop/agent.sock")
+    result = geodebot("service", "install", "--config", str(computer), "--print")
+    assert result.returncode == 0, result.stderr
+    assert "\nSupplementaryGroups=geodebot-desktop\n" in result.stdout
+
+
+def test_the_desktop_unit_verifies(tmp_path: Path) -> None:
+    desktop = ROOT / "deploy" / "systemd" / "geodebot-desktop.service"
+    text = desktop.read_text().replace(
+        "/opt/geodebot/bin/geodebot", str(Path(sys.executable).parent / "geodebot")
+    )
+    (tmp_path / desktop.name).write_text(text)
+    verified = systemd_analyze("verify", desktop.name, cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "-noreset" in text
+    assert "RestrictAddressFamilies=AF_UNIX" in text

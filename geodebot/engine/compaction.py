@@ -7,8 +7,9 @@ what the model sees, never in the store) by a summary that records the seq range
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from geodebot.engine.llm.types import (
     LLMAdapter,
@@ -42,17 +43,53 @@ class ContextItem:
     # For a summary: the first seq it covers.
     covers_from: int | None = None
     # The message's canonical JSON, made once: every round measures and hashes the whole
-    # context, and a long-lived session's context is long.
+    # context, and a long-lived session's context is long. An image stands in it as the
+    # digest of its bytes, so a screenshot neither bloats the hash input nor the size.
     canonical: str = field(default="", compare=False, repr=False)
+    images: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.canonical:
-            object.__setattr__(self, "canonical", canonical_json(self.message.to_json()))
+            data = self.message.to_json()
+            count = 0
+            for block in data["content"]:
+                for image in block.get("images", ()):
+                    image["data"] = "sha256:" + hashlib.sha256(image["data"].encode()).hexdigest()
+                    count += 1
+            object.__setattr__(self, "canonical", canonical_json(data))
+            object.__setattr__(self, "images", count)
+
+
+# What one screenshot costs a provider, roughly (about 1,600 tokens for 1280x800).
+IMAGE_CHARS = 4 * 1_600
+IMAGE_DROPPED = "[an earlier image was dropped: only the latest one stays in the context]"
 
 
 def estimate_tokens(items: Sequence[ContextItem], system: str = "") -> int:
     """A cheap, provider-independent estimate: about four characters per token."""
-    return (len(system) + sum(len(item.canonical) for item in items)) // 4 + 1
+    chars = sum(len(item.canonical) + item.images * IMAGE_CHARS for item in items)
+    return (len(system) + chars) // 4 + 1
+
+
+def latest_images_only(items: Sequence[ContextItem]) -> Sequence[ContextItem]:
+    """The context as the model sees it: tool-result images only in the newest message
+    that has any (a computer-use session takes a screenshot per step)."""
+    carrying = [index for index, item in enumerate(items) if item.images]
+    if len(carrying) <= 1:
+        return items
+    view = list(items)
+    for index in carrying[:-1]:
+        item = items[index]
+        blocks = tuple(
+            replace(b, content=f"{b.content}\n{IMAGE_DROPPED}", images=())
+            if isinstance(b, ToolResultBlock) and b.images
+            else b
+            for b in item.message.content
+        )
+        view[index] = ContextItem(
+            item.seq, replace(item.message, content=blocks), item.is_summary, item.covers_from
+        )
+    return view
 
 
 def split_point(items: Sequence[ContextItem], keep_recent: int) -> int | None:

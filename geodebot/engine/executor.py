@@ -32,7 +32,7 @@ from typing import Any, Literal
 import jsonschema
 
 from geodebot.engine.hooks import HookRegistry
-from geodebot.engine.llm.types import ToolResultBlock, ToolUseBlock, canonical_json
+from geodebot.engine.llm.types import ImageData, ToolResultBlock, ToolUseBlock, canonical_json
 from geodebot.engine.modes import Mode, denied_tools
 from geodebot.engine.tools.plan import COMPUTER, BoundToolPlan
 from geodebot.engine.tools.runner import OutcomeStatus, ToolOutcome
@@ -42,6 +42,7 @@ from geodebot.engine.tools.spec import (
     ToolCallContext,
     ToolError,
     ToolOutcomeUnknown,
+    ToolOutput,
     ToolSpec,
 )
 from geodebot.store.protocol import EffectReceipt, Store
@@ -49,6 +50,9 @@ from geodebot.store.protocol import EffectReceipt, Store
 log = logging.getLogger(__name__)
 
 MAX_RESULT_CHARS = 32_000
+# Images per tool result, and the base64 size of each (providers take about 5 MB per image).
+MAX_IMAGES = 2
+MAX_IMAGE_B64_CHARS = 5_000_000
 MAX_REWRITES = 3
 
 # Rewrites the arguments of a call before policy sees them (e.g. normalising paths).
@@ -85,9 +89,15 @@ class ResourceLocks:
             yield
 
 
-def receipt_key(ctx: ToolCallContext, tool: str, arguments: Mapping[str, Any]) -> str:
-    material = canonical_json([ctx.session_id, ctx.turn_id, tool, dict(arguments)])
-    return hashlib.sha256(material.encode()).hexdigest()
+def receipt_key(
+    ctx: ToolCallContext, tool: str, arguments: Mapping[str, Any], call_id: str | None = None
+) -> str:
+    """Identical calls in a turn share a key (a repeat is answered from the first), unless the
+    tool's calls are each their own action: then the call id is part of the key."""
+    parts: list[Any] = [ctx.session_id, ctx.turn_id, tool, dict(arguments)]
+    if call_id is not None:
+        parts.append(call_id)
+    return hashlib.sha256(canonical_json(parts).encode()).hexdigest()
 
 
 class ToolExecutor:
@@ -278,7 +288,7 @@ class ToolExecutor:
             return None, grant
         receipt = EffectReceipt(
             id=f"r-{uuid.uuid4().hex[:16]}",
-            key=receipt_key(ctx, spec.name, call.arguments),
+            key=receipt_key(ctx, spec.name, call.arguments, call.id if spec.repeatable else None),
             session_id=ctx.session_id,
             turn_id=ctx.turn_id,
             call_id=call.id,
@@ -323,10 +333,16 @@ class ToolExecutor:
         spec, call, receipt = grant.spec, grant.call, grant.receipt
         status: OutcomeStatus = "ok"
         reason: str | None = None
+        images: tuple[ImageData, ...] = ()
         async with self._locks.hold(spec.resource_keys):
             try:
                 async with asyncio.timeout(spec.timeout_s):
-                    text, is_error = await spec.handler(call.arguments, ctx), False
+                    output = await spec.handler(call.arguments, ctx)
+                is_error = False
+                if isinstance(output, ToolOutput):
+                    text, images = output.text, _bounded(output.images)
+                else:
+                    text = output
             except TimeoutError:
                 text = f"{spec.name} did not finish within {spec.timeout_s:g} s"
                 status, reason, is_error = "error", "deadline", True
@@ -355,7 +371,7 @@ class ToolExecutor:
             else:
                 text = _truncate(text)
                 await self._finish(receipt, "committed", {"result": text, "is_error": False})
-        result = ToolResultBlock(call.id, _truncate(text), is_error)
+        result = ToolResultBlock(call.id, _truncate(text), is_error, images=images)
         if status == "ok":
             result = await self._post_hooks(spec, call, ctx, result)
         return ToolOutcome(
@@ -386,7 +402,7 @@ class ToolExecutor:
             return ToolResultBlock(call.id, f"result withheld by policy: {post.withheld}", True)
         if post.context:
             extra = "\n\n".join(post.context)
-            return ToolResultBlock(call.id, _truncate(f"{result.content}\n\n[note] {extra}"))
+            return replace(result, content=_truncate(f"{result.content}\n\n[note] {extra}"))
         return result
 
 
@@ -414,6 +430,11 @@ def _replay(call: ToolUseBlock, original: ToolResultBlock, receipt_id: str | Non
     note = "(this exact call already ran in this turn; it was not run again) "
     block = ToolResultBlock(call.id, note + original.content, original.is_error)
     return ToolOutcome(call, block, "replayed", "replay", receipt_id)
+
+
+def _bounded(images: tuple[ImageData, ...]) -> tuple[ImageData, ...]:
+    """At most MAX_IMAGES, each within what providers accept; larger ones are dropped."""
+    return tuple(i for i in images if len(i.data) <= MAX_IMAGE_B64_CHARS)[:MAX_IMAGES]
 
 
 def _truncate(text: str) -> str:

@@ -192,7 +192,8 @@ class AgenticLoop:
             turn.rounds += 1
             items = await self._maybe_compact(turn, items, force=False)
             try:
-                response = await self._call(turn, self._request(items), items)
+                view = compaction.latest_images_only(items)
+                response = await self._call(turn, self._request(view), view)
             except LLMContextOverflow as exc:
                 # One forced compaction, and one more try only if it shortened anything.
                 compacted = None
@@ -389,7 +390,10 @@ class AgenticLoop:
         self, turn: _Turn, items: list[ContextItem], *, force: bool
     ) -> list[ContextItem]:
         limit = self._svc.budgets.compact_at * self._svc.limits.context_tokens
-        if not force and compaction.estimate_tokens(items, self._svc.system_prompt) < limit:
+        size = compaction.estimate_tokens(
+            compaction.latest_images_only(items), self._svc.system_prompt
+        )
+        if not force and size < limit:
             return items
         index = compaction.split_point(items, self._svc.budgets.keep_recent_messages)
         if index is None:

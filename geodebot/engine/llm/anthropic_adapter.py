@@ -18,6 +18,7 @@ from typing import TypeAlias
 
 import anthropic
 from anthropic.types import (
+    ImageBlockParam,
     MessageParam,
     TextBlockParam,
     ToolParam,
@@ -266,10 +267,30 @@ def _block_param(block: Block) -> _BlockParam | None:
             "name": block.name,
             "input": dict(block.arguments),
         }
+    if not block.images:
+        return {
+            "type": "tool_result",
+            "tool_use_id": block.tool_use_id,
+            "content": block.content,
+            "is_error": block.is_error,
+        }
+    # A screenshot goes back as an image block inside the tool result.
+    parts: list[TextBlockParam | ImageBlockParam] = [{"type": "text", "text": block.content}]
+    for image in block.images:
+        parts.append(
+            {
+                "type": "image",
+                "source": {
+                    "type": "base64",
+                    "media_type": image.media_type,  # type: ignore[typeddict-item]
+                    "data": image.data,
+                },
+            }
+        )
     return {
         "type": "tool_result",
         "tool_use_id": block.tool_use_id,
-        "content": block.content,
+        "content": parts,
         "is_error": block.is_error,
     }
 

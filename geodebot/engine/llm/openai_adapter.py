@@ -18,6 +18,8 @@ import openai
 from openai.types.chat import (
     ChatCompletion,
     ChatCompletionAssistantMessageParam,
+    ChatCompletionContentPartImageParam,
+    ChatCompletionContentPartTextParam,
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageFunctionToolCall,
     ChatCompletionMessageFunctionToolCallParam,
@@ -257,10 +259,25 @@ def to_openai_messages(
                 assistant["tool_calls"] = calls
             out.append(assistant)
             continue
+        images: list[ChatCompletionContentPartImageParam] = []
         for block in message.content:
             if isinstance(block, ToolResultBlock):
                 content = f"ERROR: {block.content}" if block.is_error else block.content
                 out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+                images += [
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": f"data:{i.media_type};base64,{i.data}"},
+                    }
+                    for i in block.images
+                ]
+        if images:
+            # Chat Completions takes images only in user messages, not in tool results.
+            note: ChatCompletionContentPartTextParam = {
+                "type": "text",
+                "text": "The image(s) the tool calls above returned.",
+            }
+            out.append({"role": "user", "content": [note, *images]})
         if text:
             out.append({"role": "user", "content": text})
     return out

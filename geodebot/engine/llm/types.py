@@ -39,11 +39,20 @@ class ToolUseBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageData:
+    """An image a tool returned (a screenshot): base64 of the bytes, and their media type."""
+
+    media_type: str
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolResultBlock:
     tool_use_id: str
     content: str
     is_error: bool = False
     type: Literal["tool_result"] = "tool_result"
+    images: tuple[ImageData, ...] = ()
 
 
 Block = TextBlock | ToolUseBlock | ToolResultBlock
@@ -94,12 +103,15 @@ def block_to_json(block: Block) -> dict[str, Any]:
         if block.arguments_error is not None:
             out["arguments_error"] = block.arguments_error
         return out
-    return {
+    result: dict[str, Any] = {
         "type": "tool_result",
         "tool_use_id": block.tool_use_id,
         "content": block.content,
         "is_error": block.is_error,
     }
+    if block.images:
+        result["images"] = [{"media_type": i.media_type, "data": i.data} for i in block.images]
+    return result
 
 
 def block_from_json(data: Mapping[str, Any]) -> Block:
@@ -118,6 +130,9 @@ def block_from_json(data: Mapping[str, Any]) -> Block:
             tool_use_id=str(data["tool_use_id"]),
             content=str(data["content"]),
             is_error=bool(data.get("is_error", False)),
+            images=tuple(
+                ImageData(str(i["media_type"]), str(i["data"])) for i in data.get("images") or ()
+            ),
         )
     raise ValueError(f"unknown content block type {kind!r}")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from geodebot.engine.llm.types import ToolSchema
+from geodebot.engine.llm.types import ImageData, ToolSchema
 from geodebot.engine.modes import Mode
 
 
@@ -83,7 +83,15 @@ class ToolCallContext:
     approver: Approver | None = field(default=None, compare=False)
 
 
-Handler = Callable[[Mapping[str, Any], ToolCallContext], Awaitable[str]]
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A result with images (a screenshot) besides its text; plain results are just ``str``."""
+
+    text: str
+    images: tuple[ImageData, ...] = ()
+
+
+Handler = Callable[[Mapping[str, Any], ToolCallContext], Awaitable[str | ToolOutput]]
 Classifier = Callable[[Mapping[str, Any]], CallClass]
 
 
@@ -110,6 +118,9 @@ class ToolSpec:
     # None: writes and dangerous tools need approval, reads do not.
     requires_approval: bool | None = None
     classify: Classifier | None = field(default=None, compare=False)
+    # Identical calls in one turn are separate actions (a second screenshot, the same key
+    # pressed twice), not a repeat to answer from the first call's receipt.
+    repeatable: bool = False
 
     @property
     def needs_approval(self) -> bool:

@@ -22,6 +22,7 @@ class BuiltinSettings:
     http_max_bytes: int = 1_000_000
     http_timeout_s: float = 20.0
     bash_timeout_s: float = 60.0
+    computer_socket: Path | None = None
 
 
 def builtin_tools(settings: BuiltinSettings) -> list[ToolSpec]:
@@ -30,7 +31,7 @@ def builtin_tools(settings: BuiltinSettings) -> list[ToolSpec]:
         *file_tools(settings),
         http_get_tool(settings),
         bash_tool(settings),
-        computer_tool(),
+        computer_tool(settings.computer_socket),
     ]
 
 

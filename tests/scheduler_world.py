@@ -83,9 +83,10 @@ async def scheduler_world(
     jobs: Sequence[Mapping[str, Any]],
     *,
     budgets: Mapping[str, Any] | None = None,
+    bindings: Sequence[Mapping[str, Any]] = BINDINGS,
 ) -> AsyncIterator[World]:
     config = with_sections(
-        make_config(tmp_path, llm, budgets=budgets), bindings=BINDINGS, jobs=list(jobs)
+        make_config(tmp_path, llm, budgets=budgets), bindings=list(bindings), jobs=list(jobs)
     )
     async with AsyncExitStack() as stack:
         refusals = RefusalWatch()

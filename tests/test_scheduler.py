@@ -12,8 +12,8 @@ from geodebot.app import DB_FILE
 from geodebot.channels.base import ChannelError
 from geodebot.store.jobs import JobRecord
 from geodebot.store.sqlite import SQLiteStore
-from tests.fakes.llm_server import Delay, Error, FakeLLMServer, Reply
-from tests.scheduler_world import job, scheduler_world
+from tests.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
+from tests.scheduler_world import BINDINGS, job, scheduler_world
 
 
 async def test_interval_job_posts_its_result_and_records_ok(
@@ -261,3 +261,34 @@ async def test_a_chat_made_job_loses_tools_its_binding_no_longer_has(
     # The ops binding lists no tools: the chat-made job's model call offers none, while the
     # operator's job keeps its own allowlist.
     assert offered == {"chatty": [], "control": ["get_time"]}
+
+
+async def test_an_operator_job_writes_unattended_a_chat_job_only_what_its_binding_preapproves(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """Nobody can approve a job's write: the operator's own job has its tools pre-approved by
+    being written with them; a chat-made one gets only its binding's pre-approvals."""
+    marker = tmp_path / "marker"
+    bindings = [{**BINDINGS[0], "tools": ["write_marker"]}, BINDINGS[1]]
+    writer = job("writer", every="1h", tools=["write_marker"])
+    async with scheduler_world(tmp_path, llm_server, [writer], bindings=bindings) as world:
+        now = time.time()
+        made_in_chat = JobRecord(
+            id="chatty", origin="chat", schedule_kind="every", schedule="1h", timezone="UTC",
+            anchor_ms=0, prompt="Write.", deliver_to="ops", session_id="job:chatty",
+            tools=("write_marker",), time_budget_s=None, catch_up="latest",
+            notify_on_failure=True, creator="binding:ops", paused=False,
+            since_ms=int(now * 1000), created_at=now, updated_at=now,
+        )  # fmt: skip
+        await world.store.job_add(made_in_chat)
+        await world.start_scheduler()
+        for job_id, text in (("writer", "operator"), ("chatty", "chat")):
+            llm_server.script(
+                Reply(tool_calls=[Call("write_marker", {"text": text}, id=f"w-{text}")]),
+                Reply("finished"),
+            )
+            await world.store.fire_request(job_id, int(now * 1000))
+            await world.wait_history(lambda rows: any(r.final for r in rows), job_id=job_id)
+    assert marker.read_text().splitlines() == ["write_marker:operator"]
+    refused = str(llm_server.requests[-1].json["messages"])
+    assert "refused" in refused

@@ -37,6 +37,15 @@ def _tools(job: JobRecord, binding: BindingConfig) -> tuple[str, ...]:
     return tuple(name for name in job.tools if name in binding.tools)
 
 
+def _preapproved(job: JobRecord, binding: BindingConfig, tools: tuple[str, ...]) -> tuple[str, ...]:
+    """A job runs with nobody to approve anything. An operator's job (config or CLI) was
+    written with its tools on purpose, so they are pre-approved; a job made from chat gets
+    only what its binding pre-approves."""
+    if job.origin != "chat":
+        return tools
+    return tuple(name for name in tools if name in binding.preapproved)
+
+
 def _failure(result: TurnResult) -> tuple[FireEnd, str]:
     if result.outcome == "budget":
         return "budget", result.text[:MAX_REASON]
@@ -72,8 +81,12 @@ class FireRunner:
             if binding is None:
                 failure = ("failed", f"deliver_to {job.deliver_to!r} is not a binding's session")
             else:
+                tools = _tools(job, binding)
                 spec = SessionSpec(
-                    job.session_id, tools=_tools(job, binding), time_budget_s=job.time_budget_s
+                    job.session_id,
+                    tools=tools,
+                    preapproved=_preapproved(job, binding, tools),
+                    time_budget_s=job.time_budget_s,
                 )
                 result = await self._app.run_turn(Mode.DAEMON, spec, job.prompt)
                 if not result.ok:

@@ -12,6 +12,7 @@ the top level of a tool's input schema.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 from geodebot.engine.llm.types import ImageData
 from geodebot.engine.tools.spec import (
     Effect,
+    Handler,
     Safety,
     ToolCallContext,
     ToolError,
@@ -122,7 +124,7 @@ def _describe(action: Mapping[str, Any], answer: Mapping[str, Any]) -> str:
     return f"pressed {action['keys']}"
 
 
-def computer_handler(socket: Path | None) -> Any:
+def computer_handler(socket: Path | None) -> Handler:
     async def handler(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str | ToolOutput:
         if socket is None:
             raise ToolError("computer use has no backend on this host (tools.computer_socket)")
@@ -144,6 +146,8 @@ def computer_handler(socket: Path | None) -> Any:
             raise ToolOutcomeUnknown(f"the desktop agent did not answer: {exc!r}") from None
         finally:
             writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
         try:
             answer = json.loads(line)
         except ValueError:

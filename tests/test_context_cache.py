@@ -102,6 +102,8 @@ async def test_appends_and_summaries_keep_the_copy_equal_to_the_store(
             continue
         assert copy is not None
         assert shape(copy) == shape(await stored_context(store))
+        # The size kept for the bound follows the copy, appends and summaries alike.
+        assert cache.chars == sum(len(item.canonical) for item in copy)
     assert cache.hits + dropped == 40
     assert cache.hits >= 30
 

@@ -27,6 +27,8 @@ BINDINGS = [
         "session": "ops",
         "allowed_users": ["*"],
         "tools": [*JOB_TOOLS, "get_time"],
+        # Like any write, scheduling unattended needs the operator's pre-approval.
+        "preapproved": ["schedule_job", "cancel_job"],
     },
     {
         "platform": "slack",
@@ -35,8 +37,16 @@ BINDINGS = [
         "scope": "thread",
         "allowed_users": ["*"],
         "tools": JOB_TOOLS,
+        "preapproved": ["schedule_job", "cancel_job"],
     },
     {"platform": "telegram", "channel": "c3", "session": "quiet", "allowed_users": ["*"]},
+    {
+        "platform": "telegram",
+        "channel": "c4",
+        "session": "unapproved",
+        "allowed_users": ["*"],
+        "tools": JOB_TOOLS,
+    },
 ]
 
 
@@ -158,3 +168,15 @@ def test_calling_binding_maps_thread_sessions_to_their_binding(app: App) -> None
     # A channel-scope binding has no thread sessions; a job session belongs to no binding.
     assert calling_binding(bindings, "ops/1") is None
     assert calling_binding(bindings, "job:digest") is None
+
+
+async def test_listing_without_pre_approval_can_read_but_not_schedule(
+    app: App, llm_server: FakeLLMServer
+) -> None:
+    job = {"id": "nope", "every": "1h", "prompt": "x"}
+    result = await call_tool(app, llm_server, "unapproved", "schedule_job", job)
+    assert result.get("is_error")
+    assert "refused" in result_text(result)
+    assert await app.services.store.job_get("nope") is None
+    listed = await call_tool(app, llm_server, "unapproved", "list_jobs", {})
+    assert not listed.get("is_error")

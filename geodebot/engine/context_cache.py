@@ -86,7 +86,7 @@ class ContextCache:
         entry = self._entries.get(session_id)
         if entry is None or not seqs:
             return
-        items, floor = entry.items, entry.floor
+        items, floor, chars = entry.items, entry.floor, entry.chars
         for seq, new in zip(seqs, messages, strict=True):
             if seq != entry.next_seq:
                 # Someone else appended in between: the entry no longer knows the context.
@@ -104,11 +104,13 @@ class ContextCache:
                     self.drop(session_id)
                     return
                 items = [item, *(i for i in items if not i.is_summary and i.seq > upto)]
-                floor = upto
+                floor, chars = upto, _chars(items)
             else:
+                # The common case (a turn's messages) costs only what it adds.
                 items.append(item)
+                chars += len(item.canonical)
             entry.next_seq = seq + 1
-        self._set(session_id, _Entry(entry.generation, entry.next_seq, items, _chars(items), floor))
+        self._set(session_id, _Entry(entry.generation, entry.next_seq, items, chars, floor))
 
     def drop(self, session_id: str) -> None:
         entry = self._entries.pop(session_id, None)

@@ -86,8 +86,6 @@ class JobTools:
                 safety=Safety.WRITE,
                 effect=Effect.ADMINISTRATIVE,
                 handler=self._schedule,
-                # Listing the tool on a binding is the operator's authorisation.
-                requires_approval=False,
                 resource_keys=("jobs",),
                 timeout_s=10.0,
             ),
@@ -112,7 +110,6 @@ class JobTools:
                 safety=Safety.WRITE,
                 effect=Effect.ADMINISTRATIVE,
                 handler=self._cancel,
-                requires_approval=False,
                 resource_keys=("jobs",),
                 timeout_s=10.0,
             ),

@@ -1,16 +1,16 @@
 """SQLite implementation of :class:`~geodebot.store.protocol.Store`.
 
 One aiosqlite connection serves the whole daemon. Every operation is one function run on the
-connection's thread (one hop, not one per statement), taken in turn under one asyncio lock, so
-no operation ever sees another's half-done transaction. Writes are explicit ``BEGIN
-IMMEDIATE`` transactions so that another process holding the database makes us wait on
-``busy_timeout`` up front instead of failing at commit; only the commits something outside
-acts on are synced to disk at the configured level (see :meth:`SQLiteStore._transact`).
+connection's thread (one hop, not one per statement), and the connection's queue runs them
+one after the other, so no operation ever sees another's half-done transaction. Writes are
+explicit ``BEGIN IMMEDIATE`` transactions so that another process holding the database makes
+us wait on ``busy_timeout`` up front instead of failing at commit; only the commits something
+outside acts on are synced to disk at the configured level (see
+:meth:`SQLiteStore._transact`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -161,7 +161,6 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         self._relaxed = "NORMAL" if mode in ("FULL", "EXTRA") else mode
         self._sync_level = mode
         self._db: aiosqlite.Connection | None = None
-        self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -208,11 +207,11 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         db, self._db = self._db, None
         if db is None:
             return
-        async with self._lock:
-            try:
-                await db.close()
-            except sqlite3.Error as exc:
-                raise StoreError(f"closing store {str(self.path)!r} failed: {exc}") from exc
+        # The connection's queue runs whatever was sent before the close first.
+        try:
+            await db.close()
+        except sqlite3.Error as exc:
+            raise StoreError(f"closing store {str(self.path)!r} failed: {exc}") from exc
 
     async def schema_version(self) -> int:
         return await self._query("reading the schema version", _version)
@@ -250,12 +249,11 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         queue its own methods go through, so ordering with them is kept.
         """
         db = self._connection(what)
-        async with self._lock:
-            try:
-                result: _T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
-                return result
-            except sqlite3.Error as exc:
-                raise StoreError(f"{what} failed: {exc}") from exc
+        try:
+            result: _T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
+        except sqlite3.Error as exc:
+            raise StoreError(f"{what} failed: {exc}") from exc
+        return result
 
     async def _query(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """A read: ``fn`` runs outside any explicit transaction (WAL readers never block)."""

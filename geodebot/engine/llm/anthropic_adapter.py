@@ -12,8 +12,9 @@ SDK 2.x notes that shape this file: it speaks API version 2026-10-21, sends the 
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 import anthropic
@@ -119,7 +120,7 @@ class AnthropicAdapter:
     async def complete(self, request: LLMRequest) -> LLMResponse:
         if self._client is None:
             raise LLMMissingCredential(self._api_key_env, provider=PROVIDER, model=self._model)
-        try:
+        with self._sdk_errors():
             raw = await self._client.messages.with_raw_response.create(
                 model=self._model,
                 max_tokens=request.max_tokens,
@@ -127,17 +128,6 @@ class AnthropicAdapter:
                 system=request.system or anthropic.omit,
                 tools=[_tool_param(t) for t in request.tools] if request.tools else anthropic.omit,
             )
-        except anthropic.APIStatusError as exc:
-            raise self._status_error(exc) from exc
-        except anthropic.APITimeoutError as exc:
-            raise LLMTimeoutError(self._err.detail("request timed out"), **self._err.ids()) from exc
-        except anthropic.APIConnectionError as exc:
-            raise LLMConnectionError(
-                self._err.detail(connection_detail(exc)), **self._err.ids()
-            ) from exc
-        except anthropic.AnthropicError as exc:
-            # Raised before any HTTP exchange (client-side validation): retrying cannot help.
-            raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
         try:
             return self._response(await raw.parse(), raw.request_id)
         except (AttributeError, TypeError, ValueError) as exc:
@@ -151,17 +141,26 @@ class AnthropicAdapter:
         """The provider's record of the model, spending no tokens (``geodebot check``)."""
         if self._client is None:
             raise LLMMissingCredential(self._api_key_env, provider=PROVIDER, model=self._model)
-        try:
+        with self._sdk_errors():
             info = await self._client.models.retrieve(self._model)
+        return str(getattr(info, "display_name", None) or info.id)
+
+    @contextlib.contextmanager
+    def _sdk_errors(self) -> Iterator[None]:
+        """The SDK's exceptions of one request, as our classified errors."""
+        try:
+            yield
         except anthropic.APIStatusError as exc:
             raise self._status_error(exc) from exc
+        except anthropic.APITimeoutError as exc:
+            raise LLMTimeoutError(self._err.detail("request timed out"), **self._err.ids()) from exc
         except anthropic.APIConnectionError as exc:
             raise LLMConnectionError(
                 self._err.detail(connection_detail(exc)), **self._err.ids()
             ) from exc
         except anthropic.AnthropicError as exc:
+            # Raised before any HTTP exchange (client-side validation): retrying cannot help.
             raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
-        return str(getattr(info, "display_name", None) or info.id)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -10,9 +10,10 @@ exception is mapped once into :mod:`geodebot.engine.llm.errors`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import openai
 from openai.types.chat import (
@@ -116,7 +117,7 @@ class OpenAIAdapter:
         # OpenAI's own reasoning models reject max_tokens; compatible servers may not know
         # max_completion_tokens yet, and all of them accept max_tokens.
         limit = request.max_tokens
-        try:
+        with self._sdk_errors():
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=self._model,
                 messages=to_openai_messages(request.system, request.messages),
@@ -125,17 +126,6 @@ class OpenAIAdapter:
                 max_tokens=openai.omit if self._provider == "openai" else limit,
                 temperature=openai.omit if request.temperature is None else request.temperature,
             )
-        except openai.APIStatusError as exc:
-            raise self._status_error(exc) from exc
-        except openai.APITimeoutError as exc:
-            raise LLMTimeoutError(self._err.detail("request timed out"), **self._err.ids()) from exc
-        except openai.APIConnectionError as exc:
-            raise LLMConnectionError(
-                self._err.detail(connection_detail(exc)), **self._err.ids()
-            ) from exc
-        except openai.OpenAIError as exc:
-            # Raised before any HTTP exchange (client-side validation): retrying cannot help.
-            raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
         try:
             # with_raw_response is the SDK's legacy wrapper here: parse() is synchronous.
             return self._response(raw.parse(), raw.request_id)
@@ -150,17 +140,26 @@ class OpenAIAdapter:
         """The provider's record of the model, spending no tokens (``geodebot check``)."""
         if self._client is None:
             raise LLMMissingCredential(self._api_key_env, **self._err.ids())
-        try:
+        with self._sdk_errors():
             info = await self._client.models.retrieve(self._model)
+        return str(getattr(info, "display_name", None) or info.id)
+
+    @contextlib.contextmanager
+    def _sdk_errors(self) -> Iterator[None]:
+        """The SDK's exceptions of one request, as our classified errors."""
+        try:
+            yield
         except openai.APIStatusError as exc:
             raise self._status_error(exc) from exc
+        except openai.APITimeoutError as exc:
+            raise LLMTimeoutError(self._err.detail("request timed out"), **self._err.ids()) from exc
         except openai.APIConnectionError as exc:
             raise LLMConnectionError(
                 self._err.detail(connection_detail(exc)), **self._err.ids()
             ) from exc
         except openai.OpenAIError as exc:
+            # Raised before any HTTP exchange (client-side validation): retrying cannot help.
             raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
-        return str(getattr(info, "display_name", None) or info.id)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -20,11 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-import httpx
 from telegram import Bot, BotCommand, Message, MessageEntity, ReplyParameters, Update, User
 from telegram import error as tg
 from telegram.constants import ChatAction, ChatType, ParseMode
-from telegram.request import HTTPXRequest
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
@@ -40,6 +38,7 @@ from geodebot.channels.base import (
     SentPart,
 )
 from geodebot.channels.render import render_for
+from geodebot.channels.telegram_request import AiohttpRequest, never_sent
 from geodebot.config import TelegramConfig
 from geodebot.redact import Redactor
 
@@ -153,9 +152,9 @@ class TelegramChannel:
         self._redactor = Redactor([token])
         self._requests = (
             # One connection for the long poll; PTB adds poll_timeout_s to its read timeout.
-            HTTPXRequest(connection_pool_size=1, connect_timeout=10.0),
+            AiohttpRequest(connection_pool_size=1, connect_timeout=10.0),
             # A slow answer to sendMessage becomes an unknown outcome, so be patient with it.
-            HTTPXRequest(connection_pool_size=8, read_timeout=20.0, connect_timeout=10.0),
+            AiohttpRequest(connection_pool_size=8, read_timeout=20.0, connect_timeout=10.0),
         )
         self._bot = Bot(
             token,
@@ -311,13 +310,14 @@ class TelegramChannel:
         """Fetch the pending updates raw, deliver the readable ones in order and step over
         the rest; True if the offset moved."""
         # PTB refuses getUpdates through do_api_request and would parse the batch whole
-        # again, so this one request goes out as plain HTTP.
+        # again, so this one request goes out as plain HTTP on the poll's connection.
         params = {"offset": self._offset, "timeout": 0, "allowed_updates": list(ALLOWED_UPDATES)}
         try:
-            async with httpx.AsyncClient(timeout=_RAW_TIMEOUT_S) as client:
-                response = await client.post(f"{self._bot.base_url}/getUpdates", json=params)
-            raw = response.json().get("result")
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            answer = await self._requests[0].post_json(
+                f"{self._bot.base_url}/getUpdates", params, _RAW_TIMEOUT_S
+            )
+            raw = answer.get("result") if isinstance(answer, dict) else None
+        except tg.TelegramError as exc:
             log.warning("telegram: cannot fetch the raw updates: %s", self._safe(exc))
             return False
         if not isinstance(raw, list):
@@ -439,9 +439,7 @@ class TelegramChannel:
             return ChannelError(text, permanent=True)
         if isinstance(exc, tg.InvalidToken):
             return ChannelError(text)
-        if isinstance(exc, tg.NetworkError) and isinstance(
-            exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
-        ):
+        if isinstance(exc, tg.NetworkError) and never_sent(exc):
             return ChannelError(text)  # the request never left
         # Timeouts, cut connections, 5xx, garbled answers: Telegram may have posted it.
         return SendUnknown(text)

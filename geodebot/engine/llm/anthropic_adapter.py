@@ -107,6 +107,9 @@ class AnthropicAdapter:
                 base_url=base_url or DEFAULT_BASE_URL,
                 timeout=timeout_s,
                 max_retries=0,
+                # The SDK's own aiohttp transport: about a quarter less CPU per request than
+                # its default httpx/httpcore stack, which a busy daemon pays on every turn.
+                http_client=anthropic.DefaultAioHttpClient(),
             )
 
     @property

@@ -101,6 +101,9 @@ class OpenAIAdapter:
                 base_url=base_url or DEFAULT_BASE_URL,
                 timeout=timeout_s,
                 max_retries=0,
+                # Not the SDK's aiohttp transport (the Anthropic adapter uses its twin): the
+                # copy in openai 3.x maps a refused connection to a connect *timeout*, which
+                # would tell the operator the wrong thing.
             )
 
     @property

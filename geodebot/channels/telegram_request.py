@@ -1,0 +1,144 @@
+"""python-telegram-bot's network layer on aiohttp instead of httpx.
+
+PTB lets the HTTP backend be replaced through ``telegram.request.BaseRequest``; its own
+``HTTPXRequest`` runs every Bot API call through httpx, httpcore and anyio, which costs about
+twice the CPU of the same call on aiohttp (``bench/telegram_bench.py`` profiles the daemon at
+saturation). A daemon makes two or three Bot API calls per message, so this is where a busy
+chat spends its time. aiohttp is already a dependency through discord.py and slack-bolt.
+
+The wire format is PTB's: form fields (nested values JSON-encoded by ``RequestData``) and,
+when files are attached, multipart. Errors become PTB's own ``TimedOut`` and ``NetworkError``,
+so PTB's status and error handling above this class is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import aiohttp
+from telegram._utils.defaultvalue import DefaultValue
+from telegram._utils.types import ODVInput
+from telegram.error import NetworkError, TimedOut
+from telegram.request import BaseRequest, RequestData
+
+_UNSET: Final = BaseRequest.DEFAULT_NONE
+
+
+class AiohttpRequest(BaseRequest):
+    """One aiohttp session with a bounded connection pool.
+
+    Timeouts mean what they mean for ``HTTPXRequest``: ``connect_timeout`` to open a
+    connection, ``read_timeout`` between bytes of the answer, ``pool_timeout`` to wait for a
+    free connection. aiohttp has no write timeout; Bot API requests here are small forms.
+    """
+
+    def __init__(
+        self,
+        *,
+        connection_pool_size: int = 1,
+        read_timeout: float | None = 5.0,
+        connect_timeout: float | None = 5.0,
+        pool_timeout: float | None = 1.0,
+    ) -> None:
+        self._pool_size = connection_pool_size
+        self._read_timeout = read_timeout
+        self._connect_timeout = connect_timeout
+        self._pool_timeout = pool_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._shut = False
+
+    @property
+    def read_timeout(self) -> float | None:
+        return self._read_timeout
+
+    async def initialize(self) -> None:
+        self._shut = False
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._pool_size),
+                # Proxy settings from the environment, as httpx does by default.
+                trust_env=True,
+                headers={"User-Agent": self.USER_AGENT},
+            )
+
+    async def shutdown(self) -> None:
+        self._shut = True
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()
+
+    async def _open_session(self) -> aiohttp.ClientSession:
+        if self._session is None and not self._shut:
+            # Usable before initialize(), like PTB's own backend: the session needs a loop.
+            await self.initialize()
+        session = self._session
+        if session is None or session.closed:
+            raise RuntimeError("This AiohttpRequest is shut down")
+        return session
+
+    async def post_json(self, url: str, payload: object, timeout_s: float) -> object:
+        """POST ``payload`` as JSON and decode the answer, bypassing PTB's parsing (for a
+        batch PTB cannot read). Raises NetworkError or TimedOut like a Bot API call."""
+        session = await self._open_session()
+        try:
+            async with session.post(
+                url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                return await response.json(content_type=None)
+        except TimeoutError as exc:
+            raise TimedOut from exc
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+
+    async def do_request(
+        self,
+        url: str,
+        method: str,
+        request_data: RequestData | None = None,
+        read_timeout: ODVInput[float] = _UNSET,
+        write_timeout: ODVInput[float] = _UNSET,
+        connect_timeout: ODVInput[float] = _UNSET,
+        pool_timeout: ODVInput[float] = _UNSET,
+    ) -> tuple[int, bytes]:
+        session = await self._open_session()
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=_given(pool_timeout, self._pool_timeout),
+            sock_connect=_given(connect_timeout, self._connect_timeout),
+            sock_read=_given(read_timeout, self._read_timeout),
+        )
+        try:
+            async with session.request(
+                method, url, data=_body(request_data), timeout=timeout
+            ) as response:
+                return response.status, await response.read()
+        except TimeoutError as exc:  # aiohttp's own timeout errors are TimeoutErrors too
+            raise TimedOut from exc
+        except aiohttp.ClientError as exc:
+            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+
+
+def never_sent(exc: BaseException) -> bool:
+    """True when PTB's error says the request never reached the server: no connection could
+    be opened or taken from the pool. Anything else may have been acted on."""
+    return isinstance(exc.__cause__, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+
+
+def _given(value: ODVInput[float], default: float | None) -> float | None:
+    return default if isinstance(value, DefaultValue) else value
+
+
+def _body(request_data: RequestData | None) -> aiohttp.FormData | dict[str, str] | None:
+    if request_data is None:
+        return None
+    files = request_data.multipart_data
+    if not files:
+        return request_data.json_parameters  # sent form-encoded, as PTB's own backend does
+    form = aiohttp.FormData()
+    for name, value in request_data.json_parameters.items():
+        form.add_field(name, value)
+    for name, upload in files.items():
+        filename, content, *rest = upload
+        content_type = rest[0] if rest else None
+        form.add_field(name, content, filename=filename, content_type=content_type)
+    return form

@@ -276,6 +276,22 @@ async def test_pending_batches_follow_propose_and_finish(store: SQLiteStore) -> 
     assert row[2] is not None
 
 
+async def test_open_session_reads_what_the_separate_calls_read(store: SQLiteStore) -> None:
+    """One transaction for a turn's start: the row (made if missing), a switch, the batches."""
+    fresh = await store.open_session("new", "daemon", switch="computer_use")
+    assert fresh.record == await store.get_session("new")
+    assert (fresh.record.mode, fresh.switch, fresh.pending) == ("daemon", None, [])
+    await store.checkpoint("ops", messages=[msg("a")], propose_batch=batch("b1", "ops"))
+    await store.set_switch("computer_use", True, by="operator")
+    opened = await store.open_session("ops", "daemon", switch="computer_use")
+    assert opened.record == await store.get_session("ops")
+    assert opened.record.mode == "channel"  # an existing session keeps its mode
+    assert opened.record.next_seq == 2
+    assert opened.switch == await store.get_switch("computer_use")
+    assert opened.pending == await store.pending_batches("ops")
+    assert [b.id for b in opened.pending] == ["b1"]
+
+
 # -- context --------------------------------------------------------------------------------
 async def test_load_context_without_summary_is_every_message(store: SQLiteStore) -> None:
     await store.checkpoint("ops", messages=[msg("a"), msg("b", role="assistant")])

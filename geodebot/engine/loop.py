@@ -73,6 +73,8 @@ class _Turn:
     # The session row as the turn began: which context copy is still current.
     generation: int = 0
     next_seq: int = 0
+    # The session's unfinished tool batches when they were read with its row; None: unread.
+    pending: list[ToolBatchRecord] | None = None
 
 
 class AgenticLoop:
@@ -88,7 +90,12 @@ class AgenticLoop:
 
     async def resume(self) -> TurnResult | None:
         """Finish a turn a crash interrupted after its tool batch was saved."""
-        pending = await self._svc.store.pending_batches(self._session.id)
+        opened = self._session.take_opened()
+        pending = (
+            opened.pending
+            if opened is not None
+            else await self._svc.store.pending_batches(self._session.id)
+        )
         if not pending:
             return None
         turn = await self._new_turn(pending[0].turn_id, "")
@@ -97,8 +104,13 @@ class AgenticLoop:
 
     # -- the turn -------------------------------------------------------------------------
     async def _new_turn(self, turn_id: str, text: str) -> _Turn:
-        # create_session made the row; only its state is read here, each turn afresh.
-        record = await self._svc.store.get_session(self._session.id)
+        # create_session made the row; its state is read each turn afresh.
+        opened = self._session.take_opened()
+        record = (
+            opened.record
+            if opened is not None
+            else await self._svc.store.get_session(self._session.id)
+        )
         if record is None:
             raise StoreError(f"session {self._session.id!r} does not exist")
         return _Turn(
@@ -108,6 +120,7 @@ class AgenticLoop:
             dict(record.guards),
             generation=record.generation,
             next_seq=record.next_seq,
+            pending=None if opened is None else opened.pending,
         )
 
     async def _guarded(self, turn: _Turn, work: Awaitable[TurnResult]) -> TurnResult:
@@ -158,7 +171,10 @@ class AgenticLoop:
     async def _restore(self, turn: _Turn) -> list[ContextItem]:
         """The one restore path: context, then any batch a crash left unfinished."""
         items = await self._context(turn)
-        for batch in await self._svc.store.pending_batches(self._session.id):
+        pending, turn.pending = turn.pending, None
+        if pending is None:
+            pending = await self._svc.store.pending_batches(self._session.id)
+        for batch in pending:
             turn.events.append((batch.turn_id, "tool_batch_recovered", {"batch": batch.id}))
             calls = [block_from_json(c) for c in batch.calls]
             await self._execute_batch(

@@ -19,7 +19,7 @@ from geodebot.engine.tools.runner import ToolRunner
 from geodebot.engine.tools.spec import Approver
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.redact import Redactor
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import OpenedSession, Store
 
 log = logging.getLogger(__name__)
 
@@ -124,19 +124,27 @@ class Session:
     time_budget_s: float
     services: EngineServices = field(repr=False)
     approver: Approver | None = field(default=None, repr=False)
+    # What create_session read with the row. The first turn starts from it rather than
+    # reading the row and its pending batches again; taken once, later turns read afresh.
+    _opened: list[OpenedSession] = field(default_factory=list, repr=False, compare=False)
+
+    def take_opened(self) -> OpenedSession | None:
+        return self._opened.pop() if self._opened else None
 
 
 async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices) -> Session:
     """Open (or create) the durable session and project its immutable tool plan."""
-    record = await services.store.ensure_session(spec.session_id, mode.value)
-    switch = await services.store.get_switch(COMPUTER_USE_SWITCH)
+    opened = await services.store.open_session(
+        spec.session_id, mode.value, switch=COMPUTER_USE_SWITCH
+    )
+    switch = opened.switch
     plan = BoundToolPlan.project(
         await services.tools.resolve(spec.tools),
         mode,
         spec.tools,
         preapproved=spec.preapproved,
         computer_use=switch is not None and switch.active(time.time()),
-        generation=record.generation,
+        generation=opened.record.generation,
     )
     return Session(
         id=spec.session_id,
@@ -145,4 +153,5 @@ async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices
         time_budget_s=time_budget(mode, spec, services.budgets),
         services=services,
         approver=spec.approver if mode is Mode.IPC else None,
+        _opened=[opened],
     )

@@ -153,6 +153,15 @@ class OperatorSwitch:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenedSession:
+    """What a turn needs before it starts, read in one transaction (:meth:`Store.open_session`)."""
+
+    record: SessionRecord
+    switch: OperatorSwitch | None
+    pending: list[ToolBatchRecord]
+
+
+@dataclass(frozen=True, slots=True)
 class InboxRow:
     """One accepted platform event, committed before the platform is acknowledged.
 
@@ -228,6 +237,10 @@ class Store(JobStore, Protocol):
     # -- sessions -------------------------------------------------------------------------
     async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:
         """Return the session, creating it (generation 1, empty state) if it does not exist."""
+
+    async def open_session(self, session_id: str, mode: str, *, switch: str) -> OpenedSession:
+        """:meth:`ensure_session`, the operator switch ``switch`` and :meth:`pending_batches`
+        in one transaction: one store round trip where a message's turn would need three."""
 
     async def get_session(self, session_id: str) -> SessionRecord | None: ...
 

@@ -29,6 +29,7 @@ from geodebot.store.protocol import (
     BatchStatus,
     MessageRecord,
     NewMessage,
+    OpenedSession,
     SessionRecord,
     Store,
     StoreError,
@@ -37,7 +38,7 @@ from geodebot.store.protocol import (
 )
 from geodebot.store.sqlite_chat import ChatInboxOutbox
 from geodebot.store.sqlite_jobs import JobsAndFires
-from geodebot.store.sqlite_receipts import ReceiptsAndSwitches
+from geodebot.store.sqlite_receipts import SELECT_SWITCH, ReceiptsAndSwitches, switch_from_row
 from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding, from_row, paged
 
 __all__ = ["SQLiteStore", "load_migrations", "split_statements"]
@@ -300,17 +301,23 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
     async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:
         """Return the session, creating it if missing; an existing session keeps its mode."""
         now = time.time()
-
-        def ensure(db: sqlite3.Connection) -> SessionRecord:
-            db.execute(
-                "INSERT INTO sessions (id, mode, created_at, updated_at, generation, state, "
-                "guards, next_seq) VALUES (?, ?, ?, ?, 1, '{}', '{}', 1) "
-                "ON CONFLICT (id) DO NOTHING",
-                (session_id, mode, now, now),
-            )
-            return _session(db, session_id)
-
+        ensure = functools.partial(_ensure_session, session_id=session_id, mode=mode, now=now)
         return await self._transact(f"ensuring session {session_id!r}", ensure)
+
+    async def open_session(self, session_id: str, mode: str, *, switch: str) -> OpenedSession:
+        now = time.time()
+
+        def open_(db: sqlite3.Connection) -> OpenedSession:
+            record = _ensure_session(db, session_id=session_id, mode=mode, now=now)
+            found = db.execute(f"{SELECT_SWITCH} WHERE name = ?", (switch,)).fetchone()
+            pending = db.execute(_PENDING_BATCHES, {"sid": session_id}).fetchall()
+            return OpenedSession(
+                record,
+                None if found is None else switch_from_row(found),
+                [from_row(ToolBatchRecord, row) for row in pending],
+            )
+
+        return await self._transact(f"opening session {session_id!r}", open_)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         def read(db: sqlite3.Connection) -> SessionRecord | None:
@@ -458,6 +465,18 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
 
 def _version(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] or 0)
+
+
+def _ensure_session(
+    db: sqlite3.Connection, *, session_id: str, mode: str, now: float
+) -> SessionRecord:
+    db.execute(
+        "INSERT INTO sessions (id, mode, created_at, updated_at, generation, state, "
+        "guards, next_seq) VALUES (?, ?, ?, ?, 1, '{}', '{}', 1) "
+        "ON CONFLICT (id) DO NOTHING",
+        (session_id, mode, now, now),
+    )
+    return _session(db, session_id)
 
 
 def _session(db: sqlite3.Connection, session_id: str) -> SessionRecord:

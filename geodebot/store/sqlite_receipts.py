@@ -38,6 +38,7 @@ _RECEIPT_COLS = (
     "admitted_at, finished_at, outcome, resolution, resolved_by, resolved_at"
 )
 _SWITCH_COLS = "name, enabled, set_by, set_at, expires_at, reason"
+SELECT_SWITCH = f"SELECT {_SWITCH_COLS} FROM operator_switches"
 
 # DO NOTHING + RETURNING yields a row only when this call inserted it, so "was it mine?" needs
 # no second look that another writer could race.
@@ -74,7 +75,7 @@ def _receipts(rows: Any) -> list[EffectReceipt]:
     return [from_row(EffectReceipt, row) for row in rows]
 
 
-def _switch(row: sqlite3.Row) -> OperatorSwitch:
+def switch_from_row(row: sqlite3.Row) -> OperatorSwitch:
     return OperatorSwitch(
         name=row["name"],
         enabled=bool(row["enabled"]),
@@ -258,11 +259,11 @@ class ReceiptsAndSwitches:
         return switch
 
     async def get_switch(self: Transactions, name: str) -> OperatorSwitch | None:
-        sql = f"SELECT {_SWITCH_COLS} FROM operator_switches WHERE name = ?"
+        sql = f"{SELECT_SWITCH} WHERE name = ?"
         row = await self._query(
             f"reading switch {name!r}", lambda db: db.execute(sql, (name,)).fetchone()
         )
-        return None if row is None else _switch(row)
+        return None if row is None else switch_from_row(row)
 
     async def switch_history(
         self: Transactions, name: str, *, limit: int | None = None
@@ -276,7 +277,7 @@ class ReceiptsAndSwitches:
         rows = await self._query(
             f"reading the history of switch {name!r}", lambda db: db.execute(sql, params).fetchall()
         )
-        return [_switch(row) for row in rows]
+        return [switch_from_row(row) for row in rows]
 
 
 def _unresolvable(db: sqlite3.Connection, receipt_id: str) -> str:

@@ -13,6 +13,8 @@ so PTB's status and error handling above this class is unchanged.
 
 from __future__ import annotations
 
+import urllib.parse
+import urllib.request
 from typing import Final
 
 import aiohttp
@@ -46,6 +48,7 @@ class AiohttpRequest(BaseRequest):
         self._pool_timeout = pool_timeout
         self._session: aiohttp.ClientSession | None = None
         self._shut = False
+        self._proxies: dict[tuple[str, str], str | None] = {}
 
     @property
     def read_timeout(self) -> float | None:
@@ -56,8 +59,9 @@ class AiohttpRequest(BaseRequest):
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._pool_size),
-                # Proxy settings from the environment, as httpx does by default.
-                trust_env=True,
+                # Not trust_env: aiohttp would then look up the proxy and ~/.netrc on a worker
+                # thread for every request. The proxy is looked up once per host instead.
+                trust_env=False,
                 headers={"User-Agent": self.USER_AGENT},
             )
 
@@ -66,6 +70,16 @@ class AiohttpRequest(BaseRequest):
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
+
+    def _proxy(self, url: str) -> str | None:
+        """The proxy the environment (``https_proxy``, ``no_proxy``, ...) names for ``url``'s
+        host, as httpx would use it; read once per host."""
+        parts = urllib.parse.urlsplit(url)
+        key = (parts.scheme, parts.hostname or "")
+        if key not in self._proxies:
+            bypass = not key[1] or urllib.request.proxy_bypass(key[1])
+            self._proxies[key] = None if bypass else urllib.request.getproxies().get(key[0])
+        return self._proxies[key]
 
     async def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None and not self._shut:
@@ -82,7 +96,10 @@ class AiohttpRequest(BaseRequest):
         session = await self._open_session()
         try:
             async with session.post(
-                url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                url,
+                json=payload,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                proxy=self._proxy(url),
             ) as response:
                 return await response.json(content_type=None)
         except TimeoutError as exc:
@@ -108,8 +125,9 @@ class AiohttpRequest(BaseRequest):
             sock_read=_given(read_timeout, self._read_timeout),
         )
         try:
+            body, headers = _body(request_data)
             async with session.request(
-                method, url, data=_body(request_data), timeout=timeout
+                method, url, data=body, headers=headers, timeout=timeout, proxy=self._proxy(url)
             ) as response:
                 return response.status, await response.read()
         except TimeoutError as exc:  # aiohttp's own timeout errors are TimeoutErrors too
@@ -128,12 +146,19 @@ def _given(value: ODVInput[float], default: float | None) -> float | None:
     return default if isinstance(value, DefaultValue) else value
 
 
-def _body(request_data: RequestData | None) -> aiohttp.FormData | dict[str, str] | None:
+_FORM: Final = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def _body(
+    request_data: RequestData | None,
+) -> tuple[aiohttp.FormData | str | None, dict[str, str] | None]:
+    """PTB's parameters as a form, multipart when files go along (as PTB's own backend)."""
     if request_data is None:
-        return None
+        return None, None
     files = request_data.multipart_data
     if not files:
-        return request_data.json_parameters  # sent form-encoded, as PTB's own backend does
+        # Encoded here: aiohttp would build a multipart writer first only to find no files.
+        return urllib.parse.urlencode(request_data.json_parameters), _FORM
     form = aiohttp.FormData()
     for name, value in request_data.json_parameters.items():
         form.add_field(name, value)
@@ -141,4 +166,4 @@ def _body(request_data: RequestData | None) -> aiohttp.FormData | dict[str, str]
         filename, content, *rest = upload
         content_type = rest[0] if rest else None
         form.add_field(name, content, filename=filename, content_type=content_type)
-    return form
+    return form, None

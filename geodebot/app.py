@@ -6,6 +6,8 @@ module for an :class:`App` and drives it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -20,6 +22,7 @@ from geodebot.engine.executor import ToolExecutor
 from geodebot.engine.hooks import HookRegistry, hooks_from_config, hooks_from_entry_points
 from geodebot.engine.lanes import Lanes
 from geodebot.engine.ledger import EvidenceLedger
+from geodebot.engine.llm.deferred import DeferredAdapter
 from geodebot.engine.llm.resilient import ResilientLLM
 from geodebot.engine.llm.types import LLMAdapter
 from geodebot.engine.loop import AgenticLoop
@@ -97,6 +100,28 @@ def build_adapter(endpoint: ModelEndpoint, config: Config) -> LLMAdapter:
     from geodebot.engine.llm.openai_adapter import OpenAIAdapter
 
     return OpenAIAdapter(provider=endpoint.provider, **common)
+
+
+async def _warm(chain: Sequence[DeferredAdapter]) -> None:
+    for adapter in chain:
+        await adapter.warm()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def build_deferred_adapter(endpoint: ModelEndpoint, config: Config) -> DeferredAdapter:
+    """``build_adapter`` once the provider's SDK has been imported on a worker thread."""
+    module = "anthropic_adapter" if endpoint.provider == "anthropic" else "openai_adapter"
+    return DeferredAdapter(
+        endpoint.provider,
+        endpoint.name,
+        f"geodebot.engine.llm.{module}",
+        lambda: build_adapter(endpoint, config),
+    )
 
 
 def build_llm_factory(
@@ -199,9 +224,12 @@ async def build_app(
     stack.callback(ledger.close)
 
     endpoints = [config.model, *config.model.fallbacks]
-    chain = [build_adapter(endpoint, config) for endpoint in endpoints]
+    chain = [build_deferred_adapter(endpoint, config) for endpoint in endpoints]
     for adapter in chain:
         stack.push_async_callback(adapter.aclose)
+    # The SDKs load while the rest starts and the channels connect.
+    warming = asyncio.create_task(_warm(chain))
+    stack.push_async_callback(_cancelled, warming)
 
     settings = BuiltinSettings(
         workspace=config.workspace,

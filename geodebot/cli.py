@@ -219,6 +219,13 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"outbox: {outbox.get('pending', 0)} pending, {outbox.get('failed', 0)} failed"
     )
     print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
+    process = answer.get("process", {})
+    rss = process.get("rss_bytes")
+    print(
+        f"process: RSS {'?' if rss is None else f'{rss / 1e6:.1f} MB'}, "
+        f"{process.get('open_fds', '?')} open files, {process.get('threads', '?')} threads, "
+        f"{process.get('asyncio_tasks', '?')} tasks"
+    )
     for job in answer.get("jobs", []):
         print(f"job {job['id']}: next {job['next']}; last {job['last']}")
     return EXIT_OK

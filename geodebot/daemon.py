@@ -24,6 +24,7 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
 from geodebot.health import EngineMetrics, HealthServer, Probe
+from geodebot.procstat import process_figures
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.service import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
@@ -220,6 +221,7 @@ def _status_report(
                 {"id": line.job.id, "next": line.next_fire, "last": line.last_outcome}
                 for line in await job_lines(store)
             ],
+            "process": process_figures(),
         }
 
     return report

@@ -210,12 +210,18 @@ async def test_status_asks_the_running_daemon(served: Served) -> None:
     [job] = report["jobs"]
     assert (job["id"], job["last"]) == ("nightly", "never fired")
     assert job["next"].startswith("20")
+    process = report["process"]
+    assert process["rss_bytes"] > 20e6
+    assert process["open_fds"] > 3
+    assert process["threads"] >= 2  # the loop and the store's thread
+    assert process["asyncio_tasks"] >= 1
     code, out, err = await geodebot_status(served.config)
     assert code == 0, err
     assert "ready" in out
     assert "telegram: connected" in out
     assert "computer use: off" in out
     assert "job nightly: next 20" in out
+    assert re.search(r"process: RSS \d+\.\d MB, \d+ open files, \d+ threads, \d+ tasks", out)
 
 
 async def test_status_without_a_daemon_says_so(tmp_path: Path) -> None:

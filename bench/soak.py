@@ -1,0 +1,170 @@
+"""Soak: many turns through ``geodebot serve``; memory, descriptors and tasks must level off.
+
+The daemon runs as a subprocess against the Telegram fake and a zero-latency fake model (as in
+``bench/telegram_bench.py``). The driver sends rounds of turns over ``--chats`` bound chats
+(each chat waits for its reply before its next message), lets the daemon go quiet after each
+round, and samples the daemon: VmRSS and open file descriptors from ``/proc``, threads and
+asyncio tasks from ``geodebot status`` (the IPC ``status`` op).
+
+It prints the series and the RSS slope over the second half of the run (least squares, KB
+per turn). Target (issue: soak): slope below 1 KB per turn; descriptors, threads and tasks the
+same at the end as after the first round.
+
+Run from the repo root: ``.venv/bin/python bench/soak.py [--turns 20000] [--every 1000]``.
+Exits 1 on FAIL. KB and MB here are 10^3 and 10^6 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from telegram_bench import (  # noqa: E402
+    ANSWER,
+    LOOP_CHAT_BASE,
+    geodebot_config,
+    geodebot_env,
+    one_turn,
+    rss_mb,
+    stop_daemon,
+)
+
+from geodebot.app import SOCKET_FILE  # noqa: E402
+from geodebot.channels.ipc import IPCClient  # noqa: E402
+from tests.daemon_proc import DaemonProcess  # noqa: E402
+from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
+from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+
+SLOPE_MAX_KB_PER_TURN = 1.0
+
+
+@dataclass
+class Sample:
+    turns: int
+    seconds: float
+    rss_mb: float
+    fds: int
+    threads: int | None
+    tasks: int | None
+
+
+def slope_kb_per_turn(samples: list[Sample]) -> float:
+    """Least-squares slope of RSS against turns, KB per turn."""
+    xs = [s.turns for s in samples]
+    ys = [s.rss_mb * 1000 for s in samples]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+
+
+async def sample(pid: int, socket: Path, turns: int, started: float) -> Sample:
+    async with IPCClient(socket) as client:
+        status = await client.request({"op": "status"})
+    process = status.get("process") or {}
+    return Sample(
+        turns=turns,
+        seconds=time.perf_counter() - started,
+        rss_mb=rss_mb(pid),
+        fds=len(os.listdir(f"/proc/{pid}/fd")),
+        threads=process.get("threads"),
+        tasks=process.get("asyncio_tasks"),
+    )
+
+
+async def run(turns: int, every: int, chats: int) -> list[Sample]:
+    chat_ids = [LOOP_CHAT_BASE - i for i in range(chats)]
+    per_chat = max(1, every // chats)
+    samples: list[Sample] = []
+    with tempfile.TemporaryDirectory(prefix="geodebot-soak-") as tmp:
+        async with FakeLLMServer() as llm, FakeTelegram() as telegram:
+            llm.default = Reply(ANSWER)
+            config = geodebot_config(Path(tmp) / "soak.toml", telegram, llm, chat_ids)
+            daemon = DaemonProcess(config, geodebot_env(telegram))
+            await daemon.start(timeout_s=60)
+            assert daemon.proc is not None
+            pid, socket = daemon.proc.pid, Path(tmp) / "soak-var" / SOCKET_FILE
+            started, done = time.perf_counter(), 0
+            try:
+                while done < turns:
+
+                    async def chat_round(chat: int, base: int = done) -> None:
+                        for i in range(per_chat):
+                            await one_turn(telegram, chat, f"soak {base + i}")
+
+                    await asyncio.gather(*(chat_round(c) for c in chat_ids))
+                    done += per_chat * chats
+                    await asyncio.sleep(0.5)  # let deliveries and bookkeeping settle
+                    samples.append(await sample(pid, socket, done, started))
+                    last = samples[-1]
+                    print(
+                        f"  {last.turns:>7,} turns  {last.seconds:7.1f} s  "
+                        f"RSS {last.rss_mb:7.2f} MB  fds {last.fds:4d}  "
+                        f"threads {last.threads}  tasks {last.tasks}",
+                        flush=True,
+                    )
+            finally:
+                await stop_daemon(daemon)
+            errors = [line for line in daemon.log if "Traceback" in line or '"error"' in line]
+            if errors:
+                print(f"  daemon logged {len(errors)} error line(s); first: {errors[0]}")
+    return samples
+
+
+def report(samples: list[Sample]) -> bool:
+    half = samples[len(samples) // 2 :]
+    slope = slope_kb_per_turn(half)
+    first, last = samples[0], samples[-1]
+    flat = {
+        "open fds": (first.fds, last.fds),
+        "threads": (first.threads, last.threads),
+        "asyncio tasks": (first.tasks, last.tasks),
+    }
+    print()
+    print(
+        f"RSS: {first.rss_mb:.2f} MB after {first.turns:,} turns, {last.rss_mb:.2f} MB after "
+        f"{last.turns:,}; slope over the last {len(half)} samples {slope:+.3f} KB/turn "
+        f"(target < {SLOPE_MAX_KB_PER_TURN:g}): "
+        f"{'PASS' if slope < SLOPE_MAX_KB_PER_TURN else 'FAIL'}"
+    )
+    ok = slope < SLOPE_MAX_KB_PER_TURN
+    for name, (a, b) in flat.items():
+        same = a == b
+        ok = ok and same
+        print(f"{name}: {a} after the first round, {b} at the end: {'PASS' if same else 'FAIL'}")
+    rate = last.turns / last.seconds
+    print(
+        f"\n{last.turns:,} turns in {last.seconds:.0f} s ({rate:.0f} turns/s); overall: "
+        f"{'PASS' if ok else 'FAIL'}"
+    )
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--turns", type=int, default=20_000)
+    parser.add_argument("--every", type=int, default=1_000, help="turns per sample")
+    parser.add_argument("--chats", type=int, default=50)
+    args = parser.parse_args(argv)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, {platform.system()} {platform.release()}"
+    )
+    print(f"command: {shlex.join([Path(sys.executable).name, *sys.argv])}")
+    samples = asyncio.run(run(args.turns, args.every, args.chats))
+    return 0 if report(samples) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

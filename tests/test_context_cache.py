@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from geodebot.engine.compaction import ContextItem
-from geodebot.engine.context_cache import ContextCache
-from geodebot.engine.llm.types import Message
+from geodebot.engine.context_cache import ContextCache, item_size
+from geodebot.engine.llm.types import ImageData, Message, ToolResultBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
 from geodebot.store.protocol import NewMessage
@@ -103,7 +103,7 @@ async def test_appends_and_summaries_keep_the_copy_equal_to_the_store(
         assert copy is not None
         assert shape(copy) == shape(await stored_context(store))
         # The size kept for the bound follows the copy, appends and summaries alike.
-        assert cache.chars == sum(len(item.canonical) for item in copy)
+        assert cache.size == sum(item_size(item) for item in copy)
     assert cache.hits + dropped == 40
     assert cache.hits >= 30
 
@@ -143,7 +143,7 @@ async def test_a_copy_read_after_a_later_append_is_not_kept(store: SQLiteStore) 
 
 def test_least_recently_used_sessions_go_first() -> None:
     item = ContextItem(1, Message.user_text("x" * 100))
-    cache = ContextCache(max_sessions=2, max_chars=10_000)
+    cache = ContextCache(max_sessions=2, max_bytes=10_000)
     cache.put("a", 1, 2, [item])
     cache.put("b", 1, 2, [item])
     assert cache.get("a", 1, 2) is not None  # a is now the most recent
@@ -152,13 +152,27 @@ def test_least_recently_used_sessions_go_first() -> None:
     assert cache.get("a", 1, 2) is not None
     assert cache.get("c", 1, 2) is not None
 
-    by_size = ContextCache(max_sessions=100, max_chars=2 * len(item.canonical))
+    by_size = ContextCache(max_sessions=100, max_bytes=2 * item_size(item))
     for name in "abc":
         by_size.put(name, 1, 2, [item])
     assert len(by_size) == 2
-    assert by_size.chars == 2 * len(item.canonical)
+    assert by_size.size == 2 * item_size(item)
     by_size.put("huge", 1, 2, [item] * 3)
     assert by_size.get("huge", 1, 2) is None
+
+
+def test_an_images_bytes_count_though_the_canonical_form_holds_only_its_digest() -> None:
+    shot = ImageData("image/png", "A" * 400_000)
+    result = ToolResultBlock("c1", "screenshot taken", images=(shot,))
+    item = ContextItem(2, Message("user", (result,)))
+    assert len(item.canonical) < 1_000
+    assert item_size(item) > 400_000
+    cache = ContextCache(max_bytes=1_000_000)
+    cache.put("a", 1, 3, [item])
+    cache.put("b", 1, 3, [item])
+    cache.put("c", 1, 3, [item])
+    assert len(cache) == 2  # three screenshots do not fit in a million bytes
+    assert cache.size <= 1_000_000
 
 
 async def test_turns_send_the_same_context_with_and_without_the_cache(

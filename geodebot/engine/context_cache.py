@@ -9,8 +9,12 @@ channel session's context is long. The store stays the truth:
   store's ``load_context`` applies (the newest summary, then the messages after the range it
   covers); an append that does not continue the entry drops it.
 
-Least recently used entries go first once more than ``max_sessions`` sessions or
-``max_chars`` characters of canonical JSON are held, so idle sessions cost nothing here.
+Least recently used entries go first once more than ``max_sessions`` sessions or about
+``max_bytes`` of memory are held, so idle sessions cost nothing here. The size is an estimate
+of what an item keeps alive: its decoded message and its canonical JSON (each about the
+length of the JSON), any image's data (which the canonical JSON holds only as a digest), and
+a fixed cost per item of the objects around them (measured: about 490 bytes for a
+64-character message).
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from geodebot.engine.compaction import ContextItem
-from geodebot.engine.llm.types import Message
+from geodebot.engine.llm.types import Message, ToolResultBlock
 from geodebot.store.protocol import NewMessage
 
-__all__ = ["ContextCache"]
+__all__ = ["ContextCache", "item_size"]
 
 
 @dataclass(slots=True)
@@ -31,22 +35,35 @@ class _Entry:
     generation: int
     next_seq: int
     items: list[ContextItem]
-    chars: int
+    size: int
     # No message at or below this seq is in the context (it is at least the current
     # summary's upper bound): a summary reaching lower would bring back messages not held.
     floor: int
 
 
-def _chars(items: Sequence[ContextItem]) -> int:
-    return sum(len(item.canonical) for item in items)
+_ITEM_BYTES = 350
+
+
+def item_size(item: ContextItem) -> int:
+    """Estimated bytes ``item`` keeps alive (see the module's docstring)."""
+    size = _ITEM_BYTES + 2 * len(item.canonical)
+    if item.images:
+        for block in item.message.content:
+            if isinstance(block, ToolResultBlock):
+                size += sum(len(image.data) for image in block.images)
+    return size
+
+
+def _size(items: Sequence[ContextItem]) -> int:
+    return sum(item_size(item) for item in items)
 
 
 class ContextCache:
-    def __init__(self, *, max_sessions: int = 256, max_chars: int = 16_000_000) -> None:
+    def __init__(self, *, max_sessions: int = 256, max_bytes: int = 8_000_000) -> None:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._max_sessions = max_sessions
-        self._max_chars = max_chars
-        self._chars = 0
+        self._max_bytes = max_bytes
+        self._size = 0
         self.hits = 0
         self.misses = 0
 
@@ -54,8 +71,9 @@ class ContextCache:
         return len(self._entries)
 
     @property
-    def chars(self) -> int:
-        return self._chars
+    def size(self) -> int:
+        """Estimated bytes held."""
+        return self._size
 
     def get(self, session_id: str, generation: int, next_seq: int) -> list[ContextItem] | None:
         """A copy of the context, if the entry is still the session's current context."""
@@ -77,7 +95,7 @@ class ContextCache:
             return
         messages = [item.seq for item in items if not item.is_summary]
         floor = min(messages) - 1 if messages else next_seq - 1
-        self._set(session_id, _Entry(generation, next_seq, list(items), _chars(items), floor))
+        self._set(session_id, _Entry(generation, next_seq, list(items), _size(items), floor))
 
     def appended(
         self, session_id: str, seqs: Sequence[int], messages: Sequence[NewMessage]
@@ -86,7 +104,7 @@ class ContextCache:
         entry = self._entries.get(session_id)
         if entry is None or not seqs:
             return
-        items, floor, chars = entry.items, entry.floor, entry.chars
+        items, floor, size = entry.items, entry.floor, entry.size
         for seq, new in zip(seqs, messages, strict=True):
             if seq != entry.next_seq:
                 # Someone else appended in between: the entry no longer knows the context.
@@ -104,25 +122,25 @@ class ContextCache:
                     self.drop(session_id)
                     return
                 items = [item, *(i for i in items if not i.is_summary and i.seq > upto)]
-                floor, chars = upto, _chars(items)
+                floor, size = upto, _size(items)
             else:
                 # The common case (a turn's messages) costs only what it adds.
                 items.append(item)
-                chars += len(item.canonical)
+                size += item_size(item)
             entry.next_seq = seq + 1
-        self._set(session_id, _Entry(entry.generation, entry.next_seq, items, chars, floor))
+        self._set(session_id, _Entry(entry.generation, entry.next_seq, items, size, floor))
 
     def drop(self, session_id: str) -> None:
         entry = self._entries.pop(session_id, None)
         if entry is not None:
-            self._chars -= entry.chars
+            self._size -= entry.size
 
     def _set(self, session_id: str, entry: _Entry) -> None:
         self.drop(session_id)
-        if entry.chars > self._max_chars:
+        if entry.size > self._max_bytes:
             return
         self._entries[session_id] = entry
-        self._chars += entry.chars
-        while len(self._entries) > self._max_sessions or self._chars > self._max_chars:
+        self._size += entry.size
+        while len(self._entries) > self._max_sessions or self._size > self._max_bytes:
             _, oldest = self._entries.popitem(last=False)
-            self._chars -= oldest.chars
+            self._size -= oldest.size

@@ -443,7 +443,15 @@ class TelegramChannel:
             exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
         ):
             return ChannelError(text)  # the request never left
-        # Timeouts, cut connections, 5xx, garbled answers: Telegram may have posted it.
+        if (
+            isinstance(exc, tg.NetworkError)
+            and not isinstance(exc, tg.TimedOut)
+            and exc.__cause__ is None
+        ):
+            # PTB chains every transport failure and unreadable answer; an unchained one is a
+            # Bot API error answer (ok=false, a 5xx), which says the method failed: retry it.
+            return ChannelError(text)
+        # Timeouts, cut connections, garbled answers: Telegram may have posted it.
         return SendUnknown(text)
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:

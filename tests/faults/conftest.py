@@ -22,3 +22,7 @@ async def tg(tmp_path: Path, llm_server: FakeLLMServer) -> AsyncIterator[Telegra
         finally:  # a test that failed early leaves no daemon behind
             for daemon in world.daemons:
                 await daemon.kill()
+
+
+# The Slack world of the end-to-end tests, shared rather than copied.
+from tests.test_e2e_slack import rig  # noqa: E402, F401

@@ -41,7 +41,9 @@ class TelegramWorld:
     env: dict[str, str]
     daemons: list[DaemonProcess] = field(default_factory=list)
 
-    def write_config(self, *, model: str = "max_retries = 0", binding: str = "", extra: str = "") -> Path:
+    def write_config(
+        self, *, model: str = "max_retries = 0", binding: str = "", extra: str = ""
+    ) -> Path:
         """``model`` adds [model] keys, ``binding`` keys of the one binding, ``extra`` tables."""
         path = self.tmp_path / "config.toml"
         path.write_text(

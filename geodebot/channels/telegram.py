@@ -42,6 +42,7 @@ from geodebot.channels.base import (
 from geodebot.channels.render import render_for
 from geodebot.config import TelegramConfig
 from geodebot.redact import Redactor
+from geodebot.store.protocol import StoreError
 
 # PTB 22 warns (PTBDeprecationWarning) whenever an int-valued period is read, and RetryAfter's
 # own constructor reads one: every 429 warned. Opting in to the timedelta values PTB 23 will
@@ -383,6 +384,12 @@ class TelegramChannel:
             return True
         try:
             await self._sink(inbound)
+        except StoreError as exc:
+            self._counters["sink_errors"] += 1
+            log.error(
+                "telegram: update %s not committed (%s); it will come again", update.update_id, exc
+            )
+            return False
         except Exception:
             self._counters["sink_errors"] += 1
             log.exception("telegram: update %s not committed; it will come again", update.update_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,10 +25,16 @@ class StampedTelegram(FakeTelegram):
     def __init__(self) -> None:
         super().__init__()
         self.stamps: list[tuple[str, float]] = []
+        # Called with the method's name once a call was served, before its answer leaves.
+        self.before_answer: Callable[[str], None] | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.stamps.append((request.path.rsplit("/", 1)[-1].lower(), time.monotonic()))
-        return await super()._handle(request)
+        method = request.path.rsplit("/", 1)[-1].lower()
+        self.stamps.append((method, time.monotonic()))
+        response = await super()._handle(request)
+        if self.before_answer is not None:
+            self.before_answer(method)
+        return response
 
     def times(self, method: str) -> list[float]:
         return [at for name, at in self.stamps if name == method.lower()]

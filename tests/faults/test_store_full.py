@@ -59,3 +59,34 @@ async def test_full_disk_mid_turn_ends_in_a_clear_reply_and_loses_nothing(
     assert answered == "answer to the message sent while the disk was full"
     assert normal == "business as usual"
     assert len(tg.llm.requests) == 3
+
+
+async def test_disk_filling_while_a_reply_is_sent_neither_loses_nor_repeats_it(
+    tg: TelegramWorld,
+) -> None:
+    tg.llm.script(Reply("sent as the disk filled up"), Reply("business as usual"))
+    daemon = await tg.start()
+
+    def fill_on_first_send(method: str) -> None:
+        # Telegram took the message; the daemon cannot record that it did.
+        if method == "sendmessage":
+            tg.telegram.before_answer = None
+            disk_full(daemon, True)
+
+    tg.telegram.before_answer = fill_on_first_send
+    try:
+        tg.ask("first question")
+        await tg.replies(1)
+        await asyncio.sleep(3.0)
+        disk_full(daemon, False)
+        tg.ask("and now?")
+        await tg.replies(2)
+        await asyncio.sleep(1.0)
+    finally:
+        if daemon.proc is not None and daemon.proc.returncode is None:
+            disk_full(daemon, False)
+        await shut_down(daemon)
+    assert tg.texts() == ["sent as the disk filled up", "business as usual"]
+    # The record was tried again at growing pauses (0.5 s, doubling), not in a tight loop.
+    retries = [line for line in daemon.log if "sent, but not recorded yet" in line]
+    assert 1 <= len(retries) <= 10

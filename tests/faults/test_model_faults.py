@@ -14,53 +14,31 @@ from tests.faults.telegram_world import TelegramWorld, shut_down
 RETRYING = "max_retries = 1\nmax_retry_wait_s = 1\nrequest_timeout_s = 1\n"
 
 
-async def test_hung_model_is_retried_then_reported_and_the_next_message_answered(
+async def test_hung_then_overloaded_model_is_retried_reported_and_the_next_message_answered(
     tg: TelegramWorld,
 ) -> None:
     tg.llm.script(
         Hang(), Reply("answer after one timeout"),  # a retry that works
         Hang(), Hang(),  # two timeouts: the retries are used up
-        Reply("back to normal"),
-    )  # fmt: skip
-    daemon = await tg.start(model=RETRYING)
-    try:
-        tg.ask("first")
-        await tg.replies(1)
-        tg.ask("second")
-        await tg.replies(2)
-        tg.ask("third")
-        await tg.replies(3)
-        await asyncio.sleep(0.5)
-    finally:
-        await shut_down(daemon)
-    first, second, third = tg.texts()
-    assert first == "answer after one timeout"
-    assert "model provider is unavailable right now" in second
-    assert "timed out" in second.lower()
-    assert third == "back to normal"
-    assert len(tg.llm.requests) == 5  # each timeout was retried once, nothing more
-    assert tg.llm.pending == 0
-
-
-async def test_overloaded_model_is_retried_then_reported_and_the_next_message_answered(
-    tg: TelegramWorld,
-) -> None:
-    tg.llm.script(
         Error.overloaded(), Reply("answer after one 529"),
         Error.overloaded(), Error.overloaded(),
         Reply("back to normal"),
     )  # fmt: skip
     daemon = await tg.start(model=RETRYING)
     try:
-        for n, text in enumerate(("first", "second", "third"), start=1):
-            tg.ask(text)
+        for n in range(1, 6):
+            tg.ask(f"question {n}")
             await tg.replies(n)
         await asyncio.sleep(0.5)
     finally:
         await shut_down(daemon)
-    first, second, third = tg.texts()
-    assert first == "answer after one 529"
-    assert "model provider is unavailable right now" in second
-    assert "overloaded" in second.lower()
-    assert third == "back to normal"
-    assert len(tg.llm.requests) == 5
+    recovered, timed_out, recovered_529, overloaded, normal = tg.texts()
+    assert recovered == "answer after one timeout"
+    assert "model provider is unavailable right now" in timed_out
+    assert "timed out" in timed_out.lower()
+    assert recovered_529 == "answer after one 529"
+    assert "model provider is unavailable right now" in overloaded
+    assert "overloaded" in overloaded.lower()
+    assert normal == "back to normal"
+    assert len(tg.llm.requests) == 9  # each failure was retried once, nothing more
+    assert tg.llm.pending == 0

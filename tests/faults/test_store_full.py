@@ -21,72 +21,60 @@ def disk_full(daemon: DaemonProcess, full: bool) -> None:
     resource.prlimit(daemon.proc.pid, resource.RLIMIT_FSIZE, (soft, resource.RLIM_INFINITY))
 
 
-async def test_full_disk_mid_turn_ends_in_a_clear_reply_and_loses_nothing(
+async def test_full_disk_mid_turn_and_mid_send_loses_and_repeats_nothing(
     tg: TelegramWorld,
 ) -> None:
     tg.llm.script(
         Delay(1.0, Reply("an answer the disk has no room for")),
         Reply("answer to the message sent while the disk was full"),
+        Reply("sent as the disk filled up"),
         Reply("business as usual"),
     )
     daemon = await tg.start()
-    try:
-        first = tg.ask("first question")
-        await tg.telegram.wait_for_confirmed(first + 1, timeout=20)
-        async with asyncio.timeout(20):
-            await tg.llm.wait_for_requests(1)
-        disk_full(daemon, True)  # while the model thinks: the turn cannot save its answer
 
-        # Arrives while the disk is full: it cannot be committed, so it is not confirmed.
-        second = tg.ask("sent while the disk is full")
-        await asyncio.sleep(2.5)
-        assert tg.telegram.confirmed_offset <= second
-        assert len(tg.llm.requests) == 1
-        assert tg.texts() == []
-
-        disk_full(daemon, False)
-        await tg.replies(2, limit_s=45)
-        await tg.telegram.wait_for_confirmed(second + 1, timeout=10)
-        tg.ask("and now?")
-        await tg.replies(3)
-        await asyncio.sleep(0.5)
-    finally:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            disk_full(daemon, False)
-        await shut_down(daemon)
-    failed, answered, normal = tg.texts()
-    assert "could not save this conversation" in failed
-    assert answered == "answer to the message sent while the disk was full"
-    assert normal == "business as usual"
-    assert len(tg.llm.requests) == 3
-
-
-async def test_disk_filling_while_a_reply_is_sent_neither_loses_nor_repeats_it(
-    tg: TelegramWorld,
-) -> None:
-    tg.llm.script(Reply("sent as the disk filled up"), Reply("business as usual"))
-    daemon = await tg.start()
-
-    def fill_on_first_send(method: str) -> None:
+    def fill_on_send(method: str) -> None:
         # Telegram took the message; the daemon cannot record that it did.
         if method == "sendmessage":
             tg.telegram.before_answer = None
             disk_full(daemon, True)
 
-    tg.telegram.before_answer = fill_on_first_send
     try:
-        tg.ask("first question")
-        await tg.replies(1)
-        await asyncio.sleep(3.0)
+        # 1. The disk fills while the model thinks: the turn cannot save its answer.
+        first = tg.ask("first question")
+        await tg.telegram.wait_for_confirmed(first + 1, timeout=20)
+        async with asyncio.timeout(20):
+            await tg.llm.wait_for_requests(1)
+        disk_full(daemon, True)
+        # Arrives while the disk is full: it cannot be committed, so it is not confirmed.
+        second = tg.ask("sent while the disk is full")
+        await asyncio.sleep(2.0)
+        assert tg.telegram.confirmed_offset <= second
+        assert len(tg.llm.requests) == 1
+        assert tg.texts() == []
         disk_full(daemon, False)
+        await tg.replies(2, limit_s=45)
+        await tg.telegram.wait_for_confirmed(second + 1, timeout=10)
+
+        # 2. The disk fills as a reply is taken by Telegram: it is neither lost nor resent.
+        tg.telegram.before_answer = fill_on_send
+        tg.ask("third question")
+        await tg.replies(3)
+        await asyncio.sleep(2.0)
+        disk_full(daemon, False)
+
         tg.ask("and now?")
-        await tg.replies(2)
-        await asyncio.sleep(1.0)
+        await tg.replies(4)
+        await asyncio.sleep(0.5)
     finally:
         if daemon.proc is not None and daemon.proc.returncode is None:
             disk_full(daemon, False)
         await shut_down(daemon)
-    assert tg.texts() == ["sent as the disk filled up", "business as usual"]
-    # The record was tried again at growing pauses (0.5 s, doubling), not in a tight loop.
+    failed, answered, sent_once, normal = tg.texts()
+    assert "could not save this conversation" in failed
+    assert answered == "answer to the message sent while the disk was full"
+    assert sent_once == "sent as the disk filled up"
+    assert normal == "business as usual"
+    assert len(tg.llm.requests) == 4
+    # The record of the sent part was tried again at growing pauses, not in a tight loop.
     retries = [line for line in daemon.log if "sent, but not recorded yet" in line]
     assert 1 <= len(retries) <= 10

@@ -158,7 +158,7 @@ class ChatRouter:
                 except asyncio.CancelledError:
                     if not lane.stop_requested:
                         raise
-                    await self._answer(row, "failed", "Stopped, as asked.", detail="stopped")
+                    await self._record(row, "failed", "Stopped, as asked.", detail="stopped")
                 except StoreError as exc:
                     log.error("turn for inbox row %s: store failure: %s", row.id, exc)
                     await self._record(row, "failed", STORE_FAILURE_TEXT, detail="store_error")

@@ -1,3 +1,5 @@
+"""Fixtures of the fault suite: a Telegram daemon world, and the Slack one of the e2e tests."""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +11,9 @@ import pytest
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.fakes.llm_server import FakeLLMServer
 from tests.faults.telegram_world import TOKEN_ENV, StampedTelegram, TelegramWorld
+
+# The Slack world of the end-to-end tests, shared rather than copied.
+from tests.test_e2e_slack import rig  # noqa: F401
 
 
 @pytest.fixture
@@ -22,7 +27,3 @@ async def tg(tmp_path: Path, llm_server: FakeLLMServer) -> AsyncIterator[Telegra
         finally:  # a test that failed early leaves no daemon behind
             for daemon in world.daemons:
                 await daemon.kill()
-
-
-# The Slack world of the end-to-end tests, shared rather than copied.
-from tests.test_e2e_slack import rig  # noqa: E402, F401

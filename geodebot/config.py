@@ -243,6 +243,9 @@ class MCPServerConfig(_Strict):
     # http: the streamable-HTTP endpoint.
     url: str | None = None
     tools: dict[str, MCPToolPolicy] = Field(default_factory=dict)
+    # After a call times out, the server must answer a health check within this, or it is
+    # restarted; calls meanwhile wait for the verdict.
+    probe_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
 
     @model_validator(mode="after")
     def _transport_fields(self) -> MCPServerConfig:

@@ -278,9 +278,13 @@ async def test_send_errors_are_classified(fake: FakeTelegram, open_channel: Open
         await channel.send(part("43", "hi"))
     assert gone.value.permanent
     assert "chat not found" in str(gone.value).lower()
+    # An ok=false answer with a 5xx is Telegram saying the method failed: retry, not unknown.
     fake.fail_next("sendMessage", 500, "Internal Server Error")
-    with pytest.raises(SendUnknown):
+    with pytest.raises(ChannelError) as failed:
         await channel.send(part(str(GROUP), "hi"))
+    assert not isinstance(failed.value, SendUnknown)
+    assert not failed.value.permanent
+    assert failed.value.retry_after is None
     assert fake.sent[GROUP] == []
     with pytest.raises(NotImplementedError):
         await channel.find_sent(part(str(GROUP), "hi"))

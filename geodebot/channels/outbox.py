@@ -26,7 +26,7 @@ from geodebot.channels.base import (
     Platform,
     SendUnknown,
 )
-from geodebot.store.protocol import OutboxRow, Store
+from geodebot.store.protocol import OutboxRow, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ MAX_ATTEMPTS = 6
 MAX_BLIND_RESENDS = 1
 MAX_RETRY_AFTER_S = 300.0
 POLL_S = 5.0
+# While the store refuses writes (a full disk, say) a chat waits this long before its next
+# pass, doubling up to the cap, instead of trying again at once.
+STORE_RETRY_FIRST_S = 0.5
+STORE_RETRY_MAX_S = 30.0
 
 
 ChatKey = tuple[str, str, str | None]
@@ -65,6 +69,7 @@ class OutboxSender:
         # a scan of pending rows) goes out once.
         self._known: set[int] = set()
         self._stopping = False
+        self._store_pause = STORE_RETRY_FIRST_S
         self.sent_parts = 0
         self.failed_rows = 0
 
@@ -144,6 +149,17 @@ class OutboxSender:
             except _Later:
                 # The platform is unwell: this and later rows stay pending for the next pass.
                 return
+            except StoreError as exc:
+                # The store is unwell: the row stays pending as the store last saw it, and a
+                # pass that came at once would only fail again.
+                pause, self._store_pause = (
+                    self._store_pause,
+                    min(self._store_pause * 2, STORE_RETRY_MAX_S),
+                )
+                log.error("outbox %s: %s; trying again in %.1f s", row.id, exc, pause)
+                await self._sleep(pause)
+                return
+            self._store_pause = STORE_RETRY_FIRST_S
             queue.popleft()
             self._known.discard(row.id)
 
@@ -223,9 +239,28 @@ class OutboxSender:
                 await self._sleep(pause)
                 continue
             self.sent_parts += 1
-            return await self._store.outbox_part_sent(
-                row.id, part.index, sent.message_id, last=last
-            )
+            return await self._note_sent(row, part, sent.message_id, last=last)
+
+    async def _note_sent(
+        self, row: OutboxRow, part: OutboundPart, message_id: str, *, last: bool
+    ) -> OutboxRow:
+        """Record a part the platform took. Only this process knows it went out: if the store
+        refuses the record, it is kept trying (not dropped, which would make the part look
+        unknown and be sent a second time where the platform cannot be asked)."""
+        pause = STORE_RETRY_FIRST_S
+        while True:
+            try:
+                return await self._store.outbox_part_sent(row.id, part.index, message_id, last=last)
+            except StoreError as exc:
+                log.error(
+                    "outbox %s part %s: sent, but not recorded yet (%s); trying again in %.1f s",
+                    row.id,
+                    part.index,
+                    exc,
+                    pause,
+                )
+            await self._sleep(pause)
+            pause = min(pause * 2, STORE_RETRY_MAX_S)
 
     async def _refresh(self, row: OutboxRow) -> OutboxRow:
         fresh = await self._store.get_outbox(row.id)

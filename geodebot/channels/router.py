@@ -27,7 +27,7 @@ from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, time_budget
 from geodebot.logctx import log_context
-from geodebot.store.protocol import InboxRow, NewOutbound
+from geodebot.store.protocol import InboxRow, NewOutbound, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,13 @@ FinishStatus = Literal["done", "failed", "dropped"]
 Typing = Callable[[Destination], Awaitable[None]]
 # Lines about the scheduled jobs that post in a binding's chat, for /status.
 JobStatusText = Callable[[str], Awaitable[str]]
+# An accepted message whose reply the store refuses (a full disk, say) is retried at these
+# pauses, doubling, until the store takes it: the message was acknowledged, so it must end
+# in a reply, not wait for a restart.
+RECORD_RETRY_FIRST_S = 0.5
+RECORD_RETRY_MAX_S = 30.0
+STORE_FAILURE_TEXT = "geodebot could not save this conversation, so it stopped the turn."
+INTERNAL_FAILURE_TEXT = "Something went wrong inside geodebot; the turn was stopped."
 
 
 @dataclass(slots=True)
@@ -151,9 +158,15 @@ class ChatRouter:
                 except asyncio.CancelledError:
                     if not lane.stop_requested:
                         raise
-                    await self._answer(row, "failed", "Stopped, as asked.", detail="stopped")
+                    await self._record(row, "failed", "Stopped, as asked.", detail="stopped")
+                except StoreError as exc:
+                    log.error("turn for inbox row %s: store failure: %s", row.id, exc)
+                    await self._record(row, "failed", STORE_FAILURE_TEXT, detail="store_error")
                 except Exception:
                     log.exception("turn for inbox row %s failed", row.id)
+                    await self._record(
+                        row, "failed", INTERNAL_FAILURE_TEXT, detail="internal_error"
+                    )
                 finally:
                     lane.running = None
         finally:
@@ -183,7 +196,7 @@ class ChatRouter:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self._answer(
+        await self._record(
             row, "done" if result.ok else "failed", result.text, detail=result.outcome
         )
 
@@ -202,6 +215,26 @@ class ChatRouter:
             with contextlib.suppress(Exception):
                 await self._typing(destination)
             await asyncio.sleep(TYPING_EVERY_S)
+
+    async def _record(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
+        """:meth:`_answer`, tried again while the store refuses writes. At shutdown the row is
+        left unfinished instead, and the restart answers it."""
+        pause = RECORD_RETRY_FIRST_S
+        while True:
+            try:
+                await self._answer(row, status, text, detail=detail)
+                return
+            except StoreError as exc:
+                if self._closing:
+                    raise
+                log.error(
+                    "inbox row %s: cannot record its reply (%s); trying again in %.1f s",
+                    row.id,
+                    exc,
+                    pause,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RECORD_RETRY_MAX_S)
 
     async def _answer(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
         reply = NewOutbound(

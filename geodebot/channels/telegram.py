@@ -41,6 +41,7 @@ from geodebot.channels.render import render_for
 from geodebot.channels.telegram_request import AiohttpRequest, never_sent
 from geodebot.config import TelegramConfig
 from geodebot.redact import Redactor
+from geodebot.store.protocol import StoreError
 
 # PTB 22 warns (PTBDeprecationWarning) whenever an int-valued period is read, and RetryAfter's
 # own constructor reads one: every 429 warned. Opting in to the timedelta values PTB 23 will
@@ -383,6 +384,12 @@ class TelegramChannel:
             return True
         try:
             await self._sink(inbound)
+        except StoreError as exc:
+            self._counters["sink_errors"] += 1
+            log.error(
+                "telegram: update %s not committed (%s); it will come again", update.update_id, exc
+            )
+            return False
         except Exception:
             self._counters["sink_errors"] += 1
             log.exception("telegram: update %s not committed; it will come again", update.update_id)
@@ -441,7 +448,15 @@ class TelegramChannel:
             return ChannelError(text)
         if isinstance(exc, tg.NetworkError) and never_sent(exc):
             return ChannelError(text)  # the request never left
-        # Timeouts, cut connections, 5xx, garbled answers: Telegram may have posted it.
+        if (
+            isinstance(exc, tg.NetworkError)
+            and not isinstance(exc, tg.TimedOut)
+            and exc.__cause__ is None
+        ):
+            # PTB chains every transport failure and unreadable answer; an unchained one is a
+            # Bot API error answer (ok=false, a 5xx), which says the method failed: retry it.
+            return ChannelError(text)
+        # Timeouts, cut connections, garbled answers: Telegram may have posted it.
         return SendUnknown(text)
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:

@@ -112,7 +112,7 @@ class MCPServerPool:
         cwd: Path,
         backoff: Backoff = Backoff(),
         connect_timeout_s: float = 30.0,
-        probe_timeout_s: float = 10.0,
+        probe_timeout_s: float | None = None,
         stop_timeout_s: float = 10.0,
         stderr: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -293,6 +293,11 @@ class MCPServerPool:
                 raise ToolError(f"MCP server {name} is shut down")
             conn = slot.conn
             if conn is not None and conn.usable:
+                # A server whose last call timed out is being checked: a call sent now could
+                # be stuck in a wedged server and then reported as "may have acted". Wait for
+                # the verdict (the health check's own timeout bounds this).
+                await conn.checked()
+            if conn is not None and conn.usable:
                 return conn
             if conn is not None and not conn.starting:
                 # Let the old connection finish going down, so two copies of a server
@@ -338,7 +343,9 @@ class MCPServerPool:
         conn = Connection(
             transport,
             name=config.name,
-            probe_timeout_s=self._probe_timeout_s,
+            probe_timeout_s=config.probe_timeout_s
+            if self._probe_timeout_s is None
+            else self._probe_timeout_s,
             on_down=lambda error: self._ended(slot, error),
         )
         slot.conn = conn

@@ -109,6 +109,8 @@ class Connection:
         self._reported = False
         self._inbox: asyncio.Queue[_Command] = asyncio.Queue()
         self._probing = False
+        self._probed = asyncio.Event()
+        self._probed.set()
         # Set the moment anyone learns the server is gone, before the owning task gets to
         # run, so the next call starts a fresh connection instead of using this one.
         self._lost = False
@@ -128,7 +130,18 @@ class Connection:
         """Check, off the caller's path, that a server whose call timed out still answers."""
         if self.usable and not self._probing:
             self._probing = True
+            self._probed.clear()
             self._inbox.put_nowait("probe")
+
+    async def checked(self) -> None:
+        """Until a health check under way has its verdict (at once if none is)."""
+        if self._probed.is_set():
+            return
+        verdict = asyncio.ensure_future(self._probed.wait())
+        try:
+            await asyncio.wait({verdict, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            verdict.cancel()
 
     def fail(self, reason: str) -> None:
         if self.usable:
@@ -211,3 +224,4 @@ class Connection:
                 return f"health check failed: {describe(exc)}"
             finally:
                 self._probing = False
+                self._probed.set()

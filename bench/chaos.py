@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import shutil
 import sys
 import tempfile
@@ -46,6 +47,9 @@ def main() -> int:
         job_every_s=args.job_every,
         drain_timeout_s=args.drain_timeout,
     )
+    # A daemon killed mid-request makes the fakes' aiohttp server log "Connection lost" with a
+    # traceback: the expected effect of SIGKILL, not a finding.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     workdir = Path(tempfile.mkdtemp(prefix="geodebot-chaos-"))
     began = time.monotonic()
 

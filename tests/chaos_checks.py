@@ -141,44 +141,66 @@ def _read(fakes: Fakes, workspace: Path, db: Path) -> _Seen:
     )
 
 
+ALWAYS_SHOWN = (
+    "accepted",
+    "not accepted",
+    "answered once",
+    "answered once, its effect uncertain and not re-run",
+    "answered once with a failure reply",
+    "answered twice: Telegram part resent blind after a kill",
+    "answered more than once",
+    "accepted, never answered",
+    "not accepted, not answered",
+)
+
+
 def _check_messages(seen: _Seen, report: ChaosReport) -> None:
     """Every acknowledged message answered exactly once, in its chat and thread."""
-    counts, problems, fakes = report.counts, report.problems, seen.fakes
-    found: Counter[str] = Counter()
+    found: Counter[str] = Counter(dict.fromkeys(ALWAYS_SHOWN, 0))
     failures: Counter[str] = Counter()
-    for sent in fakes.sent:
-        platform = sent.chat.platform
-        found[f"sent {platform}"] += 1
-        replies = seen.bot.get((platform, sent.chat.channel, sent.message_id), [])
-        accepted = _accepted(fakes, sent, seen.inbox)
+    for sent in seen.fakes.sent:
+        found[f"sent {sent.chat.platform}"] += 1
+        replies = seen.bot.get((sent.chat.platform, sent.chat.channel, sent.message_id), [])
+        accepted = _accepted(seen.fakes, sent, seen.inbox)
         found["accepted" if accepted else "not accepted"] += 1
-        if accepted and (platform, sent.event_id) not in seen.inbox:
-            problems.append(f"{sent.marker} ({platform}) acknowledged but not in the inbox")
-        if _blind_copy(seen, sent, replies):
-            found["answered twice: Telegram part resent blind after a kill"] += 1
-        elif len(replies) > 1:
-            found["answered more than once"] += 1
-            problems.append(f"{sent.marker} ({platform}) answered {len(replies)} times: {replies}")
-        elif len(replies) == 1 and f"done {sent.marker}" in replies[0]:
-            found["answered once"] += 1
-            if seen.per_marker[sent.marker] == 0:
-                if any(c.startswith(f"toolu_{sent.marker}_") for c in seen.uncertain):
-                    found["answered once, its effect uncertain and not re-run"] += 1
-                else:
-                    problems.append(f"{sent.marker} answered done but its tool never ran")
-        elif len(replies) == 1:
-            found["answered once with a failure reply"] += 1
+        if accepted and (sent.chat.platform, sent.event_id) not in seen.inbox:
+            report.problems.append(f"{sent.marker} acknowledged but not in the inbox")
+        verdict = _answered(seen, sent, replies, accepted, report.problems)
+        found[verdict] += 1
+        if verdict == "answered once with a failure reply":
             failures[replies[0][:60]] += 1
-        elif accepted:
-            found["accepted, never answered"] += 1
-            problems.append(f"{sent.marker} ({platform}) accepted but never answered")
-        else:
-            found["not accepted, not answered"] += 1
-    counts["messages sent"] = len(fakes.sent)
-    for name in sorted(found):
-        counts[f"messages {name}"] = found[name]
+    report.counts["messages sent"] = len(seen.fakes.sent)
+    for name in sorted(k for k in found if k.startswith("sent ")):
+        report.counts[f"messages {name}"] = found[name]
+    for name in ALWAYS_SHOWN:
+        report.counts[f"messages {name}"] = found[name]
     for text, n in failures.most_common(5):
-        counts[f"  failure reply x{n}"] = text
+        report.counts[f"  failure reply x{n}"] = text
+
+
+def _answered(
+    seen: _Seen, sent: Sent, replies: list[str], accepted: bool, problems: list[str]
+) -> str:
+    """How one message was answered (a key of ALWAYS_SHOWN); a broken promise goes to
+    ``problems``."""
+    if _blind_copy(seen, sent, replies):
+        return "answered twice: Telegram part resent blind after a kill"
+    if len(replies) > 1:
+        problems.append(f"{sent.marker} answered {len(replies)} times: {replies}")
+        return "answered more than once"
+    if len(replies) == 1 and f"done {sent.marker}" in replies[0]:
+        if seen.per_marker[sent.marker] > 0:
+            return "answered once"
+        if any(c.startswith(f"toolu_{sent.marker}_") for c in seen.uncertain):
+            return "answered once, its effect uncertain and not re-run"
+        problems.append(f"{sent.marker} answered done but its tool never ran")
+        return "answered once"
+    if len(replies) == 1:
+        return "answered once with a failure reply"
+    if accepted:
+        problems.append(f"{sent.marker} ({sent.chat.platform}) accepted but never answered")
+        return "accepted, never answered"
+    return "not accepted, not answered"
 
 
 def _blind_copy(seen: _Seen, sent: Sent, replies: list[str]) -> bool:

@@ -196,11 +196,16 @@ class App:
     def socket_path(self) -> Path:
         return self.state_dir / SOCKET_FILE
 
-    async def run_turn(self, mode: Mode, spec: SessionSpec, text: str) -> TurnResult:
-        """Run one turn in its session's lane (one at a time per session, global cap)."""
+    async def run_turn(
+        self, mode: Mode, spec: SessionSpec, text: str, *, turn_id: str | None = None
+    ) -> TurnResult:
+        """Run one turn in its session's lane (one at a time per session, global cap).
+
+        A ``turn_id`` makes it safe to ask again after a crash: the same turn is continued
+        (or its answer returned), never started over."""
         async with self.lanes.slot(spec.session_id):
             session = await create_session(mode, spec, self.services)
-            return await AgenticLoop(session).arun(text)
+            return await AgenticLoop(session).arun(text, turn_id=turn_id)
 
 
 async def build_app(

@@ -19,7 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 async def crash_child(
-    tmp_path: Path, server: FakeLLMServer, event: str = "batch_saved", tool: str = "write_marker"
+    tmp_path: Path,
+    server: FakeLLMServer,
+    event: str = "batch_saved",
+    tool: str = "write_marker",
+    turn_id: str | None = None,
 ) -> Path:
     marker = tmp_path / "marker"
     config = make_config(tmp_path, server)
@@ -32,6 +36,7 @@ async def crash_child(
         str(marker),
         event,
         tool,
+        *([turn_id] if turn_id else []),
         cwd=ROOT,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -120,3 +125,34 @@ async def test_crash_between_receipt_and_commit_is_uncertain_and_never_rerun(
     told = json.dumps(llm_server.requests[-1].json["messages"])
     assert "outcome uncertain" in told
     assert swept[0].id in told
+
+
+async def test_a_named_turn_asked_again_after_a_crash_continues_and_never_redoes_its_tools(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "once"}, id="toolu_7")]))
+    # Killed after the tool ran and its result was saved, before the model answered.
+    marker = await crash_child(tmp_path, llm_server, event="batch_done", turn_id="t-inbox-7")
+    assert marker_lines(marker) == ["write_marker:once"]
+    llm_server.script(Reply("Finished after the restart."))
+    spec = SessionSpec("crash", tools=("write_marker",), preapproved=("write_marker",))
+    async with AsyncExitStack() as stack:
+        app = await open_app(make_config(tmp_path, llm_server), stack, marker)
+        result = await app.run_turn(Mode.DAEMON, spec, "write the marker", turn_id="t-inbox-7")
+        assert (result.ok, result.text, result.turn_id) == (
+            True,
+            "Finished after the restart.",
+            "t-inbox-7",
+        )
+        roles = [r.role for r in await app.services.store.load_context("crash")]
+        assert roles == ["user", "assistant", "user", "assistant"]
+        # Asked once more (the answer was lost before the inbox row was finished): the
+        # finished turn's answer, without a model call.
+        calls = len(llm_server.requests)
+        again = await app.run_turn(Mode.DAEMON, spec, "write the marker", turn_id="t-inbox-7")
+        assert (again.ok, again.text) == (True, "Finished after the restart.")
+        assert len(llm_server.requests) == calls
+    assert marker_lines(marker) == ["write_marker:once"]
+    sent = json.dumps(llm_server.requests[-1].json["messages"])
+    assert sent.count("write the marker") == 1
+    assert '"tool_use_id": "toolu_7"' in sent

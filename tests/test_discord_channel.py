@@ -272,6 +272,26 @@ async def test_catch_up_after_restart(fake: FakeDiscord, sink: Sink) -> None:
         await again.stop()
 
 
+async def test_first_run_marks_its_place_so_a_message_missed_before_any_other_is_caught_up(
+    fake: FakeDiscord, sink: Sink
+) -> None:
+    old = fake.push_message(fake.channel_id, "from before geodebot", author_id=USER)
+    cursors = Cursors()
+    channel = make_channel(fake, cursors)
+    await channel.start(sink)
+    # Down (a crash) before any message arrived: the first run's place is already saved.
+    await until(lambda: cursors.values.get(f"discord:last:{fake.channel_id}") == old)
+    await channel.stop()
+    missed = fake.push_message(fake.channel_id, "while down", author_id=USER)
+    again = make_channel(fake, cursors)
+    await again.start(sink)
+    try:
+        await until(lambda: missed in sink.ids())
+        assert sink.ids() == [missed]
+    finally:
+        await again.stop()
+
+
 async def test_failed_commit_is_caught_up(
     fake: FakeDiscord, chan: DiscordChannel, sink: Sink
 ) -> None:

@@ -16,7 +16,9 @@
   after the cursor ``discord:last:<channel>`` (the newest ``CATCH_UP_LIMIT``) goes through the
   sink again, oldest first (the daemon drops duplicates by ``event_id``). Until that pass
   succeeds live messages do not move the cursor, so it never skips a gap; deliveries per
-  channel are serialised so it only moves forward.
+  channel are serialised so it only moves forward. The first run (no cursor) saves the
+  channel's newest message id as the cursor, so a crash before any message moved it loses
+  nothing sent after that first connect.
 * Sending. ``Messageable.send`` has no ``enforce_nonce`` keyword: discord.py sends
   ``enforce_nonce: true`` with every nonce. The nonce hashes the part key, so a resend of a
   part within Discord's window returns the first message. discord.py sleeps through 429s
@@ -317,6 +319,11 @@ class DiscordChannel:
             await store.set_cursor(_CURSOR.format(channel), str(message.id))
             self._cursor[channel] = message.id
 
+    async def _save_cursor(self, channel: str, message_id: int) -> None:
+        if self._cursors is not None:
+            await self._cursors.set_cursor(_CURSOR.format(channel), str(message_id))
+        self._cursor[channel] = message_id
+
     async def _catch_up_until_done(self, channel: str, delay: float = 0.0) -> None:
         while True:
             await asyncio.sleep(delay)
@@ -334,11 +341,16 @@ class DiscordChannel:
             if last is None and self._cursors is not None:
                 stored = await self._cursors.get_cursor(_CURSOR.format(channel))
                 last = int(stored) if stored else None
-            if last is None:  # first run: there is no gap, and all history is not one
+            target = await self._messageable(channel)
+            if last is None:
+                # First run: older history is not a gap, but everything after this point is
+                # owed an answer, so the point is saved before any message moves it: a crash
+                # before the first message was committed must not lose that message.
+                newest = [m async for m in target.history(limit=1)]
+                await self._save_cursor(channel, newest[0].id if newest else 0)
                 self._stale.discard(channel)
                 return
             self._cursor[channel] = max(last, self._cursor.get(channel, 0))
-            target = await self._messageable(channel)
             # Newest first, so a backlog over the limit loses its oldest part, not its newest.
             pages = target.history(
                 limit=CATCH_UP_LIMIT, after=discord.Object(last), oldest_first=False

@@ -189,7 +189,9 @@ class ChatRouter:
         )
         try:
             spec = self._spec(row.session_id, binding)
-            result = await self._app.run_turn(Mode.DAEMON, spec, row.text)
+            # Named after the row: a row recovered after a crash continues its turn.
+            turn_id = f"t-inbox-{row.id}"
+            result = await self._app.run_turn(Mode.DAEMON, spec, row.text, turn_id=turn_id)
         finally:
             start.cancel()
             for task in typing:

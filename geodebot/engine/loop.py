@@ -7,6 +7,9 @@ and compact, terminate. Durability rules:
 * a proposed tool batch is saved (with the assistant message proposing it) before any tool
   runs, and it does not run if it cannot be saved; the finished batch is saved again;
 * a batch left ``proposed`` by a crash is finished by the next turn or by :meth:`resume`;
+* a turn the caller names (``arun(text, turn_id=...)``, an inbox row's turn) and asks for
+  again after a crash is continued where it stopped, or answered from the store if it had
+  finished: its message is never saved twice and its tools never proposed anew;
 * everything a turn needs is restored from the store, so a restart loses nothing.
 
 The whole turn runs under the session's hard time budget.
@@ -83,9 +86,13 @@ class AgenticLoop:
         self._svc = session.services
 
     # -- entry points ---------------------------------------------------------------------
-    async def arun(self, message: str) -> TurnResult:
-        turn = await self._new_turn(new_id("t"), message)
+    async def arun(self, message: str, turn_id: str | None = None) -> TurnResult:
+        turn = await self._new_turn(turn_id or new_id("t"), message)
         with log_context(session=self._session.id, turn=turn.id):
+            if turn_id is not None and turn.guards.get("open_turn") == turn_id:
+                return await self._guarded(turn, self._continue(turn))
+            if turn_id is not None and turn.state.get("last_turn_id") == turn_id:
+                return await self._finished(turn)
             return await self._guarded(turn, self._run(turn, message))
 
     async def resume(self) -> TurnResult | None:
@@ -162,6 +169,27 @@ class AgenticLoop:
         items.append(ContextItem(seqs[0], user))
         self._svc.emit("turn_started", {"session": self._session.id, "turn": turn.id})
         return await self._rounds(turn, items)
+
+    async def _continue(self, turn: _Turn) -> TurnResult:
+        # The message was saved by the attempt a crash cut short; saving it again would
+        # present it to the model twice, and the model would redo what it already did.
+        items = await self._restore(turn)
+        turn.events.append((turn.id, "turn_continued", {}))
+        return await self._rounds(turn, items)
+
+    async def _finished(self, turn: _Turn) -> TurnResult:
+        """The turn ended before the crash; only its answer was lost with the process."""
+        outcome = str(turn.state.get("last_outcome", ""))
+        records = await self._svc.store.load_context(self._session.id)
+        answers = [r for r in records if r.turn_id == turn.id and r.role == "assistant"]
+        if outcome == "completed" and answers:
+            return self._result(turn, "completed", Message.from_json(answers[-1].content).text)
+        return self._result(
+            turn,
+            "internal_error",
+            "This request ended without an answer before geodebot restarted; please ask again.",
+            error=outcome or None,
+        )
 
     async def _resume(self, turn: _Turn) -> TurnResult:
         items = await self._restore(turn)

@@ -22,6 +22,9 @@ Behaviour:
 * ``srv.script(*items)`` appends to ONE FIFO queue, consumed by whichever endpoint is called.
   When the queue is empty ``srv.default`` answers (it is not consumed); when that is None the
   server answers 500 saying the script is exhausted.
+* ``srv.responder``, when set, is asked first with each request's JSON body and may answer
+  any item (a model that reacts to what it is sent, for many concurrent sessions); when it
+  returns None the queue and ``srv.default`` answer as above.
 * Every request is recorded in ``srv.requests`` (path, lower-cased headers, parsed JSON body),
   including rejected ones. ``srv.pending`` counts unconsumed items.
 * A request without credentials (``x-api-key`` or ``Authorization: Bearer`` for Anthropic; the
@@ -45,7 +48,7 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self, TypeAlias
@@ -175,6 +178,7 @@ class RecordedRequest:
 class FakeLLMServer:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.default: Item | None = None
+        self.responder: Callable[[dict[str, Any]], Item | None] | None = None
         # Model ids GET /v1/models/{id} knows; None: every id.
         self.models: set[str] | None = None
         self.requests: list[RecordedRequest] = []
@@ -289,7 +293,9 @@ class FakeLLMServer:
             return self._missing_key(dialect)
         if not isinstance(body, dict):
             return self._error(dialect, Error(400, "invalid_request_error", "body is not JSON"))
-        item = self._queue.popleft() if self._queue else self.default
+        item = self.responder(body) if self.responder is not None else None
+        if item is None:
+            item = self._queue.popleft() if self._queue else self.default
         if item is None:
             exhausted = Error(500, "api_error", "FakeLLMServer: script exhausted, no default set")
             return self._error(dialect, exhausted)

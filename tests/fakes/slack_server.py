@@ -15,6 +15,10 @@ Point ``AsyncWebClient(base_url=fake.api_base_url)`` at it. ``apps.connections.o
 * Socket Mode: ``hello`` on connect; ``push_event`` sends an ``events_api`` envelope and the
   client's ``{"envelope_id"}`` answer is recorded (``acks``, ``wait_for_ack``).
   ``disconnect_clients`` closes the sockets; ``send_disconnect`` asks for a refresh.
+* Redelivery (``redeliver_after_s``): like Slack, an events envelope not acked within that
+  time is sent again (``retry_attempt`` + 1, a new envelope id, the same event id), up to
+  ``max_redeliveries`` times, over whichever socket is open then; with no socket open it
+  waits for one. ``acked`` is true once any attempt was acked. Off by default.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class Ack:
 class _Envelope:
     ack: Ack | None = None
     acked: asyncio.Event = field(default_factory=asyncio.Event)
+    attempts: int = 1
 
 
 class FakeSlack:
@@ -83,6 +88,8 @@ class FakeSlack:
         bot_user_id: str = "UBOT00001",
         bot_id: str = "BBOT00001",
         team_id: str = "TFAKE0001",
+        redeliver_after_s: float | None = None,
+        max_redeliveries: int = 3,
     ) -> None:
         self.bot_token = bot_token
         self.app_token = app_token
@@ -93,6 +100,9 @@ class FakeSlack:
         self.posted: dict[str, list[Posted]] = defaultdict(list)
         self.acks: dict[str, Ack] = {}
         self.connections = 0  # websockets accepted so far
+        self.redeliver_after_s = redeliver_after_s
+        self.max_redeliveries = max_redeliveries
+        self._redeliveries: set[asyncio.Task[None]] = set()
         self._history: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
         self._tickets: set[str] = set()
@@ -134,6 +144,9 @@ class FakeSlack:
         runner, self._runner = self._runner, None
         if runner is None:
             return
+        for task in list(self._redeliveries):
+            task.cancel()
+        await asyncio.gather(*self._redeliveries, return_exceptions=True)
         await self.disconnect_clients()
         await runner.cleanup()
 
@@ -242,8 +255,34 @@ class FakeSlack:
             },
         }
         self._envelopes[envelope_id] = _Envelope()
-        await self._send(envelope)
+        if self.redeliver_after_s is None:
+            await self._send(envelope)
+        else:
+            task = asyncio.create_task(self._deliver_until_acked(envelope))
+            self._redeliveries.add(task)
+            task.add_done_callback(self._redeliveries.discard)
         return envelope_id
+
+    async def _deliver_until_acked(self, frame: dict[str, Any]) -> None:
+        assert self.redeliver_after_s is not None
+        envelope = self._envelopes[frame["envelope_id"]]
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.open_sockets > 0)
+            ws = [w for w in self._sockets if not w.closed][-1]
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_str(json.dumps(frame))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.redeliver_after_s):
+                    await envelope.acked.wait()
+                return
+            if envelope.attempts > self.max_redeliveries:
+                return  # Slack gives up on the event
+            # A retry is a new envelope of the same event, as Slack sends it.
+            frame = dict(frame, envelope_id=str(uuid.uuid4()), retry_attempt=envelope.attempts)
+            frame["retry_reason"] = "timeout"
+            envelope.attempts += 1
+            self._envelopes[frame["envelope_id"]] = envelope
 
     async def push_command(
         self, command: str, text: str = "", *, channel: str, user: str, trigger_id: str = ""
@@ -272,7 +311,8 @@ class FakeSlack:
         return envelope_id
 
     def acked(self, envelope_id: str) -> bool:
-        return envelope_id in self.acks
+        envelope = self._envelopes.get(envelope_id)
+        return envelope is not None and envelope.ack is not None
 
     async def wait_for_ack(self, envelope_id: str, timeout: float = 5.0) -> Ack:  # noqa: ASYNC109
         envelope = self._envelopes[envelope_id]

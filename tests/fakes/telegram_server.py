@@ -158,6 +158,7 @@ class FakeTelegram:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.webhook_deletes = 0
         self.confirmed_offset = 0
+        self.pushed: dict[int, dict[str, Any]] = {}  # every update queued, by update_id
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1000)
         self._message_ids: defaultdict[int, itertools.count[int]] = defaultdict(
@@ -262,7 +263,9 @@ class FakeTelegram:
             update_id = next(self._update_ids)
         else:
             self._update_ids = itertools.count(max(update_id + 1, next(self._update_ids)))
-        self._updates.append({"update_id": update_id, **payload})
+        update = {"update_id": update_id, **payload}
+        self.pushed[update_id] = update
+        self._updates.append(update)
         self._updates.sort(key=lambda u: int(u["update_id"]))
         self._notify()
         return update_id

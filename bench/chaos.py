@@ -1,0 +1,72 @@
+"""The chaos run on demand: ``python bench/chaos.py --messages 1000 --kills 30 --seed 7``.
+
+``geodebot serve`` against fake Telegram, Slack and Discord and a fake model, with a scheduled
+job, SIGKILLed and restarted at seeded points while messages arrive; then exact counts of
+replies, tool effects, job fires and the store's integrity. Exit status 1 if any promise was
+broken. The driver is ``tests/chaos_driver.py``, shared with ``tests/test_chaos.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.chaos_driver import ChaosPlan, run_chaos  # noqa: E402
+
+
+def main() -> int:
+    defaults = ChaosPlan()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--messages", type=int, default=defaults.messages)
+    parser.add_argument("--kills", type=int, default=defaults.kills)
+    parser.add_argument("--chats", type=int, default=defaults.chats_per_platform,
+                        help="bound chats (sessions) per platform")  # fmt: skip
+    parser.add_argument("--rate", type=float, default=defaults.rate,
+                        help="messages per second, on average")  # fmt: skip
+    parser.add_argument("--job-every", type=int, default=defaults.job_every_s,
+                        help="seconds between the job's fires")  # fmt: skip
+    parser.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s)
+    parser.add_argument("--keep", action="store_true", help="keep the state directory")
+    args = parser.parse_args()
+    plan = ChaosPlan(
+        seed=args.seed,
+        messages=args.messages,
+        kills=args.kills,
+        chats_per_platform=args.chats,
+        rate=args.rate,
+        job_every_s=args.job_every,
+        drain_timeout_s=args.drain_timeout,
+    )
+    # A daemon killed mid-request makes the fakes' aiohttp server log "Connection lost" with a
+    # traceback: the expected effect of SIGKILL, not a finding.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+    workdir = Path(tempfile.mkdtemp(prefix="geodebot-chaos-"))
+    began = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - began:7.1f}s] {line}", flush=True)
+
+    try:
+        report = asyncio.run(run_chaos(plan, workdir, say=say))
+    finally:
+        if args.keep:
+            print(f"state kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"command: python bench/chaos.py {' '.join(sys.argv[1:])}")
+    print(report.summary())
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The chaos run, short: three platforms, a scheduled job, a few hundred tool effects and
+repeated SIGKILLs of ``geodebot serve``; nothing acknowledged is lost, nothing is answered or
+done twice, the store stays sound. ``bench/chaos.py`` runs the long version."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.chaos_driver import ChaosPlan, run_chaos
+
+SEED = int(os.environ.get("GEODEBOT_CHAOS_SEED", "20261201"))
+
+
+async def test_chaos_short_run_keeps_every_promise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A daemon killed mid-request makes the fakes' server log "Connection lost": expected.
+    caplog.set_level(logging.CRITICAL, logger="aiohttp.server")
+    plan = ChaosPlan(seed=SEED, messages=120, kills=6)
+    report = await run_chaos(plan, tmp_path, say=print)
+    print(report.summary())  # shown with -s or -rA; the assertion message carries it too
+    assert report.counts["kills (SIGKILL)"] >= 5
+    assert report.counts["messages sent"] >= 100
+    assert report.counts["messages answered once"] > 0
+    assert not report.problems, report.summary()

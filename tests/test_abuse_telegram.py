@@ -11,17 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from geodebot.app import DB_FILE
 from geodebot.store.sqlite import SQLiteStore
+from tests.abuse_support import free_port, metric, scrape
 from tests.daemon_proc import DaemonProcess
 from tests.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.fakes.telegram_server import FakeTelegram
@@ -34,12 +32,6 @@ KEY_ENV = "ABUSE_MODEL_KEY"
 TOKEN = "7000009999:AAHabuse-Zq8LeakCanary-telegram-0123456789"
 KEY = "sk-ant-abuse-Mx7LeakCanary-model-key-0123456789abcdef"
 SECRETS = (TOKEN, KEY, "LeakCanary")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -82,9 +74,7 @@ class World:
         return [m.text for m in self.telegram.sent[chat]]
 
     async def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.http_port}/metrics"
-        async with aiohttp.ClientSession() as session, session.get(url) as response:
-            return await response.text()
+        return await scrape(self.http_port)
 
 
 @pytest.fixture
@@ -96,17 +86,6 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         finally:
             for daemon in world.daemons:
                 await daemon.kill()
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of ``name`` whose labels include ``labels`` in Prometheus text (0 if none)."""
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        metric_name, _, label_text = head.partition("{")
-        found = dict(re.findall(r'(\w+)="([^"]*)"', label_text))
-        if metric_name == name and labels.items() <= found.items():
-            return float(value)
-    return 0.0
 
 
 def assert_no_secret(*texts: str) -> None:

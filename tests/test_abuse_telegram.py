@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,22 @@ def assert_no_secret(*texts: str) -> None:
     for text in texts:
         for secret in SECRETS:
             assert secret not in text
+
+
+async def geodebot_status(config: Path) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "geodebot",
+        "status",
+        "--config",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
 
 
 async def stop_cleanly(daemon: DaemonProcess) -> None:
@@ -229,6 +246,7 @@ async def test_a_flood_is_throttled_with_one_notice_and_others_are_unaffected(
         await world.telegram.wait_for_sent(GROUP, 4, timeout=30)
         await asyncio.sleep(1.0)  # time for any further (wrong) notice or answer
         scraped = await world.metrics()
+        status = await geodebot_status(daemon.config)
     finally:
         await stop_cleanly(daemon)
     texts = world.texts(GROUP)
@@ -241,6 +259,7 @@ async def test_a_flood_is_throttled_with_one_notice_and_others_are_unaffected(
     assert any("a fair question" in a for a in asked)
     assert metric(scraped, "geodebot_messages_total", event="throttled") == 10
     assert metric(scraped, "geodebot_messages_total", event="throttle_notices") == 1
+    assert "13 received, 3 accepted, 0 dropped by the gate, 10 throttled" in status
 
 
 # -- 4. another bot answering every message -------------------------------------------------

@@ -221,7 +221,7 @@ async def test_oversized_messages_and_commands_count_against_the_limit_too(
 
 async def test_no_limit_when_switched_off(tmp_path: Path, llm_server: FakeLLMServer) -> None:
     llm_server.default = Reply("answered")
-    async with harness(tmp_path, llm_server, {"user_rate_per_min": 0}) as h:
+    async with harness(tmp_path, llm_server, {"user_rate_per_min": 0, "session_queue": 50}) as h:
         for i in range(12):
             await h.chat.deliver(message(f"q{i}"))
         texts = await h.replies(12)

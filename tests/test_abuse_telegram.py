@@ -43,10 +43,10 @@ class World:
     http_port: int = field(default_factory=free_port)
     daemons: list[DaemonProcess] = field(default_factory=list)
 
-    def write_config(self, *, rate_per_min: float = 0, burst: int = 10) -> Path:
+    def write_config(self, *, rate_per_min: float, burst: int, log_level: str) -> Path:
         config = self.tmp_path / "config.toml"
         config.write_text(
-            f'[daemon]\nstate_dir = "{self.tmp_path / "var"}"\nmax_concurrent_sessions = 4\n'
+            f'[daemon]\nstate_dir = "{self.tmp_path / "var"}"\nlog_level = "{log_level}"\n'
             f'http = "127.0.0.1:{self.http_port}"\n'
             f"user_rate_per_min = {rate_per_min}\nuser_burst = {burst}\n"
             f'[model]\nprovider = "anthropic"\nname = "abuse-model"\n'
@@ -65,9 +65,12 @@ class World:
         )
         return config
 
-    async def start(self, *, rate_per_min: float = 0, burst: int = 10) -> DaemonProcess:
+    async def start(
+        self, *, rate_per_min: float = 0, burst: int = 10, log_level: str = "info"
+    ) -> DaemonProcess:
         env = dict(os.environ, **{TOKEN_ENV: TOKEN, KEY_ENV: KEY})
-        daemon = DaemonProcess(self.write_config(rate_per_min=rate_per_min, burst=burst), env)
+        config = self.write_config(rate_per_min=rate_per_min, burst=burst, log_level=log_level)
+        daemon = DaemonProcess(config, env)
         self.daemons.append(daemon)
         return await daemon.start()
 
@@ -149,7 +152,8 @@ async def test_injected_tool_calls_outside_the_plan_have_no_effect(world: World)
         # The compromised model claims success; the user must still learn the truth.
         Reply("All done: token and key posted, job scheduled, message relayed."),
     )
-    daemon = await world.start()
+    # Debug logging: the most a log can show, and still no secret in it.
+    daemon = await world.start(log_level="debug")
     try:
         world.telegram.push_message(GROUP, INJECTION, user_id=ALICE)
         [answer] = await world.telegram.wait_for_sent(GROUP, 1, timeout=30)
@@ -198,6 +202,11 @@ async def test_injected_tool_calls_outside_the_plan_have_no_effect(world: World)
     bodies = [json.dumps(r.json) for r in world.llm.requests]
     headers = [json.dumps(r.headers) for r in world.llm.requests]
     assert_no_secret(*sent, *bodies, daemon.text())
+    # Nor in anything the daemon keeps: the store, its WAL, the evidence ledger.
+    kept = [p for p in (world.tmp_path / "var").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".jsonl" for p in kept), kept
+    for path in kept:
+        assert_no_secret(path.read_bytes().decode("latin-1"))
     for header in headers:  # the model key is its own Authorization header, and only that
         assert TOKEN not in header
     assert len(world.llm.requests) == 2
@@ -244,7 +253,7 @@ async def test_a_flood_is_throttled_with_one_notice_and_others_are_unaffected(
             world.telegram.push_message(GROUP, f"spam {i}", user_id=ALICE)
         world.telegram.push_message(GROUP, "a fair question", user_id=BOB)
         await world.telegram.wait_for_sent(GROUP, 4, timeout=30)
-        await asyncio.sleep(1.0)  # time for any further (wrong) notice or answer
+        await asyncio.sleep(0.5)  # time for any further (wrong) notice or answer
         scraped = await world.metrics()
         status = await geodebot_status(daemon.config)
     finally:

@@ -233,6 +233,9 @@ async def test_malformed_and_oversized_updates_are_counted_and_the_next_is_answe
         scraped = await world.metrics()
     finally:
         assert await daemon.stop() == 0, daemon.text()[-3000:]
+    # The unreadable updates are logged (with their tracebacks), never with the token.
+    assert "cannot be read; skipped" in daemon.text()
+    assert_no_secret(daemon.text())
     assert "limit here is 2,000" in sent[0].text
     assert len(sent[0].text) < 200
     assert sent[1].text == "answer to the good one"

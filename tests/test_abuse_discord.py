@@ -131,6 +131,7 @@ async def test_malformed_dispatches_and_an_oversized_message_leave_the_gateway_w
     assert fake.identify_count == 1  # one session all along: nothing reconnected
     assert metric(scraped, "geodebot_channel_events_total", platform="discord", event="malformed")
     assert metric(scraped, "geodebot_messages_total", event="accepted") == 2
+    assert metric(scraped, "geodebot_messages_total", event="too_large") == 1
 
 
 async def test_other_bots_and_webhooks_answering_every_message_get_no_answer(

@@ -213,6 +213,8 @@ async def test_oversized_messages_and_commands_count_against_the_limit_too(
         await h.replies(3)
         await asyncio.sleep(0.3)
         texts = h.chat.texts()
+        counters = dict(h.router.counters)
+    assert (counters["too_large"], counters["throttled"]) == (2, 8)
     assert sum("limit here is 100" in t for t in texts) == 2
     assert sum(NOTICE in t for t in texts) == 1
     assert len(texts) == 3

@@ -151,6 +151,7 @@ async def test_broken_envelopes_and_an_oversized_message_are_survived(world: Wor
     assert metric(scraped, **slack_events, event="ignored") == 3
     assert metric(scraped, **slack_events, event="errors") == 1
     assert metric(scraped, "geodebot_messages_total", event="accepted") == 2
+    assert metric(scraped, "geodebot_messages_total", event="too_large") == 1
 
 
 async def test_other_bots_answering_every_message_get_no_answer(world: World) -> None:

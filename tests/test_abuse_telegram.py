@@ -243,6 +243,7 @@ async def test_malformed_and_oversized_updates_are_counted_and_the_next_is_answe
     assert "the good one" in json.dumps(world.llm.requests[0].json)
     assert metric(scraped, "geodebot_channel_events_total", platform="telegram", event="skipped")
     assert metric(scraped, "geodebot_messages_total", event="accepted") == 2
+    assert metric(scraped, "geodebot_messages_total", event="too_large") == 1
 
 
 # -- 3. a flood from one user ---------------------------------------------------------------

@@ -114,6 +114,7 @@ class ChatRouter:
             return
         self.counters["accepted"] += 1
         if decision.refusal is not None:
+            self.counters["too_large"] += 1
             await self._answer(row, "dropped", decision.refusal, detail="too_large")
             return
         command = command_of(_LEADING_MENTION.sub("", inbound.text, count=1))

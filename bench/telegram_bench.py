@@ -179,6 +179,8 @@ def geodebot_config(
         "[daemon]",
         f'state_dir = "{path.parent / (path.stem + "-var")}"',
         f"max_concurrent_sessions = {CAP}",
+        # One sender drives the whole load: flood control would measure itself, not the path.
+        "user_rate_per_min = 0",
         "[model]",
         'provider = "anthropic"',
         'name = "bench-model"',

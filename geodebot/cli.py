@@ -213,6 +213,12 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"turns: {answer['turns_running']} running (at most "
         f"{answer['max_concurrent_sessions']}), {answer['queued']} queued"
     )
+    messages = answer.get("messages", {})
+    dropped = sum(n for event, n in messages.items() if event.startswith("dropped:"))
+    print(
+        f"messages: {messages.get('received', 0)} received, {messages.get('accepted', 0)} "
+        f"accepted, {dropped} dropped by the gate, {messages.get('throttled', 0)} throttled"
+    )
     inbox, outbox = answer["inbox"], answer["outbox"]
     print(
         f"inbox: {inbox.get('pending', 0) + inbox.get('running', 0)} unfinished; "

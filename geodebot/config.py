@@ -79,6 +79,11 @@ class DaemonConfig(_Strict):
     max_concurrent_sessions: Annotated[int, Field(ge=1, le=1024)] = 8
     # Messages waiting per session while its turn runs; more get a "busy" answer.
     session_queue: Annotated[int, Field(ge=1, le=1000)] = 10
+    # Flood control per sender (platform, user): turns started per minute, and how many may
+    # come at once. Over it a message is dropped (no model call) and the sender gets one short
+    # notice a minute. user_rate_per_min = 0 switches it off.
+    user_rate_per_min: Annotated[float, Field(ge=0, le=6000)] = 30.0
+    user_burst: Annotated[int, Field(ge=1, le=1000)] = 10
     # On SIGTERM, running turns get this long to finish before they are cancelled.
     shutdown_grace_s: Annotated[float, Field(ge=0, le=600)] = 20.0
     # Health and metrics over HTTP ("host:port"); off when unset. Loopback only unless

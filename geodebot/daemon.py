@@ -210,6 +210,8 @@ def _status_report(
             },
             "turns_running": running,
             "queued": queued,
+            # What the router did with chat messages: accepted, duplicate, throttled, ...
+            "messages": dict(sorted(router.counters.items())),
             "max_concurrent_sessions": app.config.daemon.max_concurrent_sessions,
             "inbox": await store.inbox_counts(),
             "outbox": await store.outbox_counts(),

@@ -122,8 +122,8 @@ class _LiveCollector(Collector):
     def collect(self) -> Iterator[Any]:
         messages = CounterMetricFamily(
             "geodebot_messages",
-            "Chat messages seen by the router: received, accepted, duplicate, busy, "
-            "dropped:<reason>.",
+            "Chat messages seen by the router: received, accepted, duplicate, busy, too_large, "
+            "throttled, throttle_notices, dropped:<reason>.",
             labels=["event"],
         )
         for event, count in sorted(self._probe.router_counters().items()):

@@ -34,7 +34,7 @@ import hashlib
 import logging
 import time
 import warnings
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
@@ -104,7 +104,9 @@ def to_inbound(message: discord.Message, bot_user_id: int | None) -> Inbound | N
         text=message.content or "",
         message_id=str(message.id),
         user_name=author.name,
-        is_bot=author.bot,
+        # A webhook's author is no account, and Discord need not mark it as a bot; a webhook
+        # (another integration relaying, or a bot posting through one) is never a person.
+        is_bot=author.bot or author.system or message.webhook_id is not None,
         is_self=author.id == bot_user_id,
         mentions_bot=any(u.id == bot_user_id for u in message.mentions),
         is_dm=isinstance(message.channel, discord.DMChannel),
@@ -151,6 +153,18 @@ class _RebasedHTTP(HTTPClient):
         return await super().ws_connect(url, compress=compress)
 
 
+def _guarded(
+    event: str, parse: Callable[[Any], None], on_error: Callable[[str, Any, Exception], None]
+) -> Callable[[Any], None]:
+    def run(data: Any) -> None:
+        try:
+            parse(data)
+        except Exception as exc:  # noqa: BLE001 - the unit of work is one dispatch: skip it
+            on_error(event, data, exc)
+
+    return run
+
+
 class _Client(discord.Client):
     def __init__(self, adapter: DiscordChannel, config: DiscordConfig) -> None:
         intents = discord.Intents.none()
@@ -169,6 +183,12 @@ class _Client(discord.Client):
         self.http = _RebasedHTTP(config, loop=self.loop, max_ratelimit_timeout=MAX_RATELIMIT_WAIT_S)
         self._connection.http = self.http
         self._adapter = adapter
+        # discord.py lets an exception from a dispatch parser escape Client.connect, which
+        # ends the gateway for good: one MESSAGE_CREATE lacking a field would silence the
+        # bot until a restart. The gateway reads this very dict, so each parser is guarded.
+        parsers = self._connection.parsers
+        for event, parse in list(parsers.items()):
+            parsers[event] = _guarded(event, parse, adapter._malformed)
 
     async def on_ready(self) -> None:
         self._adapter._connected()
@@ -210,7 +230,7 @@ class DiscordChannel:
         # interaction id -> (token, when, acknowledged)
         self._interactions: dict[str, tuple[str, float, asyncio.Future[bool]]] = {}
         self._last_error = ""
-        self.counters: dict[str, int] = {"received": 0, "sent": 0, "caught_up": 0}
+        self.counters: dict[str, int] = {"received": 0, "sent": 0, "caught_up": 0, "malformed": 0}
 
     @property
     def platform(self) -> Platform:
@@ -284,6 +304,18 @@ class DiscordChannel:
         self._ready.set()
         for channel in self._bound:
             self._spawn(self._catch_up_until_done(channel))
+
+    def _malformed(self, event: str, data: Any, exc: Exception) -> None:
+        self.counters["malformed"] += 1
+        # The payload is not logged: it is someone's message text.
+        ident = data.get("id") if isinstance(data, dict) else None
+        log.warning(
+            "discord: %s dispatch %s cannot be read (%s: %s); skipped",
+            event,
+            str(ident)[:32],
+            type(exc).__name__,
+            str(exc)[:200],
+        )
 
     def _bot_id(self) -> int | None:
         user = self._client.user if self._client is not None else None

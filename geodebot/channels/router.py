@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ from geodebot.app import App
 from geodebot.channels.base import Destination, Inbound, Platform, command_of, commands_help
 from geodebot.channels.gate import Accepted, BindingIndex, decide
 from geodebot.channels.outbox import OutboxSender
+from geodebot.channels.throttle import UserRateLimiter, Verdict
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, time_budget
@@ -37,6 +39,7 @@ TYPING_EVERY_S = 4.0
 TYPING_AFTER_S = 0.5
 # "@bot /status" is a command too: Slack and Discord write mentions as <@id>, Telegram as @name.
 _LEADING_MENTION = re.compile(r"^\s*(<@!?[A-Za-z0-9]+>|@\w+)\s+(?=/)")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 FinishStatus = Literal["done", "failed", "dropped"]
 Typing = Callable[[Destination], Awaitable[None]]
 # Lines about the scheduled jobs that post in a binding's chat, for /status.
@@ -81,6 +84,12 @@ class ChatRouter:
         self._typing_after_s = typing_after_s
         self._job_status = job_status
         self._queue_limit = app.config.daemon.session_queue
+        daemon = app.config.daemon
+        self._limiter = (
+            UserRateLimiter(daemon.user_rate_per_min, daemon.user_burst)
+            if daemon.user_rate_per_min > 0
+            else None
+        )
         self._lanes: dict[str, _Lane] = {}
         self._closing = False
         self.counters: collections.Counter[str] = collections.Counter()
@@ -106,8 +115,13 @@ class ChatRouter:
             # A redelivery: it was committed (and will be or was answered) already.
             self.counters["duplicate"] += 1
             return
+        # After the inbox, so redeliveries (Discord's catch-up, Slack's retries) cost the
+        # sender nothing; before the size refusal and commands, whose answers could flood too.
+        if await self._throttled(inbound, row):
+            return
         self.counters["accepted"] += 1
         if decision.refusal is not None:
+            self.counters["too_large"] += 1
             await self._answer(row, "dropped", decision.refusal, detail="too_large")
             return
         command = command_of(_LEADING_MENTION.sub("", inbound.text, count=1))
@@ -115,6 +129,27 @@ class ChatRouter:
             await self._command(row, decision.binding, command)
             return
         self._enqueue(row, decision.binding)
+
+    async def _throttled(self, inbound: Inbound, row: InboxRow) -> bool:
+        """Drop the message if its sender is over the rate limit (see channels/throttle.py:
+        dropped, not queued, so a flood costs no model calls), with one notice per window."""
+        if self._limiter is None:
+            return False
+        verdict = self._limiter.check(inbound.platform, inbound.user)
+        if verdict is Verdict.ALLOW:
+            return False
+        self.counters["throttled"] += 1
+        if verdict is Verdict.THROTTLE_NOTICE:
+            self.counters["throttle_notices"] += 1
+            wait = self._limiter.retry_after_s(inbound.platform, inbound.user)
+            notice = (
+                "You are sending messages faster than I take them here, so I am skipping "
+                f"them for now; try again in about {max(1, math.ceil(wait))} s."
+            )
+            await self._answer(row, "dropped", notice, detail="throttled")
+        else:
+            await self._store.inbox_finish(row.id, "dropped", detail="throttled")
+        return True
 
     async def recover(self) -> int:
         """Queue what a previous run accepted but did not answer (in arrival order)."""
@@ -198,9 +233,8 @@ class ChatRouter:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self._record(
-            row, "done" if result.ok else "failed", result.text, detail=result.outcome
-        )
+        text = result.text + refusal_note(result.refused_tools)
+        await self._record(row, "done" if result.ok else "failed", text, detail=result.outcome)
 
     def _spec(self, session_id: str, binding: BindingConfig) -> SessionSpec:
         return SessionSpec(
@@ -330,6 +364,19 @@ class ChatRouter:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def refusal_note(tools: Sequence[str], shown: int = 8) -> str:
+    """A line under the answer naming the tools that were refused, said by geodebot itself:
+    a model steered by a prompt injection may well not mention them. Names come from the
+    model, so anything that is not a plain tool name is not repeated into the chat."""
+    if not tools:
+        return ""
+    names = [f"`{t}`" if _TOOL_NAME.fullmatch(t) else "a tool with an odd name" for t in tools]
+    listed = ", ".join(names[:shown])
+    if len(names) > shown:
+        listed += f" and {len(names) - shown} more"
+    return f"\n\n(Not allowed here, so not run: {listed}.)"
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -85,8 +85,10 @@ def to_inbound(
     if (subtype is not None and subtype not in _CONVERSATIONAL_SUBTYPES) or event.get("hidden"):
         return None
     channel, ts = event.get("channel"), event.get("ts")
-    if not channel or not ts:
+    if not channel or not ts or not _strings(event, "channel", "ts", "text", "thread_ts"):
         return None
+    if not _strings(event, "user", "bot_id"):
+        return None  # a sender we cannot name is not let through as "nobody"
     text = str(event.get("text") or "")
     sender_bot = event.get("bot_id")
     user = str(event.get("user") or sender_bot or "")
@@ -113,6 +115,12 @@ def to_inbound(
         is_dm=event.get("channel_type") == "im",
         ts=_float(ts),
     )
+
+
+def _strings(event: Mapping[str, Any], *keys: str) -> bool:
+    """Whether each of ``keys`` is absent or a string: a broken payload (a list for a ts, an
+    object for the text) is dropped, not turned into text by str()."""
+    return all(isinstance(event.get(key), str | None) for key in keys)
 
 
 def command_to_inbound(body: Mapping[str, Any]) -> Inbound | None:
@@ -171,7 +179,7 @@ class SlackChannel:
         self._claims: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._inflight: set[asyncio.Task[Any]] = set()
         self._stopping = False
-        names = "received delivered ignored duplicates sink_errors sent send_errors"
+        names = "received delivered ignored duplicates sink_errors errors sent send_errors"
         self._counters: dict[str, int] = dict.fromkeys(names.split(), 0)
 
     @property
@@ -245,6 +253,9 @@ class SlackChannel:
             self._counters["ignored"] += 1
 
         async def on_error(error: Exception, body: dict[str, Any]) -> None:
+            # A failed commit, or a payload Bolt itself cannot read (Slack gives up on those
+            # after its three retries).
+            self._counters["errors"] += 1
             event_id = body.get("event_id") if isinstance(body, dict) else None
             log.warning(
                 "slack: event %s not acknowledged, Slack will redeliver: %r", event_id, error

@@ -78,6 +78,8 @@ class _Turn:
     next_seq: int = 0
     # The session's unfinished tool batches when they were read with its row; None: unread.
     pending: list[ToolBatchRecord] | None = None
+    # Names of the calls the authority pipeline refused, for the turn's result.
+    refused: list[str] = field(default_factory=list)
 
 
 class AgenticLoop:
@@ -373,6 +375,8 @@ class AgenticLoop:
                 arguments_sha256=content_hash(dict(outcome.call.arguments)),
                 result_sha256=content_hash(outcome.result.content),
             )
+            if outcome.status == "refused":
+                turn.refused.append(outcome.call.name)
             event = outcome.timeline()
             turn.events.append((batch.turn_id, "tool_call", event))
             self._svc.emit("tool_call", {"session": self._session.id, **event})
@@ -545,7 +549,16 @@ class AgenticLoop:
             turn.usage.input_tokens,
             turn.usage.output_tokens,
         )
-        return TurnResult(self._session.id, turn.id, outcome, text, turn.rounds, turn.usage, error)
+        return TurnResult(
+            self._session.id,
+            turn.id,
+            outcome,
+            text,
+            turn.rounds,
+            turn.usage,
+            error,
+            refused_tools=tuple(dict.fromkeys(turn.refused)),
+        )
 
     # -- persistence ----------------------------------------------------------------------
     async def _checkpoint(

@@ -98,6 +98,8 @@ class TurnResult:
     usage: Usage = field(default_factory=Usage)
     # Classified error kind (e.g. "LLMMissingCredential"), for logs and exit codes.
     error: str | None = None
+    # Tools the model asked for that the authority pipeline refused (not run), first-seen order.
+    refused_tools: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -191,10 +191,17 @@ class App:
     services: EngineServices
     lanes: Lanes
     state_dir: Path
+    # The model SDKs loading in the background (see build_app); None: nothing to wait for.
+    warming: asyncio.Task[None] | None = None
 
     @property
     def socket_path(self) -> Path:
         return self.state_dir / SOCKET_FILE
+
+    async def model_loaded(self) -> None:
+        """Return once the model SDKs are loaded (or failed to load: turns then say so)."""
+        if self.warming is not None:
+            await asyncio.shield(self.warming)
 
     async def run_turn(
         self, mode: Mode, spec: SessionSpec, text: str, *, turn_id: str | None = None
@@ -277,4 +284,6 @@ async def build_app(
         observers=tuple(observers),
         context_cache=ContextCache(),
     )
-    return App(config, services, Lanes(config.daemon.max_concurrent_sessions), state_dir)
+    return App(
+        config, services, Lanes(config.daemon.max_concurrent_sessions), state_dir, warming
+    )

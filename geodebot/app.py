@@ -284,6 +284,4 @@ async def build_app(
         observers=tuple(observers),
         context_cache=ContextCache(),
     )
-    return App(
-        config, services, Lanes(config.daemon.max_concurrent_sessions), state_dir, warming
-    )
+    return App(config, services, Lanes(config.daemon.max_concurrent_sessions), state_dir, warming)

@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import re
 import socket
+from pathlib import Path
 
 import aiohttp
+
+
+def daemon_and_model(
+    state_dir: Path, http_port: int, llm_url: str, key_env: str, *, daemon_extra: str = ""
+) -> str:
+    """The config's ``[daemon]``, ``[model]`` and ``[tools]`` tables the abuse tests share."""
+    return (
+        f'[daemon]\nstate_dir = "{state_dir}"\nhttp = "127.0.0.1:{http_port}"\n'
+        f"shutdown_grace_s = 5\n{daemon_extra}"
+        f'[model]\nprovider = "anthropic"\nname = "abuse-model"\nbase_url = "{llm_url}"\n'
+        f'api_key_env = "{key_env}"\nmax_retries = 0\n'
+        '[tools]\nipc_tools = ["get_time"]\n'
+    )
 
 
 def free_port() -> int:

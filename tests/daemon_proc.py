@@ -85,3 +85,21 @@ class DaemonProcess:
 
     def text(self) -> str:
         return "\n".join(self.log)
+
+
+async def geodebot_status(config: Path, *extra: str) -> tuple[int, str, str]:
+    """``geodebot status --config CONFIG *extra`` as a subprocess: (exit code, out, err)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "geodebot",
+        "status",
+        "--config",
+        str(config),
+        *extra,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.abuse_support import free_port, metric, scrape
+from tests.abuse_support import daemon_and_model, free_port, metric, scrape
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess
 from tests.fakes.discord_server import FakeDiscord, Json
@@ -36,12 +36,8 @@ class World:
     async def start(self) -> DaemonProcess:
         config = self.tmp_path / "config.toml"
         config.write_text(
-            f'[daemon]\nstate_dir = "{self.tmp_path / "var"}"\n'
-            f'http = "127.0.0.1:{self.http_port}"\nshutdown_grace_s = 5\n'
-            f'[model]\nprovider = "anthropic"\nname = "abuse-model"\nbase_url = "{self.llm.url}"\n'
-            f'api_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
-            '[tools]\nipc_tools = ["get_time"]\n'
-            f'[channels.discord]\ntoken_env = "{TOKEN_ENV}"\nmax_message_chars = 1500\n'
+            daemon_and_model(self.tmp_path / "var", self.http_port, self.llm.url, TEST_KEY_ENV)
+            + f'[channels.discord]\ntoken_env = "{TOKEN_ENV}"\nmax_message_chars = 1500\n'
             f'api_base_url = "{self.discord.api_base_url}"\n'
             f'gateway_url = "{self.discord.gateway_url}"\n'
             f'[[bindings]]\nplatform = "discord"\nchannel = "{self.discord.channel_id}"\n'

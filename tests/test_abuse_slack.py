@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.abuse_support import free_port, metric, scrape
+from tests.abuse_support import daemon_and_model, free_port, metric, scrape
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess
 from tests.fakes.llm_server import FakeLLMServer, Reply
@@ -38,12 +38,8 @@ class World:
     async def start(self) -> DaemonProcess:
         config = self.tmp_path / "config.toml"
         config.write_text(
-            f'[daemon]\nstate_dir = "{self.tmp_path / "var"}"\n'
-            f'http = "127.0.0.1:{self.http_port}"\nshutdown_grace_s = 5\n'
-            f'[model]\nprovider = "anthropic"\nname = "abuse-model"\nbase_url = "{self.llm.url}"\n'
-            f'api_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
-            '[tools]\nipc_tools = ["get_time"]\n'
-            f'[channels.slack]\nbot_token_env = "{BOT_TOKEN_ENV}"\n'
+            daemon_and_model(self.tmp_path / "var", self.http_port, self.llm.url, TEST_KEY_ENV)
+            + f'[channels.slack]\nbot_token_env = "{BOT_TOKEN_ENV}"\n'
             f'app_token_env = "{APP_TOKEN_ENV}"\napi_base_url = "{self.slack.api_base_url}"\n'
             "max_message_chars = 3000\n"
             f'[[bindings]]\nplatform = "slack"\nchannel = "{OPS}"\nsession = "ops"\n'

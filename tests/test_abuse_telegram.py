@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +19,8 @@ import pytest
 
 from geodebot.app import DB_FILE
 from geodebot.store.sqlite import SQLiteStore
-from tests.abuse_support import free_port, metric, scrape
-from tests.daemon_proc import DaemonProcess
+from tests.abuse_support import daemon_and_model, free_port, metric, scrape
+from tests.daemon_proc import DaemonProcess, geodebot_status
 from tests.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -46,13 +45,15 @@ class World:
     def write_config(self, *, rate_per_min: float, burst: int, log_level: str) -> Path:
         config = self.tmp_path / "config.toml"
         config.write_text(
-            f'[daemon]\nstate_dir = "{self.tmp_path / "var"}"\nlog_level = "{log_level}"\n'
-            f'http = "127.0.0.1:{self.http_port}"\n'
-            f"user_rate_per_min = {rate_per_min}\nuser_burst = {burst}\n"
-            f'[model]\nprovider = "anthropic"\nname = "abuse-model"\n'
-            f'base_url = "{self.llm.url}"\napi_key_env = "{KEY_ENV}"\nmax_retries = 0\n'
-            '[tools]\nipc_tools = ["get_time"]\n'
-            f'[channels.telegram]\ntoken_env = "{TOKEN_ENV}"\n'
+            daemon_and_model(
+                self.tmp_path / "var",
+                self.http_port,
+                self.llm.url,
+                KEY_ENV,
+                daemon_extra=f'log_level = "{log_level}"\n'
+                f"user_rate_per_min = {rate_per_min}\nuser_burst = {burst}\n",
+            )
+            + f'[channels.telegram]\ntoken_env = "{TOKEN_ENV}"\n'
             f'api_base_url = "{self.telegram.api_base_url}"\npoll_timeout_s = 1\n'
             "max_message_chars = 2000\n"
             f'[[bindings]]\nplatform = "telegram"\nchannel = "{GROUP}"\nsession = "ops"\n'
@@ -96,22 +97,6 @@ def assert_no_secret(*texts: str) -> None:
     for text in texts:
         for secret in SECRETS:
             assert secret not in text
-
-
-async def geodebot_status(config: Path) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "geodebot",
-        "status",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
 
 
 async def stop_cleanly(daemon: DaemonProcess) -> None:
@@ -259,7 +244,8 @@ async def test_a_flood_is_throttled_with_one_notice_and_others_are_unaffected(
         await world.telegram.wait_for_sent(GROUP, 4, timeout=30)
         await asyncio.sleep(0.5)  # time for any further (wrong) notice or answer
         scraped = await world.metrics()
-        status = await geodebot_status(daemon.config)
+        code, status, err = await geodebot_status(daemon.config)
+        assert code == 0, err
     finally:
         await stop_cleanly(daemon)
     texts = world.texts(GROUP)

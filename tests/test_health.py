@@ -8,7 +8,6 @@ import json
 import os
 import re
 import socket
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from geodebot.config import ConfigError, parse_config
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
+from tests.daemon_proc import DaemonProcess, geodebot_status
 from tests.fakes.llm_server import FakeLLMServer, Reply
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -179,23 +178,6 @@ async def test_a_lost_platform_connection_turns_health_503_until_it_is_back(
     assert telegram["ok"] is False
     assert "Bad Gateway" in telegram["detail"]
     await served.until_health(200)
-
-
-async def geodebot_status(config: Path, *extra: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "geodebot",
-        "status",
-        "--config",
-        str(config),
-        *extra,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_status_asks_the_running_daemon(served: Served) -> None:

@@ -120,7 +120,10 @@ async def test_hanging_hooks_are_cut_off_and_the_next_message_answered(tg: Teleg
     [result] = tool_results(tg, 1)
     assert result["is_error"] is True
     assert "timed out after 1 s" in result_text(result)
-    assert blocked == "I could not read the clock"
+    # A hook that cannot decide blocks the call, and geodebot says so under the answer.
+    assert blocked == (
+        "I could not read the clock\n\n(Not allowed here, so not run: <code>get_time</code>.)"
+    )
     assert "could not finish this request" in rejected
     assert "timed out after 1 s" in rejected
     assert normal == "a quick answer"

@@ -17,7 +17,10 @@ Figures (same run, same machine):
   the time from starting the process to the daemon's READY (every channel connected), with
   10,000 extra bindings (a fresh daemon) vs 3 bindings, and RSS growth over 500 turns in 50
   sessions;
-* concurrency: the model answers after 1 s, 50 chats, cap 8: achieved rate / (8 per second).
+* concurrency: the model answers after 1 s, 50 chats, cap 8: achieved rate / (8 per second);
+* CPU per message: each process's user + system CPU time (all threads, from /proc) over the
+  throughput run divided by the replies it sent; steadier than rates on a machine whose speed
+  varies, since both systems pay the same clock.
 
 Run from the repo root: ``.venv/bin/python bench/telegram_bench.py [--quick]``. Exits 1 on FAIL.
 MB here is 10^6 bytes (VmRSS is reported in KiB).
@@ -94,6 +97,7 @@ class Figures:
     rss_idle_mb: float = float("nan")
     rss_after_mb: float = float("nan")
     conc_mps: float = float("nan")
+    cpu_ms: float = float("nan")  # process CPU time per reply during the throughput run
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -103,6 +107,12 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024 / 1e6
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def idle_rss(pid: int, settle_s: float = 1.5) -> float:
@@ -291,7 +301,11 @@ async def measure_load(
         fig.extra["turns"] = turns
 
     async def throughput() -> None:
+        replies = sum(len(v) for v in telegram.sent.values())
+        cpu = cpu_seconds(pid)
         fig.mps = await closed_loop(telegram, chats, sizes.ramp_s, sizes.window_s)
+        replies = sum(len(v) for v in telegram.sent.values()) - replies
+        fig.cpu_ms = (cpu_seconds(pid) - cpu) * 1000 / max(1, replies)
 
     await step(f"{name}: throughput", throughput)
     await asyncio.sleep(1.0)
@@ -434,6 +448,16 @@ def report(geo: Figures, ref: Figures, sizes: Sizes) -> bool:
     )
     rows.append(
         (
+            "CPU per message at throughput (ms)",
+            f"{geo.cpu_ms:.2f}",
+            f"{ref.cpu_ms:.2f}",
+            f"{geo.cpu_ms / ref.cpu_ms:.2f}x",
+            "(info)",
+            None,
+        )
+    )
+    rows.append(
+        (
             f"RSS idle, Telegram, {sizes.chats + 1} bindings (MB)",
             f"{geo.rss_idle_mb:.1f}",
             f"{ref.rss_idle_mb:.1f}",
@@ -556,7 +580,7 @@ async def amain(sizes: Sizes) -> int:
     chats = [LOOP_CHAT_BASE - i for i in range(sizes.chats)]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="geodebot-bench-") as tmp:
-        async with FakeLLMServer() as llm:
+        async with FakeLLMServer(record=False) as llm:
             llm.default = Reply(ANSWER)
             ref = await run_reference(llm, sizes, chats)
             geo, log = await run_geodebot(Path(tmp), llm, sizes, chats)

@@ -176,12 +176,15 @@ class RecordedRequest:
 
 
 class FakeLLMServer:
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, record: bool = True) -> None:
         self.default: Item | None = None
         self.responder: Callable[[dict[str, Any]], Item | None] | None = None
         # Model ids GET /v1/models/{id} knows; None: every id.
         self.models: set[str] | None = None
         self.requests: list[RecordedRequest] = []
+        # False: requests are counted but not kept (a long benchmark would hold every body).
+        self.record = record
+        self.request_count = 0
         self._host = host
         self._port = port
         self._queue: deque[Item] = deque()
@@ -204,7 +207,7 @@ class FakeLLMServer:
 
         Has no timeout of its own: wrap it in ``asyncio.timeout``."""
         async with self._arrived:
-            await self._arrived.wait_for(lambda: len(self.requests) >= count)
+            await self._arrived.wait_for(lambda: self.request_count >= count)
 
     async def _model_info(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
@@ -286,7 +289,9 @@ class FakeLLMServer:
         except ValueError:
             body = None
         headers = {k.lower(): v for k, v in request.headers.items()}
-        self.requests.append(RecordedRequest(request.path, headers, body))
+        self.request_count += 1
+        if self.record:
+            self.requests.append(RecordedRequest(request.path, headers, body))
         async with self._arrived:
             self._arrived.notify_all()
         if not _has_credentials(request, dialect):

@@ -6,8 +6,6 @@ module for an :class:`App` and drives it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -102,17 +100,6 @@ def build_adapter(endpoint: ModelEndpoint, config: Config) -> LLMAdapter:
     return OpenAIAdapter(provider=endpoint.provider, **common)
 
 
-async def _warm(chain: Sequence[DeferredAdapter]) -> None:
-    for adapter in chain:
-        await adapter.warm()
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def build_deferred_adapter(endpoint: ModelEndpoint, config: Config) -> DeferredAdapter:
     """``build_adapter`` once the provider's SDK has been imported on a worker thread."""
     module = "anthropic_adapter" if endpoint.provider == "anthropic" else "openai_adapter"
@@ -191,17 +178,19 @@ class App:
     services: EngineServices
     lanes: Lanes
     state_dir: Path
-    # The model SDKs loading in the background (see build_app); None: nothing to wait for.
-    warming: asyncio.Task[None] | None = None
+    # The model adapters, whose SDKs load on first use or when load_models() is called.
+    adapters: tuple[DeferredAdapter, ...] = ()
 
     @property
     def socket_path(self) -> Path:
         return self.state_dir / SOCKET_FILE
 
-    async def model_loaded(self) -> None:
-        """Return once the model SDKs are loaded (or failed to load: turns then say so)."""
-        if self.warming is not None:
-            await asyncio.shield(self.warming)
+    async def load_models(self) -> None:
+        """Load the model SDKs now rather than at the first turn (each only once); a failure
+        is logged, and turns then say so. ``geodebot serve`` calls it once it is READY: done
+        before, the import (a second of CPU) would hold up connecting to the platforms."""
+        for adapter in self.adapters:
+            await adapter.warm()
 
     async def run_turn(
         self, mode: Mode, spec: SessionSpec, text: str, *, turn_id: str | None = None
@@ -239,9 +228,6 @@ async def build_app(
     chain = [build_deferred_adapter(endpoint, config) for endpoint in endpoints]
     for adapter in chain:
         stack.push_async_callback(adapter.aclose)
-    # The SDKs load while the rest starts and the channels connect.
-    warming = asyncio.create_task(_warm(chain))
-    stack.push_async_callback(_cancelled, warming)
 
     settings = BuiltinSettings(
         workspace=config.workspace,
@@ -284,4 +270,5 @@ async def build_app(
         observers=tuple(observers),
         context_cache=ContextCache(),
     )
-    return App(config, services, Lanes(config.daemon.max_concurrent_sessions), state_dir, warming)
+    lanes = Lanes(config.daemon.max_concurrent_sessions)
+    return App(config, services, lanes, state_dir, tuple(chain))

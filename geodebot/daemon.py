@@ -135,7 +135,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
                 app.socket_path,
                 ", ".join(channels) or "none",
             )
-            ready = asyncio.create_task(_ready_when_connected(notifier, supervisor, status))
+            ready = asyncio.create_task(_ready_when_connected(notifier, supervisor, status, app))
             stack.push_async_callback(_stop_task, ready)
             await stop.wait()
             log.info("shutting down (grace %s s)", grace)
@@ -248,15 +248,17 @@ class _Status:
 
 
 async def _ready_when_connected(
-    notifier: SystemdNotifier, supervisor: ChannelSupervisor, status: _Status
+    notifier: SystemdNotifier, supervisor: ChannelSupervisor, status: _Status, app: App
 ) -> None:
-    """READY=1 once the store is open (it is by now) and every enabled channel connected."""
+    """READY=1 once the store is open (it is by now) and every enabled channel connected;
+    then the model SDKs load, unless a turn needed them first."""
     waiting = [name for name, event in supervisor.ready.items() if not event.is_set()]
     if waiting:
         notifier.status(f"starting: waiting for {', '.join(waiting)} to connect")
         await asyncio.gather(*(event.wait() for event in supervisor.ready.values()))
     notifier.ready(status.line())
     log.info("ready: every enabled channel is connected")
+    await app.load_models()
 
 
 async def _stop_task(task: asyncio.Task[None]) -> None:

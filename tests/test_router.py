@@ -98,7 +98,7 @@ async def harness(
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, tmp_path / "marker", observers=(observe,))
         # The first turn would otherwise wait for the SDK import, and seem slow.
-        await app.model_loaded()
+        await app.load_models()
         chat = MemoryChannel("telegram", limit=limit)
         outbox = OutboxSender(app.services.store, {"telegram": chat}, sleep=_fast_sleep)
         router = ChatRouter(

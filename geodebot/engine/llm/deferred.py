@@ -1,10 +1,10 @@
-"""An adapter whose provider SDK loads in the background.
+"""An adapter whose provider SDK loads when first needed, on a worker thread.
 
 Importing the anthropic SDK takes over a second of CPU (thousands of modules), which the daemon
-would otherwise spend before it connects to any platform and tells systemd it is ready. The
-import runs on a worker thread while the channels connect; a turn that needs the model before
-it finished waits for it, and a broken SDK fails that turn (and the warm-up's log line) with
-the import's own error rather than the daemon's start.
+would otherwise spend before it connects to any platform and tells systemd it is ready.
+``geodebot serve`` loads it right after READY (``App.load_models``); a turn that needs the
+model before that waits for it, and a broken SDK fails that turn (and the warm-up's log line)
+with the import's own error rather than the daemon's start.
 """
 
 from __future__ import annotations

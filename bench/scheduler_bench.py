@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from geodebot.app import DB_FILE  # noqa: E402
 from geodebot.store.sqlite import SQLiteStore  # noqa: E402
-from tests.daemon_proc import DaemonProcess  # noqa: E402
+from tests.daemon_proc import MODELS_MARK, DaemonProcess  # noqa: E402
 from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
 
 KEY_ENV = "GEODEBOT_BENCH_API_KEY"
@@ -98,6 +98,8 @@ async def run(args: argparse.Namespace) -> bool:
             assert daemon.proc is not None
             pid = daemon.proc.pid
             try:
+                # Idle means after the model SDK loaded too, which it does right after READY.
+                await daemon.wait_for_line(MODELS_MARK, args.startup)
                 await asyncio.sleep(1.0)
                 cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
                 await asyncio.sleep(args.idle)

@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.daemon_proc import DaemonProcess  # noqa: E402
+from tests.daemon_proc import CONNECTED_MARK, MODELS_MARK, DaemonProcess  # noqa: E402
 from tests.fakes.discord_server import FakeDiscord  # noqa: E402
 from tests.fakes.llm_server import Delay, FakeLLMServer, Reply  # noqa: E402
 from tests.fakes.slack_server import FakeSlack  # noqa: E402
@@ -349,7 +349,10 @@ async def fresh_daemon_idle(daemon: DaemonProcess) -> tuple[float, float]:
     try:
         start = time.perf_counter()
         await daemon.start(timeout_s=120)
+        await daemon.wait_for_line(CONNECTED_MARK, 120)
         ready_s = time.perf_counter() - start
+        # Idle means after the model SDK loaded too, which it does right after READY.
+        await daemon.wait_for_line(MODELS_MARK, 120)
         assert daemon.proc is not None
         return await idle_rss(daemon.proc.pid, settle_s=2.0), ready_s
     finally:
@@ -399,6 +402,7 @@ async def run_geodebot(
         daemon = DaemonProcess(config, geodebot_env(telegram))
         try:
             await daemon.start(timeout_s=60)
+            await daemon.wait_for_line(MODELS_MARK, 120)
             assert daemon.proc is not None
             fig = await measure_load("geodebot", telegram, llm, daemon.proc.pid, sizes, chats)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -189,8 +190,11 @@ class App:
         """Load the model SDKs now rather than at the first turn (each only once); a failure
         is logged, and turns then say so. ``geodebot serve`` calls it once it is READY: done
         before, the import (a second of CPU) would hold up connecting to the platforms."""
+        started = time.monotonic()
         for adapter in self.adapters:
             await adapter.warm()
+        names = ", ".join(f"{a.provider}/{a.model}" for a in self.adapters)
+        log.info("models loaded (%s) in %.1f s", names, time.monotonic() - started)
 
     async def run_turn(
         self, mode: Mode, spec: SessionSpec, text: str, *, turn_id: str | None = None

@@ -11,6 +11,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_MARK = "geodebot serving"
+# Logged once every enabled channel is connected, with READY=1 to systemd.
+CONNECTED_MARK = "ready: every enabled channel is connected"
+# Logged once the model SDKs are loaded, right after READY.
+MODELS_MARK = "models loaded ("
 
 
 class DaemonProcess:
@@ -59,6 +63,14 @@ class DaemonProcess:
             self.log.append(line)
             if READY_MARK in line:
                 self._ready.set()
+
+    async def wait_for_line(self, text: str, timeout_s: float = 60.0) -> None:
+        """Wait until a log line containing ``text`` has been written."""
+        async with asyncio.timeout(timeout_s):
+            while not any(text in line for line in self.log):
+                if self.proc is not None and self.proc.returncode is not None:
+                    raise RuntimeError(f"geodebot serve exited before logging {text!r}")
+                await asyncio.sleep(0.02)
 
     async def kill(self) -> None:
         """kill -9: nothing of the daemon's own shutdown runs."""

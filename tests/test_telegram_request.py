@@ -29,6 +29,7 @@ class Seen:
 
     requests: list[dict[str, object]] = field(default_factory=list)
     stall: asyncio.Event | None = None
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 SEEN = web.AppKey("seen", Seen)
@@ -52,6 +53,7 @@ async def _handle(request: web.Request) -> web.Response:
     else:
         entry["fields"] = dict(await request.post())
     seen.requests.append(entry)
+    seen.arrived.set()
     if seen.stall is not None:
         await seen.stall.wait()
     if request.path.endswith("/sendDocument"):
@@ -187,3 +189,26 @@ async def test_post_json_reads_the_raw_answer(server: tuple[str, Seen]) -> None:
         await request.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         await request.post_json(f"{base}/x", {}, 1.0)
+
+
+async def test_no_free_connection_in_time_never_left(server: tuple[str, Seen]) -> None:
+    """The only pooled connection is busy: the next call gives up unsent, after the pool wait
+    plus the connect budget (aiohttp cannot bound them apart)."""
+    base, seen = server
+    seen.stall = asyncio.Event()
+    request = AiohttpRequest(connection_pool_size=1, pool_timeout=0.2, connect_timeout=0.3)
+    bot = _bot(base, request)
+    try:
+        busy = asyncio.create_task(bot.get_me(read_timeout=30))
+        await seen.arrived.wait()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimedOut) as waited:
+            await bot.get_me()
+        elapsed = asyncio.get_running_loop().time() - started
+        assert never_sent(waited.value)
+        assert 0.4 <= elapsed < 3.0
+        assert len(seen.requests) == 1  # the second call never reached the server
+        seen.stall.set()
+        await busy
+    finally:
+        await request.shutdown()

@@ -31,7 +31,8 @@ class AiohttpRequest(BaseRequest):
 
     Timeouts mean what they mean for ``HTTPXRequest``: ``connect_timeout`` to open a
     connection, ``read_timeout`` between bytes of the answer, ``pool_timeout`` to wait for a
-    free connection. aiohttp has no write timeout; Bot API requests here are small forms.
+    free connection (aiohttp bounds the last two together). aiohttp has no write timeout;
+    Bot API requests here are small forms.
     """
 
     def __init__(
@@ -118,10 +119,15 @@ class AiohttpRequest(BaseRequest):
         pool_timeout: ODVInput[float] = _UNSET,
     ) -> tuple[int, bytes]:
         session = await self._open_session()
+        pool = _given(pool_timeout, self._pool_timeout)
+        connect = _given(connect_timeout, self._connect_timeout)
         timeout = aiohttp.ClientTimeout(
             total=None,
-            connect=_given(pool_timeout, self._pool_timeout),
-            sock_connect=_given(connect_timeout, self._connect_timeout),
+            # aiohttp's ``connect`` covers the wait for a pooled connection *and* opening a
+            # new one (TLS included), so it gets both budgets; ``sock_connect`` bounds the
+            # opening alone, as PTB's connect timeout does.
+            connect=None if pool is None or connect is None else pool + connect,
+            sock_connect=connect,
             sock_read=_given(read_timeout, self._read_timeout),
         )
         try:

@@ -191,10 +191,10 @@ class App:
         is logged, and turns then say so. ``geodebot serve`` calls it once it is READY: done
         before, the import (a second of CPU) would hold up connecting to the platforms."""
         started = time.monotonic()
-        for adapter in self.adapters:
-            await adapter.warm()
-        names = ", ".join(f"{a.provider}/{a.model}" for a in self.adapters)
-        log.info("models loaded (%s) in %.1f s", names, time.monotonic() - started)
+        loaded = [a for a in self.adapters if await a.warm()]
+        if loaded:
+            names = ", ".join(f"{a.provider}/{a.model}" for a in loaded)
+            log.info("models loaded (%s) in %.1f s", names, time.monotonic() - started)
 
     async def run_turn(
         self, mode: Mode, spec: SessionSpec, text: str, *, turn_id: str | None = None

@@ -73,7 +73,7 @@ async def test_a_turn_waits_for_the_import_which_runs_off_the_loop(
         assert llm.requests == []
         slow_module.set()
         answers = await asyncio.gather(*calls)
-        await warm
+        assert await warm is True
         assert [a.message.text for a in answers] == ["pong"] * 3
         assert len(built) == 1  # built once, shared by every caller
         assert sys.modules[MODULE].thread != threading.current_thread().name
@@ -86,7 +86,7 @@ async def test_a_broken_sdk_fails_turns_not_the_start(caplog: pytest.LogCaptureF
 
     deferred = DeferredAdapter("anthropic", "m", "geodebot_no_such_sdk_module", build)
     with caplog.at_level(logging.ERROR):
-        await deferred.warm()
+        assert await deferred.warm() is False
     assert "loading the anthropic SDK failed" in caplog.text
     with pytest.raises(ModuleNotFoundError, match="geodebot_no_such_sdk_module"):
         await deferred.complete(REQUEST)

@@ -47,11 +47,14 @@ class DeferredAdapter:
                     self._inner = self._build()
         return self._inner
 
-    async def warm(self) -> None:
+    async def warm(self) -> bool:
+        """Load now; False (and the error in the log) if the SDK cannot be loaded."""
         try:
             await self.adapter()
         except Exception:
             log.exception("loading the %s SDK failed; turns will fail until fixed", self.provider)
+            return False
+        return True
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         return await (await self.adapter()).complete(request)

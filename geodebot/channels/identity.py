@@ -13,9 +13,9 @@ import telegram.error as tg
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 from telegram import Bot
-from telegram.request import HTTPXRequest
 
 from geodebot.channels.base import ChannelError
+from geodebot.channels.telegram_request import AiohttpRequest
 from geodebot.config import DiscordConfig, SlackConfig, TelegramConfig
 from geodebot.redact import Redactor
 
@@ -26,7 +26,8 @@ _TIMEOUT_S = 15.0
 
 async def telegram_identity(config: TelegramConfig, token: str) -> str:
     safe = Redactor([token])
-    request = HTTPXRequest(connect_timeout=_TIMEOUT_S, read_timeout=_TIMEOUT_S)
+    # The daemon's own backend, so the check goes the way the daemon's requests go.
+    request = AiohttpRequest(connect_timeout=_TIMEOUT_S, read_timeout=_TIMEOUT_S)
     bot = Bot(token, base_url=config.api_base_url, request=request)
     try:
         me = await bot.get_me()

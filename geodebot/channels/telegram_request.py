@@ -13,8 +13,10 @@ so PTB's status and error handling above this class is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from typing import Final
 
 import aiohttp
@@ -95,7 +97,7 @@ class AiohttpRequest(BaseRequest):
         """POST ``payload`` as JSON and decode the answer, bypassing PTB's parsing (for a
         batch PTB cannot read). Raises NetworkError or TimedOut like a Bot API call."""
         session = await self._open_session()
-        try:
+        with _ptb_errors():
             async with session.post(
                 url,
                 json=payload,
@@ -103,10 +105,6 @@ class AiohttpRequest(BaseRequest):
                 proxy=self._proxy(url),
             ) as response:
                 return await response.json(content_type=None)
-        except TimeoutError as exc:
-            raise TimedOut from exc
-        except (aiohttp.ClientError, ValueError) as exc:
-            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
 
     async def do_request(
         self,
@@ -130,16 +128,23 @@ class AiohttpRequest(BaseRequest):
             sock_connect=connect,
             sock_read=_given(read_timeout, self._read_timeout),
         )
-        try:
-            body, headers = _body(request_data)
+        body, headers = _body(request_data)
+        with _ptb_errors():
             async with session.request(
                 method, url, data=body, headers=headers, timeout=timeout, proxy=self._proxy(url)
             ) as response:
                 return response.status, await response.read()
-        except TimeoutError as exc:  # aiohttp's own timeout errors are TimeoutErrors too
-            raise TimedOut from exc
-        except aiohttp.ClientError as exc:
-            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _ptb_errors() -> Iterator[None]:
+    """aiohttp's failures as PTB's: TimedOut, or NetworkError with the cause chained."""
+    try:
+        yield
+    except TimeoutError as exc:  # aiohttp's own timeout errors are TimeoutErrors too
+        raise TimedOut from exc
+    except (aiohttp.ClientError, ValueError) as exc:  # ValueError: an answer not JSON
+        raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
 
 
 def never_sent(exc: BaseException) -> bool:

@@ -459,6 +459,18 @@ async def test_missing_key_sends_nothing(
     assert srv.requests == []
 
 
+async def test_anthropic_body_that_is_not_json_is_a_bad_request(
+    srv: FakeLLMServer, make: Make
+) -> None:
+    # NaN has no JSON form; the API would reject it, so it is refused before sending.
+    history = Message("assistant", (ToolUseBlock("call_1", "get_weather", {"x": float("nan")}),))
+    results = Message("user", (ToolResultBlock("call_1", "ok"),))
+    request = LLMRequest(REQUEST.system, (*REQUEST.messages, history, results), (WEATHER,))
+    with pytest.raises(LLMBadRequest, match="not JSON"):
+        await make("anthropic").complete(request)
+    assert srv.requests == []
+
+
 async def test_openai_garbage_tool_arguments_do_not_raise(srv: FakeLLMServer, make: Make) -> None:
     srv.script(
         Reply(

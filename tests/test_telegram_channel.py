@@ -20,6 +20,7 @@ from geodebot.channels.base import (
     Inbound,
     OutboundPart,
     SendUnknown,
+    SentPart,
 )
 from geodebot.channels.telegram import CURSOR_NAME, TelegramChannel, html_to_plain
 from geodebot.config import TelegramConfig
@@ -260,6 +261,20 @@ async def test_send_plain_html_reply_and_thread(fake: FakeTelegram, open_channel
     assert (sent[2].reply_to_message_id, sent[2].allow_sending_without_reply) == (1, True)
     assert sent[2].thread_id == 7
     assert channel.status().counters["sent"] == 3
+
+
+async def test_a_sent_answer_without_message_id_counts_as_sent(
+    fake: FakeTelegram, open_channel: OpenChannel
+):
+    # ok=true means Telegram posted it: an unreadable id must not make the outbox send again.
+    channel = await open_channel(Recorder())
+    fake.answer_next("sendMessage", True)
+    assert await channel.send(part(str(GROUP), "hi")) == SentPart("")
+    fake.answer_next("sendMessage", {"message_id": "seven"})
+    assert await channel.send(part(str(GROUP), "hi")) == SentPart("")
+    assert fake.count("sendMessage") == 2
+    assert channel.status().counters["sent"] == 2
+    assert (await channel.send(part(str(GROUP), "hi"))).message_id == "1"
 
 
 async def test_send_errors_are_classified(fake: FakeTelegram, open_channel: OpenChannel):

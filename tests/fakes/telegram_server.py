@@ -17,7 +17,8 @@ Behaviour worth knowing in tests:
   with Telegram's "can't parse entities" error; length is counted in UTF-16 code units of
   the visible text (never fewer than code points, so at least as strict as Telegram). A bare
   ``>`` is accepted.
-* ``fail_next`` answers the next calls of a method with an error before anything else.
+* ``fail_next`` answers the next calls of a method with an error before anything else;
+  ``answer_next`` answers the next call with ``ok: true`` and the given result, unexecuted.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ class FakeTelegram:
         self._messages: dict[tuple[int, int], dict[str, Any]] = {}
         self._allowed: set[str] = set()
         self._failures: defaultdict[str, deque[_Failure]] = defaultdict(deque)
+        self._canned: defaultdict[str, deque[Any]] = defaultdict(deque)
         self._poll: _Poll | None = None
         # Replaced on every change: waiters hold the old one, so a change wakes them all.
         self._changed = asyncio.Event()
@@ -280,6 +282,9 @@ class FakeTelegram:
     ) -> None:
         self._failures[method.lower()].append(_Failure(status, description, retry_after, times))
 
+    def answer_next(self, method: str, result: Any) -> None:
+        self._canned[method.lower()].append(result)
+
     # The waits take their own timeout (ASYNC109): a test always wants one, and inline.
     async def wait_for_sent(
         self,
@@ -359,6 +364,8 @@ class FakeTelegram:
             if failure.times <= 0:
                 failures.popleft()
             return _error(failure.status, failure.description, failure.retry_after)
+        if self._canned[method]:
+            return web.json_response({"ok": True, "result": self._canned[method].popleft()})
         handler = getattr(self, f"_m_{method.lower()}", None)
         if handler is None:
             return _error(404, "Not Found")

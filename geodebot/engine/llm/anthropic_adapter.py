@@ -13,6 +13,7 @@ SDK 2.x notes that shape this file: it speaks API version 2026-10-21, sends the 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeAlias
@@ -134,10 +135,14 @@ class AnthropicAdapter:
         if request.tools:
             body["tools"] = [_tool_param(t) for t in request.tools]
         with self._sdk_errors():
+            content = _encode(body)
             # The SDK's documented call for a raw request: its transport, headers, auth and
             # error classes, without building its pydantic Message only for this adapter to
-            # copy it into ours (a tenth of the daemon's CPU per turn at saturation).
-            raw = await self._client.post("/v1/messages", body=body, cast_to=httpx2.Response)
+            # copy it into ours (a tenth of the daemon's CPU per turn at saturation). The body
+            # goes as encoded bytes: given a dict, the SDK deep-copies and walks the whole
+            # conversation on every request before encoding it, as much CPU again as the
+            # encoding; our history is plain JSON values, which need neither.
+            raw = await self._client.post("/v1/messages", content=content, cast_to=httpx2.Response)
         try:
             return self._response(raw.json(), raw.headers.get("request-id"))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -234,6 +239,15 @@ class AnthropicAdapter:
         if status >= 500:
             return LLMServerError(detail, status=status, **ids)
         return LLMBadRequest(detail, status=status, **ids)
+
+
+def _encode(body: Mapping[str, object]) -> bytes:
+    """The request body as the SDK itself would encode it (compact UTF-8, no NaN)."""
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        # A tool schema or argument that is not JSON; the SDK would refuse it the same way.
+        raise anthropic.AnthropicError(f"request body is not JSON: {exc}") from exc
 
 
 def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:

@@ -9,9 +9,7 @@ import signal
 import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from typing import Any
-
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING, Any
 
 from geodebot.app import App, build_app
 from geodebot.channels.base import Channel, Destination
@@ -23,12 +21,14 @@ from geodebot.config import Config, ConfigError, resolve_secret
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
-from geodebot.health import EngineMetrics, HealthServer, Probe
 from geodebot.procstat import process_figures
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.service import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
 from geodebot.sdnotify import SystemdNotifier
+
+if TYPE_CHECKING:
+    from geodebot.health import EngineMetrics, HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             # From the start: systemd only counts pings once READY=1 was sent.
             watchdog = asyncio.create_task(notifier.run_watchdog(status.line))
             stack.push_async_callback(_stop_task, watchdog)
-            registry = CollectorRegistry()
-            metrics = EngineMetrics(registry) if config.daemon.http else None
+            metrics = _metrics(config)
             refusals = RefusalWatch()
             observers = (refusals, metrics) if metrics else (refusals,)
             app = await build_app(config, stack, observers=observers)
@@ -104,7 +103,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             )
             scheduler = JobScheduler(app, config.bindings, outbox.kick, refusals=refusals)
             if metrics is not None:
-                health = _health_server(config, app, channels, router, scheduler, registry, metrics)
+                health = _health_server(config, app, channels, router, scheduler, metrics)
                 await health.start()
                 stack.push_async_callback(health.stop)
             recovered = await router.recover()
@@ -145,15 +144,29 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             loop.remove_signal_handler(sig)
 
 
+def _metrics(config: Config) -> EngineMetrics | None:
+    """The engine's counters, kept only for the health endpoint, so only when it is on.
+
+    Its modules (prometheus_client, aiohttp's server) are imported then too: a daemon without
+    the endpoint does not carry them.
+    """
+    if not config.daemon.http:
+        return None
+    from geodebot.health import EngineMetrics
+
+    return EngineMetrics()
+
+
 def _health_server(
     config: Config,
     app: App,
     channels: Mapping[str, Channel],
     router: ChatRouter,
     scheduler: JobScheduler,
-    registry: CollectorRegistry,
     metrics: EngineMetrics,
 ) -> HealthServer:
+    from geodebot.health import HealthServer, Probe
+
     token = None
     if config.daemon.http_token_env:
         token = resolve_secret(config.daemon.http_token_env)
@@ -187,7 +200,7 @@ def _health_server(
         extra={"computer_use": computer_use, "scheduler": jobs},
     )
     assert config.daemon.http is not None
-    return HealthServer(config.daemon.http, probe, registry, metrics, token=token)
+    return HealthServer(config.daemon.http, probe, metrics, token=token)
 
 
 def _status_report(

@@ -44,7 +44,8 @@ _STORE_TIMEOUT_S = 2.0
 class EngineMetrics:
     """An engine observer: counts turns, model calls and tool calls into ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry if registry is not None else CollectorRegistry()
         self.turns = Counter(
             "geodebot_turns", "Turns finished, by outcome.", ["outcome"], registry=registry
         )
@@ -170,14 +171,13 @@ class HealthServer:
         self,
         address: str,
         probe: Probe,
-        registry: CollectorRegistry,
         metrics: EngineMetrics,
         *,
         token: str | None = None,
     ) -> None:
         self._host, self._port = split_host_port(address)
         self._probe = probe
-        self._registry = registry
+        self._registry = registry = metrics.registry
         self._metrics = metrics
         self._token = token
         self._live = _LiveCollector(probe)

@@ -10,13 +10,36 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 
 from geodebot.channels.base import Channel, ChannelError, InboundSink
 from geodebot.config import Config, ConfigError, resolve_secret
 from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
+
+# Imported by python-telegram-bot only if installed, for features geodebot never uses:
+# cryptography decrypts Telegram Passport data, click and pygments are httpx's command line
+# (PTB imports httpx for a backend geodebot replaces). cryptography is installed for mcp,
+# the other two for tools; together they are about 9 MB of a daemon's memory.
+_PTB_UNUSED_EXTRAS = ("cryptography", "click", "pygments")
+
+
+@contextlib.contextmanager
+def _without(names: tuple[str, ...]) -> Iterator[None]:
+    """While inside, importing one of ``names`` fails as if it were not installed (a None
+    entry in sys.modules is the import system's own marker for that); a module already
+    imported is left alone, and a later import outside works normally."""
+    blocked = [name for name in names if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def _secret(problems: list[str], key: str, name: str) -> str:
@@ -37,7 +60,8 @@ def build_channels(config: Config, store: Store) -> dict[str, Channel]:
     if ch.telegram is not None and ch.telegram.enabled:
         token = _secret(problems, "channels.telegram.token_env", ch.telegram.token_env)
         if token:
-            from geodebot.channels.telegram import TelegramChannel
+            with _without(_PTB_UNUSED_EXTRAS):
+                from geodebot.channels.telegram import TelegramChannel
 
             channels["telegram"] = TelegramChannel(ch.telegram, token, cursor_store=store)
     if ch.slack is not None and ch.slack.enabled:

@@ -11,7 +11,6 @@ outside acts on are synced to disk at the configured level (see
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import pathlib
@@ -37,6 +36,7 @@ from geodebot.store.protocol import (
     ToolBatchRecord,
 )
 from geodebot.store.sqlite_chat import ChatInboxOutbox
+from geodebot.store.sqlite_commit import GroupCommit
 from geodebot.store.sqlite_jobs import JobsAndFires
 from geodebot.store.sqlite_receipts import SELECT_SWITCH, ReceiptsAndSwitches, switch_from_row
 from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding, from_row, paged
@@ -159,9 +159,8 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS_MODES)}")
         self.path = pathlib.Path(path)
         self.synchronous = mode
-        self._relaxed = "NORMAL" if mode in ("FULL", "EXTRA") else mode
-        self._sync_level = mode
         self._db: aiosqlite.Connection | None = None
+        self._commits = GroupCommit(self._on_thread, mode)
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -205,10 +204,14 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
             raise
 
     async def close(self) -> None:
-        db, self._db = self._db, None
-        if db is None:
+        if self._db is None:
             return
-        # The connection's queue runs whatever was sent before the close first.
+        # Writes asked for before the close are committed first, as the connection's own
+        # queue runs whatever was sent before its close.
+        await self._commits.flush()
+        db, self._db = self._db, None
+        if db is None:  # closed by another caller meanwhile
+            return  # type: ignore[unreachable]
         try:
             await db.close()
         except sqlite3.Error as exc:
@@ -246,14 +249,20 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         """Run ``fn`` on the connection's own thread in one hop.
 
         A whole transaction is one function, so it costs one wake-up of the event loop rather
-        than one per statement. aiosqlite has no public call for this; ``_execute`` is the
-        queue its own methods go through, so ordering with them is kept.
+        than one per statement.
         """
-        db = self._connection(what)
+        self._connection(what)
         try:
-            result: _T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
+            result: _T = await self._on_thread(fn)
         except sqlite3.Error as exc:
             raise StoreError(f"{what} failed: {exc}") from exc
+        return result
+
+    async def _on_thread(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        # aiosqlite has no public call for this; ``_execute`` is the queue its own methods go
+        # through, so ordering with them is kept.
+        db = self._connection("using the store")
+        result: _T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
         return result
 
     async def _query(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -263,11 +272,12 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
     async def _transact(
         self, what: str, fn: Callable[[sqlite3.Connection], _T], *, durable: bool = False
     ) -> _T:
-        """A write: ``fn`` runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the store's thread.
+        """A write: ``fn`` runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the store's thread,
+        together with the other writes queued at that moment (:mod:`.sqlite_commit`).
 
         It happens whole or not at all: any exception (a StoreError raised by ``fn`` to refuse
-        the change included) rolls back. The caller being cancelled meanwhile changes nothing:
-        the function still runs to its commit or rollback.
+        the change included) rolls it back. The caller being cancelled meanwhile changes
+        nothing: the function still runs to its commit or rollback.
 
         ``durable`` marks a commit that something outside acts on next (a platform ack, a
         send, a tool's effect, an operator's order): it is synced to disk at the store's
@@ -276,26 +286,8 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         syncs the log up to itself. So nothing the outside world saw can be lost, and a turn
         costs two or three syncs instead of ten.
         """
-        level = self.synchronous if durable else self._relaxed
-        return await self._in_thread(what, functools.partial(self._atomically, fn, level))
-
-    def _atomically(
-        self, fn: Callable[[sqlite3.Connection], _T], level: str, conn: sqlite3.Connection
-    ) -> _T:
-        # Runs on the connection's thread, the only one that touches _sync_level.
-        if level != self._sync_level:
-            conn.execute(f"PRAGMA synchronous={level}")
-            self._sync_level = level
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            # SQLite may already have rolled back by itself (e.g. on SQLITE_FULL).
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
-        return result
+        self._connection(what)
+        return await self._commits.write(what, fn, durable)
 
     # -- sessions -------------------------------------------------------------------------
     async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:

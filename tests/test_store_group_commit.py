@@ -1,0 +1,168 @@
+"""Group commit: concurrent writes share transactions, yet each is still its own unit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geodebot.store.protocol import StoreError
+from geodebot.store.sqlite import SQLiteStore
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    async with SQLiteStore(tmp_path / "g.db") as opened:
+        await opened._transact(
+            "creating the probe table",
+            lambda db: db.execute("CREATE TABLE probe (k TEXT PRIMARY KEY, v INTEGER NOT NULL)"),
+        )
+        yield opened
+
+
+def insert(key: str, value: int = 0) -> Callable[[sqlite3.Connection], str]:
+    def fn(db: sqlite3.Connection) -> str:
+        db.execute("INSERT INTO probe (k, v) VALUES (?, ?)", (key, value))
+        return key
+
+    return fn
+
+
+async def rows(store: SQLiteStore) -> list[tuple[str, int]]:
+    def read(db: sqlite3.Connection) -> list[tuple[str, int]]:
+        return [tuple(r) for r in db.execute("SELECT k, v FROM probe ORDER BY rowid")]
+
+    return await store._query("reading probes", read)
+
+
+def count_hops(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    hops: list[int] = []
+    real = store._commits._run
+
+    async def counted(fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        hops.append(1)
+        return await real(fn)
+
+    monkeypatch.setattr(store._commits, "_run", counted)
+    return hops
+
+
+async def test_concurrent_writes_share_transactions_in_order(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    hops = count_hops(store, monkeypatch)
+    keys = [f"k{i}" for i in range(40)]
+    results = await asyncio.gather(*(store._transact(k, insert(k)) for k in keys))
+    assert results == keys
+    assert [k for k, _ in await rows(store)] == keys  # committed in the order asked
+    assert len(hops) < 10  # 40 writes, a handful of transactions
+
+
+async def test_a_failing_write_rolls_back_only_itself(store: SQLiteStore):
+    def half_then_fail(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO probe (k, v) VALUES ('half', 1)")
+        db.execute("INSERT INTO probe (k, v) VALUES ('dup', 1)")  # 'dup' is already there
+
+    def refuse(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO probe (k, v) VALUES ('refused', 1)")
+        raise StoreError("no, thanks")
+
+    await store._transact("dup", insert("dup"))
+    outcomes = await asyncio.gather(
+        store._transact("a", insert("a")),
+        store._transact("adding half", half_then_fail),
+        store._transact("b", insert("b")),
+        store._transact("refusing", refuse),
+        store._transact("c", insert("c")),
+        return_exceptions=True,
+    )
+    assert outcomes[0::2] == ["a", "b", "c"]
+    assert isinstance(outcomes[1], StoreError)
+    assert str(outcomes[1]).startswith("adding half failed: UNIQUE constraint failed")
+    assert isinstance(outcomes[1].__cause__, sqlite3.IntegrityError)
+    assert isinstance(outcomes[3], StoreError)
+    assert str(outcomes[3]) == "no, thanks"
+    assert [k for k, _ in await rows(store)] == ["dup", "a", "b", "c"]
+
+
+async def test_a_bug_in_a_write_reaches_its_caller_as_it_is(store: SQLiteStore):
+    def buggy(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO probe (k, v) VALUES ('bug', 1)")
+        raise ZeroDivisionError("oops")
+
+    outcomes = await asyncio.gather(
+        store._transact("bug", buggy), store._transact("ok", insert("ok")), return_exceptions=True
+    )
+    assert isinstance(outcomes[0], ZeroDivisionError)
+    assert outcomes[1] == "ok"
+    assert await rows(store) == [("ok", 0)]
+
+
+async def test_when_the_whole_transaction_is_lost_every_write_in_it_fails(store: SQLiteStore):
+    # What SQLite does by itself on a full disk or an I/O error, done here by hand.
+    def lose_everything(db: sqlite3.Connection) -> None:
+        db.execute("ROLLBACK")
+        raise sqlite3.OperationalError("database or disk is full")
+
+    outcomes = await asyncio.gather(
+        store._transact("before", insert("before")),
+        store._transact("losing", lose_everything),
+        store._transact("after", insert("after")),
+        return_exceptions=True,
+    )
+    assert [type(o) for o in outcomes] == [StoreError] * 3
+    assert str(outcomes[0]) == "before failed: database or disk is full"
+    assert str(outcomes[2]) == "after failed: database or disk is full"
+    assert await rows(store) == []
+    # The store carries on.
+    assert await store._transact("next", insert("next")) == "next"
+
+
+async def test_a_cancelled_caller_still_gets_its_write_committed(store: SQLiteStore):
+    task = asyncio.create_task(store._transact("kept", insert("kept")))
+    await asyncio.sleep(0)  # queued
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await store._commits.flush()
+    assert await rows(store) == [("kept", 0)]
+
+
+async def test_close_commits_the_writes_already_asked_for(tmp_path: Path):
+    store = SQLiteStore(tmp_path / "c.db")
+    await store.open()
+    await store._transact("table", lambda db: db.execute("CREATE TABLE probe (k TEXT, v INT)"))
+    pending = [asyncio.create_task(store._transact(k, insert(k))) for k in ("x", "y")]
+    await asyncio.sleep(0)
+    await store.close()
+    assert [t.result() for t in pending] == ["x", "y"]
+    with pytest.raises(StoreError, match="not open"):
+        await store._transact("late", insert("late"))
+    async with SQLiteStore(tmp_path / "c.db") as reopened:
+        assert [k for k, _ in await rows(reopened)] == ["x", "y"]
+
+
+async def test_a_durable_write_syncs_its_group_at_the_store_level(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    levels: list[int] = []
+    real = store._commits._run
+
+    async def spy(fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        result = await real(fn)
+        levels.append(await real(lambda db: db.execute("PRAGMA synchronous").fetchone()[0]))
+        return result
+
+    monkeypatch.setattr(store._commits, "_run", spy)
+    await store._transact("relaxed", insert("relaxed"))
+    await asyncio.gather(
+        store._transact("plain", insert("plain")),
+        store._transact("durable", insert("durable"), durable=True),
+    )
+    # sqlite's numbers: 1 NORMAL, 2 FULL (the store's default level).
+    assert levels[0] == 1
+    assert levels[-1] == 2

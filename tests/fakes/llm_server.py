@@ -173,6 +173,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]  # lower-cased names
     json: Any  # None when the body was not JSON
+    raw: bytes = b""
 
 
 class FakeLLMServer:
@@ -291,7 +292,7 @@ class FakeLLMServer:
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.request_count += 1
         if self.record:
-            self.requests.append(RecordedRequest(request.path, headers, body))
+            self.requests.append(RecordedRequest(request.path, headers, body, raw))
         async with self._arrived:
             self._arrived.notify_all()
         if not _has_credentials(request, dialect):

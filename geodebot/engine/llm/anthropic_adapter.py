@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeAlias
 
@@ -22,7 +23,6 @@ import anthropic
 import httpx2
 from anthropic.types import (
     ImageBlockParam,
-    MessageParam,
     TextBlockParam,
     ToolParam,
     ToolResultBlockParam,
@@ -100,6 +100,7 @@ class AnthropicAdapter:
         self._api_key_env = api_key_env
         self._err = ErrorText(PROVIDER, model, Redactor([api_key] if api_key else []))
         self._client: anthropic.AsyncAnthropic | None = None
+        self._json = BlockJSON()
         # Without a key the daemon must still start; the first turn explains what to set.
         if api_key and api_key.strip():
             self._client = anthropic.AsyncAnthropic(
@@ -125,17 +126,8 @@ class AnthropicAdapter:
     async def complete(self, request: LLMRequest) -> LLMResponse:
         if self._client is None:
             raise LLMMissingCredential(self._api_key_env, provider=PROVIDER, model=self._model)
-        body: dict[str, object] = {
-            "model": self._model,
-            "max_tokens": request.max_tokens,
-            "messages": to_anthropic_messages(request.messages),
-        }
-        if request.system:
-            body["system"] = request.system
-        if request.tools:
-            body["tools"] = [_tool_param(t) for t in request.tools]
         with self._sdk_errors():
-            content = _encode(body)
+            content = self._body(request)
             # The SDK's documented call for a raw request: its transport, headers, auth and
             # error classes, without building its pydantic Message only for this adapter to
             # copy it into ours (a tenth of the daemon's CPU per turn at saturation). The body
@@ -150,6 +142,24 @@ class AnthropicAdapter:
             raise LLMInvalidResponse(
                 self._err.detail(f"malformed body: {exc!r}"), **self._err.ids()
             ) from exc
+
+    def _body(self, request: LLMRequest) -> bytes:
+        """The request body as the SDK itself would encode it (compact UTF-8, no NaN), the
+        history from the blocks' cached JSON."""
+        head: dict[str, object] = {"model": self._model, "max_tokens": request.max_tokens}
+        if request.system:
+            head["system"] = request.system
+        if request.tools:
+            head["tools"] = [_tool_param(t) for t in request.tools]
+        try:
+            messages = ",".join(
+                f'{{"role":"{role}","content":[{",".join(map(self._json, blocks))}]}}'
+                for role, blocks in _turns(request.messages)
+            )
+            return f'{_dumps(head)[:-1]},"messages":[{messages}]}}'.encode()
+        except (TypeError, ValueError) as exc:
+            # A tool schema or argument that is not JSON; the SDK would refuse it the same way.
+            raise anthropic.AnthropicError(f"request body is not JSON: {exc}") from exc
 
     async def probe(self) -> str:
         """The provider's record of the model, spending no tokens (``geodebot check``)."""
@@ -241,47 +251,66 @@ class AnthropicAdapter:
         return LLMBadRequest(detail, status=status, **ids)
 
 
-def _encode(body: Mapping[str, object]) -> bytes:
-    """The request body as the SDK itself would encode it (compact UTF-8, no NaN)."""
-    try:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        # A tool schema or argument that is not JSON; the SDK would refuse it the same way.
-        raise anthropic.AnthropicError(f"request body is not JSON: {exc}") from exc
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:
-    """Our history in Messages API shape.
+class BlockJSON:
+    """Each history block's JSON, kept between requests by the block's identity.
+
+    A conversation goes whole with every request, so without this a session's history is
+    re-encoded on every round of every turn: the largest CPU cost the adapter had. Blocks
+    are immutable and the engine keeps a session's context between turns, so a block seen
+    again is the same object. Bounded by characters held; least recently used go first.
+    """
+
+    def __init__(self, max_chars: int = 4_000_000) -> None:
+        self._max_chars = max_chars
+        self._chars = 0
+        # Holding the block keeps its id from being reused while the entry exists.
+        self._entries: OrderedDict[int, tuple[Block, str]] = OrderedDict()
+
+    def __call__(self, block: Block) -> str:
+        key = id(block)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is block:
+            self._entries.move_to_end(key)
+            return entry[1]
+        text = _dumps(_block_param(block))
+        if len(text) <= self._max_chars:
+            self._entries[key] = (block, text)
+            self._chars += len(text)
+            while self._chars > self._max_chars:
+                _, (_, old) = self._entries.popitem(last=False)
+                self._chars -= len(old)
+        return text
+
+
+def _turns(messages: Sequence[Message]) -> list[tuple[Role, list[Block]]]:
+    """Our history in the Messages API's turn structure.
 
     Tool results always travel in a user turn and lead it (the API rejects a tool_result after
     text in the same turn); consecutive same-role turns are merged because the API requires
     roles to alternate; empty text is dropped because the API rejects blank text blocks.
     """
-    turns: list[tuple[Role, list[_BlockParam]]] = []
+    turns: list[tuple[Role, list[Block]]] = []
     for message in messages:
         for block in message.content:
-            role: Role = "user" if isinstance(block, ToolResultBlock) else message.role
-            param = _block_param(block)
-            if param is None:
+            if isinstance(block, TextBlock) and not block.text.strip():
                 continue
+            role: Role = "user" if isinstance(block, ToolResultBlock) else message.role
             if turns and turns[-1][0] == role:
-                turns[-1][1].append(param)
+                turns[-1][1].append(block)
             else:
-                turns.append((role, [param]))
-    out: list[MessageParam] = []
-    for role, params in turns:
+                turns.append((role, [block]))
+    for role, blocks in turns:
         if role == "user":
-            params.sort(key=lambda p: p["type"] != "tool_result")
-            out.append({"role": "user", "content": params})
-        else:
-            out.append({"role": "assistant", "content": params})
-    return out
+            blocks.sort(key=lambda b: not isinstance(b, ToolResultBlock))
+    return turns
 
 
-def _block_param(block: Block) -> _BlockParam | None:
+def _block_param(block: Block) -> _BlockParam:
     if isinstance(block, TextBlock):
-        if not block.text.strip():
-            return None
         return {"type": "text", "text": block.text}
     if isinstance(block, ToolUseBlock):
         return {

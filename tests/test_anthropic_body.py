@@ -1,0 +1,92 @@
+"""The Anthropic adapter's request body: the SDK's encoding, history from cached block JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter, BlockJSON
+from geodebot.engine.llm.types import (
+    LLMRequest,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolSchema,
+    ToolUseBlock,
+)
+from tests.fakes.llm_server import FakeLLMServer, Reply
+
+KEY = "sk-ant-test-0123456789abcdef"
+SCHEMA = ToolSchema("lookup", "Looks a word up.", {"type": "object"})
+
+
+@pytest.fixture
+async def srv() -> AsyncIterator[FakeLLMServer]:
+    async with FakeLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def adapter(srv: FakeLLMServer) -> AsyncIterator[AnthropicAdapter]:
+    made = AnthropicAdapter(model="m", api_key=KEY, api_key_env="K", base_url=srv.url)
+    yield made
+    await made.aclose()
+
+
+async def test_the_body_is_the_messages_api_shape(srv: FakeLLMServer, adapter: AnthropicAdapter):
+    history = (
+        Message("user", (TextBlock('Wörter: ünïcode, "quotes" and \\ <tags>'),)),
+        Message("assistant", (TextBlock("Looking."), ToolUseBlock("c1", "lookup", {"q": "x"}))),
+        Message("user", (TextBlock("also this"), ToolResultBlock("c1", "found", is_error=True))),
+        Message("user", (TextBlock("   "),)),  # blank text: dropped
+    )
+    srv.script(Reply("ok"))
+    await adapter.complete(LLMRequest("be brief", history, (SCHEMA,), max_tokens=77))
+    sent = srv.requests[-1]
+    assert sent.headers["content-type"] == "application/json"
+    assert "ünïcode" in sent.raw.decode()  # UTF-8 as is, like the SDK (ensure_ascii off)
+    assert json.loads(sent.raw) == {
+        "model": "m",
+        "max_tokens": 77,
+        "system": "be brief",
+        "tools": [{"name": "lookup", "description": "Looks a word up.",
+                   "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user",
+             "content": [{"type": "text", "text": "Wörter: ünïcode, \"quotes\" and \\ <tags>"}]},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "c1", "name": "lookup", "input": {"q": "x"}},
+            ]},
+            # The tool result leads its user turn; the two user messages are one turn.
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": "found", "is_error": True},
+                {"type": "text", "text": "also this"},
+            ]},
+        ],
+    }  # fmt: skip
+
+
+def test_a_block_is_encoded_once_while_it_is_held():
+    cache = BlockJSON()
+    block = TextBlock("hello")
+    first = cache(block)
+    assert json.loads(first) == {"type": "text", "text": "hello"}
+    assert cache(block) is first  # the same string: not encoded again
+    equal_but_new = TextBlock("hello")
+    assert cache(equal_but_new) == first
+    assert cache(equal_but_new) is not first  # a different object has its own entry
+
+
+def test_the_cache_is_bounded_by_characters_oldest_first():
+    entry = len(BlockJSON()(TextBlock("x" * 100)))
+    cache = BlockJSON(max_chars=entry * 3)
+    blocks = [TextBlock(str(i) * 100) for i in range(1, 6)]
+    kept = [cache(b) for b in blocks]
+    assert cache(blocks[4]) is kept[4]
+    assert cache(blocks[3]) is kept[3]
+    assert cache(blocks[0]) is not kept[0]  # evicted, encoded again
+    huge = TextBlock("y" * (entry * 4))
+    assert cache(huge) is not cache(huge)  # larger than the bound: never held

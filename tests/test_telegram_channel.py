@@ -236,6 +236,44 @@ async def test_a_restart_resumes_after_the_committed_updates(
     assert second_run.ids() == [str(fresh)]
 
 
+async def test_a_batch_keeps_each_chats_order_and_confirms_only_what_was_taken(
+    fake: FakeTelegram, open_channel: OpenChannel
+):
+    chat_a, chat_b, chat_c = GROUP, GROUP - 1, GROUP - 2
+    ids = {
+        text: fake.push_message(chat, text, user_id=42)
+        for chat, text in [(chat_a, "a1"), (chat_b, "b1"), (chat_a, "a2"), (chat_b, "b2"),
+                           (chat_c, "c1")]
+    }  # fmt: skip
+    release_a1 = asyncio.Event()
+    events: list[str] = []
+    fail_once = {"b2"}
+
+    async def sink(inbound: Inbound) -> None:
+        events.append(f"in {inbound.text}")
+        if inbound.text == "a1":
+            await release_a1.wait()
+        if inbound.text == "b1":
+            release_a1.set()  # a1 is still being taken while b1 is: chats go side by side
+        if inbound.text in fail_once:
+            fail_once.discard(inbound.text)
+            raise RuntimeError("inbox unavailable")
+        events.append(f"took {inbound.text}")
+
+    cursors = MemoryCursors()
+    await open_channel(sink, cursors=cursors)
+    await until(lambda: "took b2" in events)
+    # Within a chat, one after the other; the failed b2 holds back the confirmation of
+    # everything after it (c1 comes again), not what came before.
+    assert events.index("took a1") < events.index("in a2")
+    assert events.index("took b1") < events.index("in b2")
+    assert events.index("in b1") < events.index("took a1")
+    assert events.count("in b2") == 2
+    assert events.count("in c1") == 2
+    await until(lambda: fake.confirmed_offset == ids["c1"] + 1)
+    assert cursors.offset() == ids["c1"] + 1
+
+
 async def test_a_week_old_cursor_is_not_trusted(fake: FakeTelegram, open_channel: OpenChannel):
     waiting = fake.push_message(GROUP, "sent while we were away", user_id=42)
     cursors = MemoryCursors()

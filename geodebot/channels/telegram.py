@@ -350,18 +350,32 @@ class TelegramChannel:
         return delay
 
     async def _deliver(self, updates: Sequence[Update]) -> float:
-        """Hand each update to the sink, confirming it only then; the backoff on a failure."""
-        self._delivering = True  # stop() lets the update in hand finish
+        """Hand the batch to the sink, confirming each update only once it and every update
+        before it were taken; the backoff on a failure.
+
+        Chats are handed over side by side and each chat's updates one after the other, so
+        a chat's messages keep their order while the commits of different chats share the
+        store's transactions. One at a time, a busy batch waited for a sync per message.
+        """
+        self._delivering = True  # stop() lets the updates in hand finish
         confirmed = self._offset
+        taken: set[int] = set()
+
+        async def hand_over_in_order(chat_updates: list[Update]) -> None:
+            for update in chat_updates:
+                if self._stopping or not await self._hand_over(update):
+                    return  # this chat's later updates come again with the failed one
+                taken.add(update.update_id)
+
+        by_chat: dict[object, list[Update]] = {}
+        for update in updates:
+            chat = update.effective_chat
+            by_chat.setdefault(update.update_id if chat is None else chat.id, []).append(update)
         try:
+            await asyncio.gather(*(hand_over_in_order(u) for u in by_chat.values()))
             for update in updates:
-                if self._stopping:
+                if update.update_id not in taken:
                     break
-                if not await self._hand_over(update):
-                    self._sink_failures += 1
-                    # The offset stays: the next getUpdates returns this update again.
-                    return min(_BACKOFF_FIRST_S * 2.0 ** (self._sink_failures - 1), _BACKOFF_MAX_S)
-                self._sink_failures = 0
                 self._offset = update.update_id + 1
         finally:
             self._delivering = False
@@ -369,6 +383,12 @@ class TelegramChannel:
             # recognises.
             if self._offset != confirmed and self._offset is not None:
                 await self._save_offset(self._offset)
+        if len(taken) < len(updates) and not self._stopping:
+            # The offset stays at the first update not taken: getUpdates returns it again
+            # (and any taken after it, which the inbox recognises).
+            self._sink_failures += 1
+            return min(_BACKOFF_FIRST_S * 2.0 ** (self._sink_failures - 1), _BACKOFF_MAX_S)
+        self._sink_failures = 0
         return 0.0
 
     async def _hand_over(self, update: Update) -> bool:

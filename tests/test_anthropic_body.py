@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter, BlockJSON
+from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter, MessageJSON
 from geodebot.engine.llm.types import (
     LLMRequest,
     Message,
@@ -69,24 +69,30 @@ async def test_the_body_is_the_messages_api_shape(srv: FakeLLMServer, adapter: A
     }  # fmt: skip
 
 
-def test_a_block_is_encoded_once_while_it_is_held():
-    cache = BlockJSON()
-    block = TextBlock("hello")
-    first = cache(block)
-    assert json.loads(first) == {"type": "text", "text": "hello"}
-    assert cache(block) is first  # the same string: not encoded again
-    equal_but_new = TextBlock("hello")
+def test_a_message_is_encoded_once_while_it_is_held():
+    cache = MessageJSON()
+    blocks = (TextBlock("hello"), TextBlock("  "), ToolResultBlock("c", "r"))
+    message = Message("user", blocks)
+    first = cache(message)
+    # Blank text is not sent; a tool result is marked as one.
+    assert [(role, result, json.loads(text)) for role, result, text in first] == [
+        ("user", False, {"type": "text", "text": "hello"}),
+        ("user", True, {"type": "tool_result", "tool_use_id": "c", "content": "r",
+                        "is_error": False}),
+    ]  # fmt: skip
+    assert cache(message) is first  # not encoded again
+    equal_but_new = Message("user", blocks)
     assert cache(equal_but_new) == first
     assert cache(equal_but_new) is not first  # a different object has its own entry
 
 
 def test_the_cache_is_bounded_by_characters_oldest_first():
-    entry = len(BlockJSON()(TextBlock("x" * 100)))
-    cache = BlockJSON(max_chars=entry * 3)
-    blocks = [TextBlock(str(i) * 100) for i in range(1, 6)]
-    kept = [cache(b) for b in blocks]
-    assert cache(blocks[4]) is kept[4]
-    assert cache(blocks[3]) is kept[3]
-    assert cache(blocks[0]) is not kept[0]  # evicted, encoded again
-    huge = TextBlock("y" * (entry * 4))
+    size = len(MessageJSON()(Message.user_text("x" * 100))[0][2])
+    cache = MessageJSON(max_chars=size * 3)
+    messages = [Message.user_text(str(i) * 100) for i in range(1, 6)]
+    kept = [cache(m) for m in messages]
+    assert cache(messages[4]) is kept[4]
+    assert cache(messages[3]) is kept[3]
+    assert cache(messages[0]) is not kept[0]  # evicted, encoded again
+    huge = Message.user_text("y" * (size * 4))
     assert cache(huge) is not cache(huge)  # larger than the bound: never held

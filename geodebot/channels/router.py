@@ -27,7 +27,7 @@ from geodebot.channels.outbox import OutboxSender
 from geodebot.channels.throttle import UserRateLimiter, Verdict
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, time_budget
+from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult, time_budget
 from geodebot.logctx import log_context
 from geodebot.store.protocol import InboxRow, NewOutbound, StoreError
 
@@ -213,7 +213,18 @@ class ChatRouter:
             await self._turn_in_context(row, binding)
 
     async def _turn_in_context(self, row: InboxRow, binding: BindingConfig) -> None:
-        await self._store.inbox_start(row.id)
+        # Not awaited first: the row is marked running in the same store transaction as the
+        # turn's own first write (group commit), one round trip to the store less before the
+        # model is asked. A row that cannot start (already finished) gets no second answer.
+        started = asyncio.ensure_future(self._store.inbox_start(row.id))
+        try:
+            result = await self._run(row, binding)
+        finally:
+            await started
+        text = result.text + refusal_note(result.refused_tools)
+        await self._record(row, "done" if result.ok else "failed", text, detail=result.outcome)
+
+    async def _run(self, row: InboxRow, binding: BindingConfig) -> TurnResult:
         destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
         )
@@ -233,8 +244,7 @@ class ChatRouter:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        text = result.text + refusal_note(result.refused_tools)
-        await self._record(row, "done" if result.ok else "failed", text, detail=result.outcome)
+        return result
 
     def _spec(self, session_id: str, binding: BindingConfig) -> SessionSpec:
         return SessionSpec(

@@ -15,8 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 import anthropic
@@ -100,7 +99,7 @@ class AnthropicAdapter:
         self._api_key_env = api_key_env
         self._err = ErrorText(PROVIDER, model, Redactor([api_key] if api_key else []))
         self._client: anthropic.AsyncAnthropic | None = None
-        self._json = BlockJSON()
+        self._json = MessageJSON()
         # Without a key the daemon must still start; the first turn explains what to set.
         if api_key and api_key.strip():
             self._client = anthropic.AsyncAnthropic(
@@ -145,18 +144,15 @@ class AnthropicAdapter:
 
     def _body(self, request: LLMRequest) -> bytes:
         """The request body as the SDK itself would encode it (compact UTF-8, no NaN), the
-        history from the blocks' cached JSON."""
+        history from the messages' cached JSON."""
         head: dict[str, object] = {"model": self._model, "max_tokens": request.max_tokens}
         if request.system:
             head["system"] = request.system
         if request.tools:
             head["tools"] = [_tool_param(t) for t in request.tools]
         try:
-            messages = ",".join(
-                f'{{"role":"{role}","content":[{",".join(map(self._json, blocks))}]}}'
-                for role, blocks in _turns(request.messages)
-            )
-            return f'{_dumps(head)[:-1]},"messages":[{messages}]}}'.encode()
+            messages = _messages_json(request.messages, self._json)
+            return f'{_dumps(head)[:-1]},"messages":{messages}}}'.encode()
         except (TypeError, ValueError) as exc:
             # A tool schema or argument that is not JSON; the SDK would refuse it the same way.
             raise anthropic.AnthropicError(f"request body is not JSON: {exc}") from exc
@@ -255,58 +251,70 @@ def _dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-class BlockJSON:
-    """Each history block's JSON, kept between requests by the block's identity.
+# How one message reaches the API: (role, is a tool result, block JSON) per block sent.
+_Segments = tuple[tuple[Role, bool, str], ...]
+
+
+class MessageJSON:
+    """Each history message's block JSON, kept between requests by the message's identity.
 
     A conversation goes whole with every request, so without this a session's history is
-    re-encoded on every round of every turn: the largest CPU cost the adapter had. Blocks
-    are immutable and the engine keeps a session's context between turns, so a block seen
-    again is the same object. Bounded by characters held; least recently used go first.
+    re-encoded on every round of every turn: the largest CPU cost the adapter had. Messages
+    are immutable and the engine keeps a session's context between turns, so a message seen
+    again is the same object. Bounded by characters held, oldest entries first.
     """
 
     def __init__(self, max_chars: int = 4_000_000) -> None:
         self._max_chars = max_chars
         self._chars = 0
-        # Holding the block keeps its id from being reused while the entry exists.
-        self._entries: OrderedDict[int, tuple[Block, str]] = OrderedDict()
+        # Holding the message keeps its id from being reused while the entry exists.
+        self._entries: dict[int, tuple[Message, _Segments, int]] = {}
 
-    def __call__(self, block: Block) -> str:
-        key = id(block)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] is block:
-            self._entries.move_to_end(key)
+    def __call__(self, message: Message) -> _Segments:
+        entry = self._entries.get(id(message))
+        if entry is not None and entry[0] is message:
             return entry[1]
-        text = _dumps(_block_param(block))
-        if len(text) <= self._max_chars:
-            self._entries[key] = (block, text)
-            self._chars += len(text)
+        segments = _segments(message)
+        size = sum(len(text) for _, _, text in segments)
+        if size <= self._max_chars:
+            self._entries[id(message)] = (message, segments, size)
+            self._chars += size
             while self._chars > self._max_chars:
-                _, (_, old) = self._entries.popitem(last=False)
-                self._chars -= len(old)
-        return text
+                oldest = next(iter(self._entries))
+                self._chars -= self._entries.pop(oldest)[2]
+        return segments
 
 
-def _turns(messages: Sequence[Message]) -> list[tuple[Role, list[Block]]]:
-    """Our history in the Messages API's turn structure.
+def _segments(message: Message) -> _Segments:
+    # Empty text is dropped because the API rejects blank text blocks; a tool result always
+    # travels in a user turn.
+    return tuple(
+        ("user" if isinstance(b, ToolResultBlock) else message.role,
+         isinstance(b, ToolResultBlock),
+         _dumps(_block_param(b)))
+        for b in message.content
+        if not (isinstance(b, TextBlock) and not b.text.strip())
+    )  # fmt: skip
 
-    Tool results always travel in a user turn and lead it (the API rejects a tool_result after
-    text in the same turn); consecutive same-role turns are merged because the API requires
-    roles to alternate; empty text is dropped because the API rejects blank text blocks.
-    """
-    turns: list[tuple[Role, list[Block]]] = []
+
+def _messages_json(messages: Sequence[Message], encoded: Callable[[Message], _Segments]) -> str:
+    """The ``messages`` array: consecutive same-role turns merged (the API requires roles to
+    alternate), tool results leading their user turn (the API rejects a tool_result after
+    text in the same turn)."""
+    turns: list[str] = []
+    role: Role | None = None
+    results: list[str] = []
+    others: list[str] = []
     for message in messages:
-        for block in message.content:
-            if isinstance(block, TextBlock) and not block.text.strip():
-                continue
-            role: Role = "user" if isinstance(block, ToolResultBlock) else message.role
-            if turns and turns[-1][0] == role:
-                turns[-1][1].append(block)
-            else:
-                turns.append((role, [block]))
-    for role, blocks in turns:
-        if role == "user":
-            blocks.sort(key=lambda b: not isinstance(b, ToolResultBlock))
-    return turns
+        for block_role, is_result, text in encoded(message):
+            if block_role != role:
+                if role is not None:
+                    turns.append(f'{{"role":"{role}","content":[{",".join(results + others)}]}}')
+                role, results, others = block_role, [], []
+            (results if is_result else others).append(text)
+    if role is not None:
+        turns.append(f'{{"role":"{role}","content":[{",".join(results + others)}]}}')
+    return "[" + ",".join(turns) + "]"
 
 
 def _block_param(block: Block) -> _BlockParam:

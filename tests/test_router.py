@@ -21,6 +21,7 @@ from geodebot.app import App
 from geodebot.channels.base import ChannelError, Inbound, SendUnknown
 from geodebot.channels.outbox import OutboxSender
 from geodebot.channels.router import ChatRouter
+from geodebot.store.protocol import NewOutbound
 from geodebot.testing import MemoryChannel
 from tests.conftest import make_config, open_app, with_sections
 from tests.fakes.llm_server import Delay, FakeLLMServer, Reply
@@ -298,6 +299,45 @@ async def test_unknown_send_outcome_is_reconciled_not_resent(
         rows = await h.app.services.store.outbox_pending()
     assert h.chat.texts() == ["exactly once"]
     assert rows == []
+
+
+async def test_a_reply_is_begun_by_the_commit_that_writes_it(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Reply("one begin"))
+    async with harness(tmp_path, llm_server) as h:
+        await h.chat.deliver(message("hi"))
+        assert await h.replies(1) == ["one begin"]
+        await asyncio.sleep(0.1)
+        row = await h.app.services.store.get_outbox(1)
+    assert row is not None
+    assert (row.status, row.attempts, row.blind_resends) == ("sent", 1, 0)
+
+
+@pytest.mark.parametrize("lookups", [True, False])
+async def test_a_begun_part_left_by_a_crash_counts_as_perhaps_sent(
+    tmp_path: Path, llm_server: FakeLLMServer, lookups: bool
+) -> None:
+    # The process died between the commit that wrote and began the reply and its send.
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        row, _ = await store.inbox_add(
+            platform="telegram", event_id="e1", session_id="s", channel="c1", thread=None,
+            user="u1", text="hi", message_id="m1",
+        )  # fmt: skip
+        reply = NewOutbound("s", "telegram", "c1", None, "m1", "after the crash")
+        _, out = await store.inbox_finish(row.id, "done", reply=reply, begin_first_part=True)
+        assert out is not None
+        h.chat.lookups_supported = lookups
+        h.outbox.kick()  # a restart's scan finds it; it was never handed over in this life
+        assert await h.replies(1) == ["after the crash"]
+        await asyncio.sleep(0.2)
+        final = await store.get_outbox(out.id)
+    assert h.chat.texts() == ["after the crash"]
+    assert final is not None
+    assert final.status == "sent"
+    # Not found by a lookup, or not looked up: sent again once, as any open outcome is.
+    assert final.blind_resends == 1
 
 
 async def test_unknown_outcome_without_lookup_is_resent_at_most_once(

@@ -207,6 +207,28 @@ async def test_finish_with_reply_writes_both(store: SQLiteStore) -> None:
     assert await store.outbox_pending() == [outbound]
 
 
+async def test_finish_can_begin_the_replys_first_part_in_the_same_commit(
+    store: SQLiteStore,
+) -> None:
+    row, _ = await add(store, "1")
+    _, plain = await store.inbox_finish(row.id, "done", reply=reply("one"))
+    assert plain is not None
+    assert (plain.in_flight, plain.attempts) == (None, 0)
+    row2, _ = await add(store, "2")
+    _, begun = await store.inbox_finish(row2.id, "done", reply=reply("two"), begin_first_part=True)
+    assert begun is not None
+    assert (begun.in_flight, begun.attempts, begun.sent_parts) == (0, 1, {})
+    assert await store.get_outbox(begun.id) == begun
+    # As after outbox_begin_part: part 0 can be recorded as sent, and no other part begins.
+    with pytest.raises(StoreError, match="still unknown"):
+        await store.outbox_begin_part(begun.id, 1)
+    sent = await store.outbox_part_sent(begun.id, 0, "m1", last=True)
+    assert sent.status == "sent"
+    # Without a reply there is nothing to begin.
+    row3, _ = await add(store, "3")
+    assert (await store.inbox_finish(row3.id, "dropped", begin_first_part=True))[1] is None
+
+
 async def test_finish_with_reply_writes_neither_when_the_reply_fails(store: SQLiteStore) -> None:
     row, _ = await add(store, "1")
     running = await store.inbox_start(row.id)

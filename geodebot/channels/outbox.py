@@ -68,6 +68,8 @@ class OutboxSender:
         # Ids of rows queued or being delivered, so a row handed over twice (directly and by
         # a scan of pending rows) goes out once.
         self._known: set[int] = set()
+        # Ids of queued rows whose part 0 the commit that wrote them began (see submit).
+        self._begun: set[int] = set()
         self._stopping = False
         self._store_pause = STORE_RETRY_FIRST_S
         self.sent_parts = 0
@@ -77,11 +79,17 @@ class OutboxSender:
         """Look for pending rows now (rows written by someone who cannot hand them over)."""
         self._wake.set()
 
-    def submit(self, row: OutboxRow) -> None:
-        """Queue a row just written, without a read of the pending rows."""
+    def submit(self, row: OutboxRow, *, first_part_begun: bool = False) -> None:
+        """Queue a row just written, without a read of the pending rows.
+
+        ``first_part_begun``: the commit that wrote the row also began its part 0 (see
+        ``Store.inbox_finish``), so that part is sent without a commit of its own first.
+        """
         if row.status != "pending" or row.id in self._known or row.platform not in self._channels:
             return
         self._known.add(row.id)
+        if first_part_begun and row.in_flight == 0 and not row.sent_parts:
+            self._begun.add(row.id)
         key = (row.platform, row.channel, row.thread)
         self._queues.setdefault(key, collections.deque()).append(row)
         if key not in self._active:
@@ -131,6 +139,9 @@ class OutboxSender:
         self._active.pop(key, None)
         left = self._queues.pop(key, collections.deque())
         self._known.difference_update(row.id for row in left)
+        # A later pass reads them afresh: a begun part 0 is then an open outcome, looked up
+        # or resent once like any other.
+        self._begun.difference_update(row.id for row in left)
         if not task.cancelled() and task.exception() is not None:
             log.error("outbox delivery to %s failed", key[:2], exc_info=task.exception())
         if left:
@@ -167,11 +178,20 @@ class OutboxSender:
         channel = self._channels[row.platform]
         dest = Destination(cast(Platform, row.platform), row.channel, row.thread, row.reply_to)
         texts = channel.render(row.text) or ["(empty answer)"]
+        # Begun by the commit that wrote the row, in this process, and not sent yet: neither
+        # a lookup nor a blind resend, just the send.
+        begun = row.id in self._begun
+        self._begun.discard(row.id)
         for index, text in enumerate(texts):
             if index in row.sent_parts:
                 continue
             part = OutboundPart(dest, text, part_key(row.id, index), index, len(texts))
             last = index == len(texts) - 1
+            if begun and index == 0:
+                row = await self._send_part(channel, row, part, last=last, begun=True)
+                if row.status != "pending":
+                    return
+                continue
             if row.in_flight == index and await self._reconciled(channel, row, part, last=last):
                 row = await self._refresh(row)
                 if row.status != "pending":
@@ -207,11 +227,19 @@ class OutboxSender:
         return True
 
     async def _send_part(
-        self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool
+        self,
+        channel: Channel,
+        row: OutboxRow,
+        part: OutboundPart,
+        *,
+        last: bool,
+        begun: bool = False,
     ) -> OutboxRow:
         failures = 0
         while True:
-            row = await self._store.outbox_begin_part(row.id, part.index)
+            if not begun:
+                row = await self._store.outbox_begin_part(row.id, part.index)
+            begun = False  # a retry begins the part again, as any send does
             try:
                 sent = await channel.send(part)
             except SendUnknown as exc:

@@ -291,9 +291,12 @@ class ChatRouter:
             reply_to=row.message_id,
             text=text,
         )
-        _, outbound = await self._store.inbox_finish(row.id, status, detail=detail, reply=reply)
+        # Part 0 is begun in the same commit: the sender can send it at once.
+        _, outbound = await self._store.inbox_finish(
+            row.id, status, detail=detail, reply=reply, begin_first_part=True
+        )
         if outbound is not None:
-            self._outbox.submit(outbound)
+            self._outbox.submit(outbound, first_part_begun=True)
 
     # -- chat commands ----------------------------------------------------------------------
     async def _command(self, row: InboxRow, binding: BindingConfig, command: str) -> None:

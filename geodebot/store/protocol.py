@@ -405,9 +405,15 @@ class Store(JobStore, Protocol):
         *,
         detail: str = "",
         reply: NewOutbound | None = None,
+        begin_first_part: bool = False,
     ) -> tuple[InboxRow, OutboxRow | None]:
         """Finish a ``pending`` or ``running`` row and, in the same transaction, write its
         reply to the outbox: after a crash either both exist or neither does.
+
+        ``begin_first_part`` also records the reply's part 0 as begun (as
+        :meth:`outbox_begin_part` does) and commits durably, for a sender about to send it:
+        one commit before the send instead of two. After a crash the part counts as perhaps
+        sent, as any begun part does.
 
         Raises :class:`StoreError` (and writes nothing) for an unknown id or a finished row.
         """

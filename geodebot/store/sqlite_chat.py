@@ -233,6 +233,7 @@ class ChatInboxOutbox:
         *,
         detail: str = "",
         reply: NewOutbound | None = None,
+        begin_first_part: bool = False,
     ) -> tuple[InboxRow, OutboxRow | None]:
         what = f"finishing inbox row {inbox_id} as {status!r}"
         if status not in _INBOX_FINISHES:
@@ -247,10 +248,15 @@ class ChatInboxOutbox:
             outbound = None
             if reply is not None:
                 params = _outbound_params(reply, inbox_id, now)
-                outbound = _outbox(db.execute(_ADD_OUTBOX, params).fetchone())
+                added = db.execute(_ADD_OUTBOX, params).fetchone()
+                if begin_first_part:
+                    added = db.execute(_BEGIN_PART, (0, now, added["id"])).fetchone()
+                outbound = _outbox(added)
             return _inbox(row), outbound
 
-        return await self._transact(what, finish)
+        # A begun part is sent next.
+        begun = begin_first_part and reply is not None
+        return await self._transact(what, finish, durable=begun)
 
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"

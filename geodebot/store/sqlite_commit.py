@@ -62,20 +62,45 @@ class GroupCommit:
         self._level = synchronous  # touched only on the connection's thread
         self._pending: list[_Write] = []
         self._drainer: asyncio.Task[None] | None = None
+        # Set while a write that found nothing in flight is on the connection (see write).
+        self._direct: asyncio.Future[None] | None = None
 
     async def write(self, what: str, fn: Callable[[sqlite3.Connection], _T], durable: bool) -> _T:
         loop = asyncio.get_running_loop()
+        if self._drainer is None and self._direct is None:
+            value: _T = await self._write_now(loop, _Write(what, fn, durable, loop.create_future()))
+            return value
         future: asyncio.Future[_T] = loop.create_future()
         self._pending.append(_Write(what, fn, durable, future))
-        if self._drainer is None:
-            # Started on the next turn of the loop, so writes asked for meanwhile join it.
+        if self._drainer is None and self._direct is None:
             self._drainer = loop.create_task(self._drain(), name="store-group-commit")
         return await future
 
+    async def _write_now(self, loop: asyncio.AbstractEventLoop, write: _Write) -> Any:
+        """Nothing is in flight: the write goes to the connection at once, alone, without
+        waiting a turn of the loop for company (what a lone message's turn would pay at
+        every write). Writes asked for meanwhile queue up and follow it as one group."""
+        self._direct = done = loop.create_future()
+        try:
+            try:
+                (outcome,) = await self._run(functools.partial(self._commit, [write]))
+            except Exception as exc:  # noqa: BLE001 - the connection is closed or gone
+                outcome = _Outcome(error=_store_error(write.what, exc))
+        finally:
+            # Also when the caller is cancelled: its write still runs, and the queued ones
+            # go to the connection after it, so the order is kept.
+            self._direct = None
+            done.set_result(None)
+            if self._pending and self._drainer is None:
+                self._drainer = loop.create_task(self._drain(), name="store-group-commit")
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
+
     async def flush(self) -> None:
         """Return once every write asked for so far has committed or failed."""
-        while self._drainer is not None:
-            await asyncio.shield(self._drainer)
+        while self._drainer is not None or self._direct is not None:
+            await asyncio.shield(self._drainer or self._direct)  # type: ignore[arg-type]
 
     async def _drain(self) -> None:
         batch: list[_Write] = []

@@ -194,6 +194,37 @@ async def test_batch_that_cannot_be_saved_does_not_run(
     assert marker_lines(marker) == []
 
 
+async def test_an_unsaved_user_message_leads_to_nothing(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # The message is saved while the model is first asked; when that save fails, what the
+    # model answered is not acted on.
+    marker = tmp_path / "marker"
+    llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "x"})]), Reply("after"))
+    async with AsyncExitStack() as stack:
+        app = await open_app(make_config(tmp_path, llm_server), stack, marker)
+        await app.services.store.ensure_session("unsaved", "daemon")
+        run_sql(
+            tmp_path / "var" / DB_FILE,
+            "CREATE TRIGGER fail_user BEFORE INSERT ON messages WHEN NEW.role = 'user' "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END",
+        )
+        spec = SessionSpec("unsaved", tools=("write_marker",), preapproved=("write_marker",))
+        result = await app.run_turn(Mode.DAEMON, spec, "write")
+        assert result.outcome == "store_error"
+        assert len(llm_server.requests) == 1  # the model was asked meanwhile
+        assert marker_lines(marker) == []
+        assert await app.services.store.load_context("unsaved") == []
+        run_sql(tmp_path / "var" / DB_FILE, "DROP TRIGGER fail_user")
+        again = await app.run_turn(Mode.DAEMON, spec, "hello again")
+        assert again.ok
+        assert again.text == "after"
+        # The history holds the second message and its answer, in order.
+        context = await app.services.store.load_context("unsaved")
+        assert [(r.role, r.seq) for r in context] == [("user", 1), ("assistant", 2)]
+    assert marker_lines(marker) == []
+
+
 async def test_budget_cuts_off_a_model_that_never_answers(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:

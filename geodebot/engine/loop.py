@@ -80,6 +80,24 @@ class _Turn:
     pending: list[ToolBatchRecord] | None = None
     # Names of the calls the authority pipeline refused, for the turn's result.
     refused: list[str] = field(default_factory=list)
+    # The user's message being saved while the model is first asked (see _run), and the
+    # context item that gets its seq once saved.
+    saving: asyncio.Task[list[int]] | None = None
+    saving_item: tuple[list[ContextItem], ContextItem] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    state: dict[str, Any]
+    guards: dict[str, Any]
+    events: list[tuple[str | None, str, Mapping[str, Any]]]
+
+
+def _retrieve(task: asyncio.Task[list[int]]) -> None:
+    # A turn cut short (a stop, its budget) may never wait for the save; its failure is
+    # then only worth a line, not asyncio's "exception was never retrieved".
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("saving the user's message failed: %s", exc)
 
 
 class AgenticLoop:
@@ -167,8 +185,17 @@ class AgenticLoop:
         turn.events.append(
             (turn.id, "turn_started", {"mode": self._session.mode.value, "chars": len(message)})
         )
-        seqs = await self._checkpoint(turn, [NewMessage("user", user.to_json(), turn.id)])
-        items.append(ContextItem(seqs[0], user))
+        # Saved while the model is asked, not before: nothing the answer leads to happens
+        # before it is saved (every later checkpoint waits for it), and a crash meanwhile
+        # only repeats a model call. Saving first cost every message one store round trip.
+        snapshot = self._snapshot(turn)
+        item = ContextItem(0, user)  # its seq is known once saved
+        items.append(item)
+        turn.saving = asyncio.ensure_future(
+            self._write(turn, [NewMessage("user", user.to_json(), turn.id)], snapshot)
+        )
+        turn.saving.add_done_callback(_retrieve)
+        turn.saving_item = (items, item)
         self._svc.emit("turn_started", {"session": self._session.id, "turn": turn.id})
         return await self._rounds(turn, items)
 
@@ -443,6 +470,7 @@ class AgenticLoop:
         )
         if not force and size < limit:
             return items
+        await self._user_saved(turn)  # the split needs every item's seq
         index = compaction.split_point(items, self._svc.budgets.keep_recent_messages)
         if index is None:
             return items
@@ -569,21 +597,59 @@ class AgenticLoop:
         propose_batch: ToolBatchRecord | None = None,
         finish_batch: tuple[str, Sequence[Mapping[str, Any]], Any] | None = None,
     ) -> list[int]:
+        await self._user_saved(turn)
+        return await self._write(
+            turn,
+            messages,
+            self._snapshot(turn),
+            propose_batch=propose_batch,
+            finish_batch=finish_batch,
+        )
+
+    def _snapshot(self, turn: _Turn) -> _Snapshot:
+        """What the next checkpoint writes besides messages, taken now: the events so far
+        go with it (and leave the turn), state and guards as they are at this moment."""
         turn.state["last_turn_id"] = turn.id
         events = [
             (turn_id, kind, self._svc.redactor.redact_obj(dict(data)))
             for turn_id, kind, data in turn.events
         ]
+        turn.events.clear()
+        return _Snapshot(dict(turn.state), dict(turn.guards), events)
+
+    async def _write(
+        self,
+        turn: _Turn,
+        messages: Sequence[NewMessage],
+        snapshot: _Snapshot,
+        *,
+        propose_batch: ToolBatchRecord | None = None,
+        finish_batch: tuple[str, Sequence[Mapping[str, Any]], Any] | None = None,
+    ) -> list[int]:
         seqs = await self._svc.store.checkpoint(
             self._session.id,
             messages=messages,
-            state=turn.state,
-            guards=turn.guards,
+            state=snapshot.state,
+            guards=snapshot.guards,
             propose_batch=propose_batch,
             finish_batch=finish_batch,
-            timeline=events,
+            timeline=snapshot.events,
         )
-        turn.events.clear()
         if self._svc.context_cache is not None:
             self._svc.context_cache.appended(self._session.id, seqs, messages)
         return seqs
+
+    async def _user_saved(self, turn: _Turn) -> None:
+        """Wait for the user's message to be saved (a StoreError if it was not), and give
+        its context item the seq it got."""
+        saving, turn.saving = turn.saving, None
+        if saving is None:
+            return
+        seqs = await saving
+        if turn.saving_item is not None:
+            items, item = turn.saving_item
+            turn.saving_item = None
+            for index, candidate in enumerate(items):
+                if candidate is item:
+                    items[index] = ContextItem(seqs[0], item.message)
+                    break

@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from geodebot.engine import compaction
@@ -192,7 +192,7 @@ class AgenticLoop:
         item = ContextItem(0, user)  # its seq is known once saved
         items.append(item)
         turn.saving = asyncio.ensure_future(
-            self._write(turn, [NewMessage("user", user.to_json(), turn.id)], snapshot)
+            self._write([NewMessage("user", user.to_json(), turn.id)], snapshot)
         )
         turn.saving.add_done_callback(_retrieve)
         turn.saving_item = (items, item)
@@ -599,7 +599,6 @@ class AgenticLoop:
     ) -> list[int]:
         await self._user_saved(turn)
         return await self._write(
-            turn,
             messages,
             self._snapshot(turn),
             propose_batch=propose_batch,
@@ -619,7 +618,6 @@ class AgenticLoop:
 
     async def _write(
         self,
-        turn: _Turn,
         messages: Sequence[NewMessage],
         snapshot: _Snapshot,
         *,
@@ -651,5 +649,5 @@ class AgenticLoop:
             turn.saving_item = None
             for index, candidate in enumerate(items):
                 if candidate is item:
-                    items[index] = ContextItem(seqs[0], item.message)
+                    items[index] = replace(item, seq=seqs[0])
                     break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import AsyncIterator
 
@@ -96,3 +97,23 @@ def test_the_cache_is_bounded_by_characters_oldest_first():
     assert cache(messages[0]) is not kept[0]  # evicted, encoded again
     huge = Message.user_text("y" * (size * 4))
     assert cache(huge) is not cache(huge)  # larger than the bound: never held
+
+
+def test_an_entry_goes_with_its_message():
+    # The cache must never keep a history alive that the engine has let go of.
+    cache = MessageJSON()
+    kept = Message.user_text("kept")
+    cache(kept)
+    for i in range(100):
+        cache(Message.user_text(f"gone {i}"))  # each freed right after the call
+    gc.collect()
+    assert len(cache) == 1
+    assert cache(kept) is cache(kept)
+
+
+def test_a_full_cache_stays_within_its_bound():
+    cache = MessageJSON(max_chars=10_000)
+    alive = [Message.user_text(f"message {i:05d} " + "x" * 40) for i in range(5_000)]
+    for message in alive:
+        cache(message)
+    assert 0 < len(cache) * 60 <= 10_000 + 60

@@ -13,8 +13,11 @@ SDK 2.x notes that shape this file: it speaks API version 2026-10-21, sends the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeAlias
 
@@ -256,33 +259,48 @@ _Segments = tuple[tuple[Role, bool, str], ...]
 
 
 class MessageJSON:
-    """Each history message's block JSON, kept between requests by the message's identity.
+    """Each history message's block JSON, kept between requests while the message lives.
 
     A conversation goes whole with every request, so without this a session's history is
     re-encoded on every round of every turn: the largest CPU cost the adapter had. Messages
     are immutable and the engine keeps a session's context between turns, so a message seen
-    again is the same object. Bounded by characters held, oldest entries first.
+    again is the same object. An entry goes when its message is freed (a weak reference:
+    this cache never keeps a history alive) or, past ``max_chars``, oldest first.
     """
 
     def __init__(self, max_chars: int = 4_000_000) -> None:
         self._max_chars = max_chars
         self._chars = 0
-        # Holding the message keeps its id from being reused while the entry exists.
-        self._entries: dict[int, tuple[Message, _Segments, int]] = {}
+        self._entries: OrderedDict[int, tuple[weakref.ref[Message], _Segments, int]] = OrderedDict()
 
     def __call__(self, message: Message) -> _Segments:
-        entry = self._entries.get(id(message))
-        if entry is not None and entry[0] is message:
+        key = id(message)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is message:
             return entry[1]
         segments = _segments(message)
         size = sum(len(text) for _, _, text in segments)
         if size <= self._max_chars:
-            self._entries[id(message)] = (message, segments, size)
+            ref = weakref.ref(message, functools.partial(self._forget, key))
+            self._drop(key)
+            self._entries[key] = (ref, segments, size)
             self._chars += size
             while self._chars > self._max_chars:
-                oldest = next(iter(self._entries))
-                self._chars -= self._entries.pop(oldest)[2]
+                self._chars -= self._entries.popitem(last=False)[1][2]
         return segments
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _forget(self, key: int, ref: weakref.ref[Message]) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is ref:
+            self._drop(key)
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._chars -= entry[2]
 
 
 def _segments(message: Message) -> _Segments:

@@ -58,7 +58,8 @@ class ToolResultBlock:
 Block = TextBlock | ToolUseBlock | ToolResultBlock
 
 
-@dataclass(frozen=True, slots=True)
+# weakref_slot: adapters may keep per-message data only as long as the message lives.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Message:
     role: Role
     content: tuple[Block, ...]

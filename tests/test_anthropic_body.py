@@ -114,6 +114,8 @@ def test_an_entry_goes_with_its_message():
 def test_a_full_cache_stays_within_its_bound():
     cache = MessageJSON(max_chars=10_000)
     alive = [Message.user_text(f"message {i:05d} " + "x" * 40) for i in range(5_000)]
+    size = len(MessageJSON()(alive[0])[0][2])  # every entry is this long
     for message in alive:
         cache(message)
-    assert 0 < len(cache) * 60 <= 10_000 + 60
+    assert len(cache) == 10_000 // size  # as many as fit, no more
+    assert cache(alive[-1]) is cache(alive[-1])  # the newest are the ones kept

@@ -219,8 +219,11 @@ class ChatRouter:
         started = asyncio.ensure_future(self._store.inbox_start(row.id))
         try:
             result = await self._run(row, binding)
-        finally:
-            await started
+        except BaseException:
+            # The turn's own failure (or a stop) is what propagates, not the start's.
+            await asyncio.gather(started, return_exceptions=True)
+            raise
+        await started
         text = result.text + refusal_note(result.refused_tools)
         await self._record(row, "done" if result.ok else "failed", text, detail=result.outcome)
 

@@ -27,6 +27,7 @@ from geodebot.engine.llm.types import LLMAdapter
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import (
+    Ending,
     EngineServices,
     ModelLimits,
     Observer,
@@ -197,15 +198,21 @@ class App:
             log.info("models loaded (%s) in %.1f s", names, time.monotonic() - started)
 
     async def run_turn(
-        self, mode: Mode, spec: SessionSpec, text: str, *, turn_id: str | None = None
+        self,
+        mode: Mode,
+        spec: SessionSpec,
+        text: str,
+        *,
+        turn_id: str | None = None,
+        ending: Ending | None = None,
     ) -> TurnResult:
         """Run one turn in its session's lane (one at a time per session, global cap).
 
         A ``turn_id`` makes it safe to ask again after a crash: the same turn is continued
-        (or its answer returned), never started over."""
+        (or its answer returned), never started over. ``ending``: see ``AgenticLoop.arun``."""
         async with self.lanes.slot(spec.session_id):
             session = await create_session(mode, spec, self.services)
-            return await AgenticLoop(session).arun(text, turn_id=turn_id)
+            return await AgenticLoop(session).arun(text, turn_id=turn_id, ending=ending)
 
 
 async def build_app(

@@ -197,8 +197,8 @@ async def test_batch_that_cannot_be_saved_does_not_run(
 async def test_an_unsaved_user_message_leads_to_nothing(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
-    # The message is saved while the model is first asked; when that save fails, what the
-    # model answered is not acted on.
+    # The message is saved by the turn's first checkpoint, after the model is first asked;
+    # when that save fails, what the model answered is not acted on.
     marker = tmp_path / "marker"
     llm_server.script(Reply(tool_calls=[Call("write_marker", {"text": "x"})]), Reply("after"))
     async with AsyncExitStack() as stack:

@@ -314,6 +314,57 @@ async def test_a_reply_is_begun_by_the_commit_that_writes_it(
     assert (row.status, row.attempts, row.blind_resends) == ("sent", 1, 0)
 
 
+async def test_a_turn_without_tools_ends_in_one_commit_with_its_reply(
+    tmp_path: Path, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The user's message, the answer, the session's state and the inbox row's reply go to
+    # the store together, in the commit that ends the turn, and nothing before it.
+    llm_server.script(Reply("in one go"))
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        calls: list[str] = []
+        for name in ("checkpoint", "checkpoint_ending", "inbox_finish"):
+            method = getattr(store, name)
+
+            async def counted(*args: Any, _name: str = name, _m: Any = method, **kw: Any) -> Any:
+                calls.append(_name)
+                return await _m(*args, **kw)
+
+            monkeypatch.setattr(store, name, counted)
+        await h.chat.deliver(message("hi"))
+        assert await h.replies(1) == ["in one go"]
+        context = await store.load_context("s1")
+        row = await store.get_inbox(1)
+    assert calls == ["checkpoint_ending"]
+    assert [(r.role, r.turn_id) for r in context] == [
+        ("user", "t-inbox-1"),
+        ("assistant", "t-inbox-1"),
+    ]
+    assert row is not None
+    assert (row.status, row.detail) == ("done", "completed")
+
+
+async def test_a_finished_row_is_not_recorded_again(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # A stop that comes as the turn's last commit lands finds the row finished: the stop's
+    # own answer cannot be written, and is not tried again and again.
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        row, _ = await store.inbox_add(
+            platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
+            user="u1", text="hi", message_id="m1",
+        )  # fmt: skip
+        await store.inbox_finish(
+            row.id, "done", reply=NewOutbound("s1", "telegram", "c1", None, "m1", "answer")
+        )
+        async with asyncio.timeout(5):
+            await h.router._record(row, "failed", "Stopped, as asked.", detail="stopped")
+        after = await store.get_inbox(row.id)
+    assert after is not None
+    assert after.status == "done"
+
+
 @pytest.mark.parametrize("lookups", [True, False])
 async def test_a_begun_part_left_by_a_crash_counts_as_perhaps_sent(
     tmp_path: Path, llm_server: FakeLLMServer, lookups: bool

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 
 import pytest
 
-from geodebot.store import InboxRow, NewOutbound, StoreError
+from geodebot.store import InboxEnding, InboxRow, NewMessage, NewOutbound, StoreError
 from geodebot.store.sqlite import SQLiteStore
 
 
@@ -259,6 +259,67 @@ async def test_an_inbox_row_has_at_most_one_reply(store: SQLiteStore) -> None:
             (row.id,),
         )
     assert [r.text for r in await store.outbox_pending()] == ["first"]
+
+
+async def test_a_turns_last_checkpoint_and_its_inbox_rows_end_commit_together(
+    store: SQLiteStore,
+) -> None:
+    row, _ = await add(store, "1")
+    await store.inbox_start(row.id)
+    session = await store.ensure_session("telegram:42", "daemon")
+    ending = InboxEnding(row.id, "done", "completed", reply("**pong**"), begin_first_part=True)
+    user = NewMessage("user", {"role": "user", "content": []}, "t1")
+    answer = NewMessage("assistant", {"role": "assistant", "content": []}, "t1")
+    seqs, (done, outbound) = await store.checkpoint_ending(
+        "telegram:42",
+        ending,
+        messages=[user, answer],
+        state={"last_turn_id": "t1"},
+        guards={"open_turn": None},
+        timeline=[("t1", "turn_finished", {"outcome": "completed"})],
+    )
+    assert seqs == [session.next_seq, session.next_seq + 1]
+    assert (done.status, done.detail) == ("done", "completed")
+    assert outbound is not None
+    assert (outbound.inbox_id, outbound.text, outbound.in_flight) == (row.id, "**pong**", 0)
+    assert await store.get_outbox(outbound.id) == outbound
+    assert [r.role for r in await store.load_context("telegram:42")] == ["user", "assistant"]
+    after = await store.get_session("telegram:42")
+    assert after is not None
+    assert (after.state, after.guards) == ({"last_turn_id": "t1"}, {"open_turn": None})
+    assert [e.kind for e in await store.timeline("telegram:42")] == ["turn_finished"]
+
+
+@pytest.mark.parametrize("failing", ["ending", "checkpoint"])
+async def test_a_failed_part_of_a_turns_end_writes_neither(
+    store: SQLiteStore, failing: str
+) -> None:
+    row, _ = await add(store, "1")
+    running = await store.inbox_start(row.id)
+    before = await store.ensure_session("telegram:42", "daemon")
+    fail_inserts_into(store.path, "outbox" if failing == "ending" else "messages")
+    ending = InboxEnding(row.id, "done", "completed", reply(), begin_first_part=True)
+    with pytest.raises(StoreError, match="disk full"):
+        await store.checkpoint_ending(
+            "telegram:42",
+            ending,
+            messages=[NewMessage("assistant", {"role": "assistant", "content": []}, "t1")],
+            state={"last_turn_id": "t1"},
+        )
+    assert await store.get_inbox(row.id) == running
+    assert table(store.path, "outbox") == []
+    assert await store.load_context("telegram:42") == []
+    assert await store.get_session("telegram:42") == before
+    # A finished row cannot end a second time: the checkpoint with it is refused whole.
+    heal(store.path, "outbox" if failing == "ending" else "messages")
+    await store.inbox_finish(row.id, "failed", detail="stopped")
+    with pytest.raises(StoreError, match="already 'failed'"):
+        await store.checkpoint_ending(
+            "telegram:42",
+            ending,
+            messages=[NewMessage("assistant", {"role": "assistant", "content": []}, "t1")],
+        )
+    assert await store.load_context("telegram:42") == []
 
 
 # -- inbox: crash and restart ---------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import math
 import re
@@ -29,7 +30,7 @@ from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult, time_budget
 from geodebot.logctx import log_context
-from geodebot.store.protocol import InboxRow, NewOutbound, StoreError
+from geodebot.store.protocol import InboxEnding, InboxRow, NewOutbound, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -223,9 +224,17 @@ class ChatRouter:
             # The turn's own failure (or a stop) is what propagates, not the start's.
             await asyncio.gather(started, return_exceptions=True)
             raise
+        if result.ended is not None:
+            # The turn's last commit finished the row and wrote its reply: the start, which
+            # committed before it, has nothing left to say.
+            await asyncio.gather(started, return_exceptions=True)
+            _, outbound = result.ended
+            if outbound is not None:
+                self._outbox.submit(outbound, first_part_begun=True)
+            return
         await started
-        text = result.text + refusal_note(result.refused_tools)
-        await self._record(row, "done" if result.ok else "failed", text, detail=result.outcome)
+        status, text, detail = _closing(result)
+        await self._record(row, status, text, detail=detail)
 
     async def _run(self, row: InboxRow, binding: BindingConfig) -> TurnResult:
         destination = Destination(
@@ -240,7 +249,13 @@ class ChatRouter:
             spec = self._spec(row.session_id, binding)
             # Named after the row: a row recovered after a crash continues its turn.
             turn_id = f"t-inbox-{row.id}"
-            result = await self._app.run_turn(Mode.DAEMON, spec, row.text, turn_id=turn_id)
+            result = await self._app.run_turn(
+                Mode.DAEMON,
+                spec,
+                row.text,
+                turn_id=turn_id,
+                ending=functools.partial(self._ending, row),
+            )
         finally:
             start.cancel()
             for task in typing:
@@ -265,6 +280,11 @@ class ChatRouter:
                 await self._typing(destination)
             await asyncio.sleep(TYPING_EVERY_S)
 
+    def _ending(self, row: InboxRow, result: TurnResult) -> InboxEnding:
+        """What the turn's last commit writes for ``row``: the same as :meth:`_answer`."""
+        status, text, detail = _closing(result)
+        return InboxEnding(row.id, status, detail, self._reply(row, text), begin_first_part=True)
+
     async def _record(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
         """:meth:`_answer`, tried again while the store refuses writes. At shutdown the row is
         left unfinished instead, and the restart answers it."""
@@ -276,6 +296,11 @@ class ChatRouter:
             except StoreError as exc:
                 if self._closing:
                     raise
+                if await self._finished_already(row):
+                    # Its answer is written (a stop that came as the turn's last commit did):
+                    # trying again could never succeed, and must not.
+                    log.warning("inbox row %s: already finished; %s", row.id, exc)
+                    return
                 log.error(
                     "inbox row %s: cannot record its reply (%s); trying again in %.1f s",
                     row.id,
@@ -285,8 +310,24 @@ class ChatRouter:
             await asyncio.sleep(pause)
             pause = min(pause * 2, RECORD_RETRY_MAX_S)
 
+    async def _finished_already(self, row: InboxRow) -> bool:
+        try:
+            current = await self._store.get_inbox(row.id)
+        except StoreError:
+            return False
+        return current is not None and current.status not in ("pending", "running")
+
     async def _answer(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
-        reply = NewOutbound(
+        # Part 0 is begun in the same commit: the sender can send it at once.
+        _, outbound = await self._store.inbox_finish(
+            row.id, status, detail=detail, reply=self._reply(row, text), begin_first_part=True
+        )
+        if outbound is not None:
+            self._outbox.submit(outbound, first_part_begun=True)
+
+    @staticmethod
+    def _reply(row: InboxRow, text: str) -> NewOutbound:
+        return NewOutbound(
             session_id=row.session_id,
             platform=row.platform,
             channel=row.channel,
@@ -294,12 +335,6 @@ class ChatRouter:
             reply_to=row.message_id,
             text=text,
         )
-        # Part 0 is begun in the same commit: the sender can send it at once.
-        _, outbound = await self._store.inbox_finish(
-            row.id, status, detail=detail, reply=reply, begin_first_part=True
-        )
-        if outbound is not None:
-            self._outbox.submit(outbound, first_part_begun=True)
 
     # -- chat commands ----------------------------------------------------------------------
     async def _command(self, row: InboxRow, binding: BindingConfig, command: str) -> None:
@@ -380,6 +415,12 @@ class ChatRouter:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _closing(result: TurnResult) -> tuple[FinishStatus, str, str]:
+    """How a turn's result finishes its inbox row: status, reply text, detail."""
+    status: FinishStatus = "done" if result.ok else "failed"
+    return status, result.text + refusal_note(result.refused_tools), result.outcome
 
 
 def refusal_note(tools: Sequence[str], shown: int = 8) -> str:

@@ -3,7 +3,9 @@
 Each round has six phases: prepare input, prepare call, call provider, process tools, observe
 and compact, terminate. Durability rules:
 
-* the user message is saved before the first model call;
+* the user message is saved by the turn's first checkpoint (a tool batch's proposal, or the
+  turn's end), so no tool runs and no answer is returned before it is saved; a crash before
+  that only repeats a model call;
 * a proposed tool batch is saved (with the assistant message proposing it) before any tool
   runs, and it does not run if it cannot be saved; the finished batch is saved again;
 * a batch left ``proposed`` by a crash is finished by the next turn or by :meth:`resume`;
@@ -42,7 +44,7 @@ from geodebot.engine.llm.types import (
     block_to_json,
     canonical_json,
 )
-from geodebot.engine.session import Outcome, Session, TurnResult
+from geodebot.engine.session import Ending, Outcome, Session, TurnResult
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
 from geodebot.logctx import log_context
@@ -80,10 +82,11 @@ class _Turn:
     pending: list[ToolBatchRecord] | None = None
     # Names of the calls the authority pipeline refused, for the turn's result.
     refused: list[str] = field(default_factory=list)
-    # The user's message being saved while the model is first asked (see _run), and the
-    # context item that gets its seq once saved.
-    saving: asyncio.Task[list[int]] | None = None
-    saving_item: tuple[list[ContextItem], ContextItem] | None = None
+    # The user's message until the turn's first checkpoint writes it (see _run), with the
+    # context list and item that get its seq then.
+    unsaved: tuple[NewMessage, list[ContextItem], ContextItem] | None = None
+    # What the caller writes with the turn's last checkpoint (see arun).
+    ending: Ending | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,21 +96,20 @@ class _Snapshot:
     events: list[tuple[str | None, str, Mapping[str, Any]]]
 
 
-def _retrieve(task: asyncio.Task[list[int]]) -> None:
-    # A turn cut short (a stop, its budget) may never wait for the save; its failure is
-    # then only worth a line, not asyncio's "exception was never retrieved".
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("saving the user's message failed: %s", exc)
-
-
 class AgenticLoop:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._svc = session.services
 
     # -- entry points ---------------------------------------------------------------------
-    async def arun(self, message: str, turn_id: str | None = None) -> TurnResult:
+    async def arun(
+        self, message: str, turn_id: str | None = None, *, ending: Ending | None = None
+    ) -> TurnResult:
+        """Run one turn. ``ending`` is written in the commit of the turn's last checkpoint
+        (its result's ``ended``); a turn that ends without one (the store failed, or it had
+        ended before a crash) returns ``ended=None`` and its caller records it."""
         turn = await self._new_turn(turn_id or new_id("t"), message)
+        turn.ending = ending
         with log_context(session=self._session.id, turn=turn.id):
             if turn_id is not None and turn.guards.get("open_turn") == turn_id:
                 return await self._guarded(turn, self._continue(turn))
@@ -185,17 +187,13 @@ class AgenticLoop:
         turn.events.append(
             (turn.id, "turn_started", {"mode": self._session.mode.value, "chars": len(message)})
         )
-        # Saved while the model is asked, not before: nothing the answer leads to happens
-        # before it is saved (every later checkpoint waits for it), and a crash meanwhile
-        # only repeats a model call. Saving first cost every message one store round trip.
-        snapshot = self._snapshot(turn)
+        # Saved by the turn's first checkpoint, not before the model is asked: nothing the
+        # answer leads to (a tool, a reply) happens before that checkpoint commits, and a
+        # crash before it only repeats a model call. A message's turn without tools thus
+        # makes one commit, where saving first cost it a store round trip more.
         item = ContextItem(0, user)  # its seq is known once saved
         items.append(item)
-        turn.saving = asyncio.ensure_future(
-            self._write([NewMessage("user", user.to_json(), turn.id)], snapshot)
-        )
-        turn.saving.add_done_callback(_retrieve)
-        turn.saving_item = (items, item)
+        turn.unsaved = (NewMessage("user", user.to_json(), turn.id), items, item)
         self._svc.emit("turn_started", {"session": self._session.id, "turn": turn.id})
         return await self._rounds(turn, items)
 
@@ -439,8 +437,9 @@ class AgenticLoop:
         if verdict.ok:
             turn.events.append((turn.id, "verify", {"ok": True}))
             self._close(turn, "completed")
-            await self._checkpoint(turn, [NewMessage("assistant", message.to_json(), turn.id)])
-            return self._result(turn, "completed", answer)
+            result = self._outcome(turn, "completed", answer)
+            answered = [NewMessage("assistant", message.to_json(), turn.id)]
+            return self._report(turn, await self._end(turn, answered, result))
         turn.events.append(
             (turn.id, "verify", {"ok": False, "verifier": name, "reason": verdict.reason})
         )
@@ -533,11 +532,12 @@ class AgenticLoop:
         self, turn: _Turn, outcome: Outcome, text: str, error: str | None = None
     ) -> TurnResult:
         self._close(turn, outcome, error)
+        result = self._outcome(turn, outcome, text, error=error)
         try:
-            await self._checkpoint(turn, [])
+            result = await self._end(turn, [], result)
         except StoreError as exc:
             log.error("turn %s: could not record its end: %s", turn.id, exc)
-        return self._result(turn, outcome, text, error=error)
+        return self._report(turn, result)
 
     def _close(self, turn: _Turn, outcome: str, error: str | None = None) -> None:
         """Account the turn in the session state and queue its final timeline event."""
@@ -566,17 +566,11 @@ class AgenticLoop:
     def _result(
         self, turn: _Turn, outcome: Outcome, text: str, *, error: str | None = None
     ) -> TurnResult:
-        self._svc.emit(
-            "turn_finished", {"session": self._session.id, "turn": turn.id, "outcome": outcome}
-        )
-        log.info(
-            "turn finished: %s after %d round(s), %d ms, %d+%d tokens",
-            outcome,
-            turn.rounds,
-            round((time.monotonic() - turn.started) * 1000),
-            turn.usage.input_tokens,
-            turn.usage.output_tokens,
-        )
+        return self._report(turn, self._outcome(turn, outcome, text, error=error))
+
+    def _outcome(
+        self, turn: _Turn, outcome: Outcome, text: str, *, error: str | None = None
+    ) -> TurnResult:
         return TurnResult(
             self._session.id,
             turn.id,
@@ -588,6 +582,21 @@ class AgenticLoop:
             refused_tools=tuple(dict.fromkeys(turn.refused)),
         )
 
+    def _report(self, turn: _Turn, result: TurnResult) -> TurnResult:
+        self._svc.emit(
+            "turn_finished",
+            {"session": self._session.id, "turn": result.turn_id, "outcome": result.outcome},
+        )
+        log.info(
+            "turn finished: %s after %d round(s), %d ms, %d+%d tokens",
+            result.outcome,
+            result.rounds,
+            round((time.monotonic() - turn.started) * 1000),
+            result.usage.input_tokens,
+            result.usage.output_tokens,
+        )
+        return result
+
     # -- persistence ----------------------------------------------------------------------
     async def _checkpoint(
         self,
@@ -597,13 +606,61 @@ class AgenticLoop:
         propose_batch: ToolBatchRecord | None = None,
         finish_batch: tuple[str, Sequence[Mapping[str, Any]], Any] | None = None,
     ) -> list[int]:
-        await self._user_saved(turn)
-        return await self._write(
-            messages,
+        """Write ``messages`` (after the user's message, if still unsaved) with the turn's
+        state; the seqs ``messages`` got."""
+        written = self._with_user(turn, messages)
+        seqs = await self._write(
+            written,
             self._snapshot(turn),
             propose_batch=propose_batch,
             finish_batch=finish_batch,
         )
+        return self._user_written(turn, seqs)
+
+    async def _end(
+        self, turn: _Turn, messages: Sequence[NewMessage], result: TurnResult
+    ) -> TurnResult:
+        """The turn's last checkpoint, carrying the caller's ending in the same commit."""
+        if turn.ending is None:
+            await self._checkpoint(turn, messages)
+            return result
+        ending = turn.ending(result)
+        written = self._with_user(turn, messages)
+        snapshot = self._snapshot(turn)
+        seqs, ended = await self._svc.store.checkpoint_ending(
+            self._session.id,
+            ending,
+            messages=written,
+            state=snapshot.state,
+            guards=snapshot.guards,
+            timeline=snapshot.events,
+        )
+        self._cached(seqs, written)
+        self._user_written(turn, seqs)
+        return replace(result, ended=ended)
+
+    async def _user_saved(self, turn: _Turn) -> None:
+        """Write the user's message now if no checkpoint has yet."""
+        if turn.unsaved is not None:
+            await self._checkpoint(turn, [])
+
+    @staticmethod
+    def _with_user(turn: _Turn, messages: Sequence[NewMessage]) -> Sequence[NewMessage]:
+        return messages if turn.unsaved is None else [turn.unsaved[0], *messages]
+
+    @staticmethod
+    def _user_written(turn: _Turn, seqs: list[int]) -> list[int]:
+        """After a commit of ``_with_user``'s messages: the user's context item gets its
+        seq; the seqs of the other messages are returned."""
+        if turn.unsaved is None:
+            return seqs
+        _, items, item = turn.unsaved
+        turn.unsaved = None
+        for index, candidate in enumerate(items):
+            if candidate is item:
+                items[index] = replace(item, seq=seqs[0])
+                break
+        return seqs[1:]
 
     def _snapshot(self, turn: _Turn) -> _Snapshot:
         """What the next checkpoint writes besides messages, taken now: the events so far
@@ -633,21 +690,9 @@ class AgenticLoop:
             finish_batch=finish_batch,
             timeline=snapshot.events,
         )
-        if self._svc.context_cache is not None:
-            self._svc.context_cache.appended(self._session.id, seqs, messages)
+        self._cached(seqs, messages)
         return seqs
 
-    async def _user_saved(self, turn: _Turn) -> None:
-        """Wait for the user's message to be saved (a StoreError if it was not), and give
-        its context item the seq it got."""
-        saving, turn.saving = turn.saving, None
-        if saving is None:
-            return
-        seqs = await saving
-        if turn.saving_item is not None:
-            items, item = turn.saving_item
-            turn.saving_item = None
-            for index, candidate in enumerate(items):
-                if candidate is item:
-                    items[index] = replace(item, seq=seqs[0])
-                    break
+    def _cached(self, seqs: list[int], messages: Sequence[NewMessage]) -> None:
+        if self._svc.context_cache is not None:
+            self._svc.context_cache.appended(self._session.id, seqs, messages)

@@ -19,7 +19,7 @@ from geodebot.engine.tools.runner import ToolRunner
 from geodebot.engine.tools.spec import Approver
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.redact import Redactor
-from geodebot.store.protocol import OpenedSession, Store
+from geodebot.store.protocol import InboxEnding, InboxFinished, OpenedSession, Store
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ Outcome = Literal[
 
 # Lifecycle observers see what happens and never decide; see engine/hooks for decisions.
 Observer = Callable[[str, Mapping[str, Any]], None]
+# What a turn's caller writes with the turn's last checkpoint, in the same commit: the inbox
+# row it answers and the reply, built from the result the turn is about to return.
+Ending = Callable[["TurnResult"], InboxEnding]
 # Builds the model client for one turn; ``on_event`` receives retry/fallback notices.
 LLMFactory = Callable[[Callable[[str, dict[str, Any]], None]], LLMAdapter]
 
@@ -100,6 +103,9 @@ class TurnResult:
     error: str | None = None
     # Tools the model asked for that the authority pipeline refused (not run), first-seen order.
     refused_tools: tuple[str, ...] = ()
+    # The inbox row's finish and reply, when the turn's last commit wrote them (see Ending);
+    # None: the caller records the result itself.
+    ended: InboxFinished | None = None
 
     @property
     def ok(self) -> bool:

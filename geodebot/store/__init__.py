@@ -3,7 +3,9 @@
 from geodebot.store.protocol import (
     EffectReceipt,
     FinishStatus,
+    InboxEnding,
     InboxFinish,
+    InboxFinished,
     InboxRow,
     InboxStatus,
     MessageRecord,
@@ -26,7 +28,9 @@ from geodebot.store.protocol import (
 __all__ = [
     "EffectReceipt",
     "FinishStatus",
+    "InboxEnding",
     "InboxFinish",
+    "InboxFinished",
     "InboxRow",
     "InboxStatus",
     "MessageRecord",

@@ -226,6 +226,22 @@ class OutboxRow:
     blind_resends: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class InboxEnding:
+    """An inbox row's finish and reply, as :meth:`Store.inbox_finish` takes them, for
+    :meth:`Store.checkpoint_ending` to write with the last checkpoint of the row's turn."""
+
+    inbox_id: int
+    status: InboxFinish
+    detail: str = ""
+    reply: NewOutbound | None = None
+    begin_first_part: bool = False
+
+
+# What finishing an inbox row wrote: the finished row and its reply, if it has one.
+InboxFinished = tuple[InboxRow, OutboxRow | None]
+
+
 class Store(JobStore, Protocol):
     async def open(self) -> None:
         """Open the store and apply pending migrations."""
@@ -271,6 +287,24 @@ class Store(JobStore, Protocol):
 
         Returns the seqs assigned to ``messages``. Cost is O(len(messages)), independent of
         the history length.
+        """
+
+    async def checkpoint_ending(
+        self,
+        session_id: str,
+        ending: InboxEnding,
+        *,
+        messages: Sequence[NewMessage] = (),
+        state: Mapping[str, Any] | None = None,
+        guards: Mapping[str, Any] | None = None,
+        timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]] = (),
+    ) -> tuple[list[int], InboxFinished]:
+        """:meth:`checkpoint` and :meth:`inbox_finish` of ``ending`` in one transaction,
+        committed durably: a turn's end and its reply are saved together or not at all, at
+        the cost of one commit where they would need two.
+
+        Returns the seqs assigned to ``messages`` and what :meth:`inbox_finish` returns.
+        Raises :class:`StoreError` (and writes nothing) if either part fails.
         """
 
     async def load_context(self, session_id: str) -> list[MessageRecord]:

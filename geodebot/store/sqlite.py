@@ -26,6 +26,8 @@ import aiosqlite
 
 from geodebot.store.protocol import (
     BatchStatus,
+    InboxEnding,
+    InboxFinished,
     MessageRecord,
     NewMessage,
     OpenedSession,
@@ -35,7 +37,7 @@ from geodebot.store.protocol import (
     TimelineEvent,
     ToolBatchRecord,
 )
-from geodebot.store.sqlite_chat import ChatInboxOutbox
+from geodebot.store.sqlite_chat import ChatInboxOutbox, finishing
 from geodebot.store.sqlite_commit import GroupCommit
 from geodebot.store.sqlite_jobs import JobsAndFires
 from geodebot.store.sqlite_receipts import SELECT_SWITCH, ReceiptsAndSwitches, switch_from_row
@@ -358,50 +360,28 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         finish_batch: tuple[str, Sequence[Mapping[str, Any]], BatchStatus] | None = None,
         timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]] = (),
     ) -> list[int]:
-        what = f"checkpoint of session {session_id!r}"
-        batch = propose_batch
-        if batch is not None and batch.session_id != session_id:
-            raise StoreError(f"{what} failed: batch {batch.id!r} is for {batch.session_id!r}")
-        with encoding(what):
-            encoded = [
-                (m.role, m.kind, dumps(dict(m.content)), m.turn_id, m.covers_from, m.covers_to)
-                for m in messages
-            ]
-            state_json = None if state is None else dumps(dict(state))
-            guards_json = None if guards is None else dumps(dict(guards))
-            calls = "" if batch is None else dumps_list(batch.calls)
-            batch_results = "" if batch is None else dumps_list(batch.results)
-            results = "" if finish_batch is None else dumps_list(finish_batch[1])
-            events = [(session_id, turn, kind, dumps(dict(data))) for turn, kind, data in timeline]
-        now = time.time()
-
-        def write(db: sqlite3.Connection) -> list[int]:
-            # Reading and bumping the counter in one statement: no look at message history.
-            bump = (len(encoded), now, state_json, guards_json, session_id)
-            counters = db.execute(_BUMP_SESSION, bump).fetchall()
-            if not counters:
-                raise StoreError(f"{what} failed: no such session")
-            generation, next_seq = counters[0]
-            first = next_seq - len(encoded)
-            if encoded:
-                rows = [
-                    (session_id, seq, generation, *m, now) for seq, m in enumerate(encoded, first)
-                ]
-                db.executemany(_INSERT_MESSAGE, rows)
-            if batch is not None:
-                head = (batch.id, session_id, generation, batch.turn_id, batch.round)
-                tail = (batch.status, calls, batch_results, batch.created_at, batch.finished_at)
-                db.execute(_INSERT_BATCH, head + tail)
-            if finish_batch is not None:
-                batch_id, _, status = finish_batch
-                finish = (status, results, now, batch_id, session_id)
-                if not db.execute(_FINISH_BATCH, finish).fetchall():
-                    raise StoreError(f"{what} failed: no tool batch {batch_id!r} in this session")
-            if events:
-                db.executemany(INSERT_EVENT, [(s, t, now, k, d) for s, t, k, d in events])
-            return list(range(first, next_seq))
-
+        what, write = _checkpointing(
+            session_id, messages, state, guards, propose_batch, finish_batch, timeline
+        )
         return await self._transact(what, write)
+
+    async def checkpoint_ending(
+        self,
+        session_id: str,
+        ending: InboxEnding,
+        *,
+        messages: Sequence[NewMessage] = (),
+        state: Mapping[str, Any] | None = None,
+        guards: Mapping[str, Any] | None = None,
+        timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]] = (),
+    ) -> tuple[list[int], InboxFinished]:
+        what, write = _checkpointing(session_id, messages, state, guards, None, None, timeline)
+        also, finish = finishing(ending)
+
+        def write_both(db: sqlite3.Connection) -> tuple[list[int], InboxFinished]:
+            return write(db), finish(db)
+
+        return await self._transact(f"{what} with {also}", write_both, durable=True)
 
     async def load_context(self, session_id: str) -> list[MessageRecord]:
         rows = await self._query(
@@ -453,6 +433,60 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
             lambda db: db.execute(sql, params).fetchall(),
         )
         return [from_row(TimelineEvent, row) for row in rows]
+
+
+def _checkpointing(
+    session_id: str,
+    messages: Sequence[NewMessage],
+    state: Mapping[str, Any] | None,
+    guards: Mapping[str, Any] | None,
+    batch: ToolBatchRecord | None,
+    finish_batch: tuple[str, Sequence[Mapping[str, Any]], BatchStatus] | None,
+    timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]],
+) -> tuple[str, Callable[[sqlite3.Connection], list[int]]]:
+    """A checkpoint as a function a transaction runs; everything is encoded now, so bad
+    content fails here, before any transaction."""
+    what = f"checkpoint of session {session_id!r}"
+    if batch is not None and batch.session_id != session_id:
+        raise StoreError(f"{what} failed: batch {batch.id!r} is for {batch.session_id!r}")
+    with encoding(what):
+        encoded = [
+            (m.role, m.kind, dumps(dict(m.content)), m.turn_id, m.covers_from, m.covers_to)
+            for m in messages
+        ]
+        state_json = None if state is None else dumps(dict(state))
+        guards_json = None if guards is None else dumps(dict(guards))
+        calls = "" if batch is None else dumps_list(batch.calls)
+        batch_results = "" if batch is None else dumps_list(batch.results)
+        results = "" if finish_batch is None else dumps_list(finish_batch[1])
+        events = [(session_id, turn, kind, dumps(dict(data))) for turn, kind, data in timeline]
+    now = time.time()
+
+    def write(db: sqlite3.Connection) -> list[int]:
+        # Reading and bumping the counter in one statement: no look at message history.
+        bump = (len(encoded), now, state_json, guards_json, session_id)
+        counters = db.execute(_BUMP_SESSION, bump).fetchall()
+        if not counters:
+            raise StoreError(f"{what} failed: no such session")
+        generation, next_seq = counters[0]
+        first = next_seq - len(encoded)
+        if encoded:
+            rows = [(session_id, seq, generation, *m, now) for seq, m in enumerate(encoded, first)]
+            db.executemany(_INSERT_MESSAGE, rows)
+        if batch is not None:
+            head = (batch.id, session_id, generation, batch.turn_id, batch.round)
+            tail = (batch.status, calls, batch_results, batch.created_at, batch.finished_at)
+            db.execute(_INSERT_BATCH, head + tail)
+        if finish_batch is not None:
+            batch_id, _, status = finish_batch
+            finish = (status, results, now, batch_id, session_id)
+            if not db.execute(_FINISH_BATCH, finish).fetchall():
+                raise StoreError(f"{what} failed: no tool batch {batch_id!r} in this session")
+        if events:
+            db.executemany(INSERT_EVENT, [(s, t, now, k, d) for s, t, k, d in events])
+        return list(range(first, next_seq))
+
+    return what, write
 
 
 def _version(db: sqlite3.Connection) -> int:

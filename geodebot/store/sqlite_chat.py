@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, get_args
 
 from geodebot.store.protocol import (
+    InboxEnding,
     InboxFinish,
+    InboxFinished,
     InboxRow,
     InboxStatus,
     NewOutbound,
@@ -24,7 +26,7 @@ from geodebot.store.protocol import (
 )
 from geodebot.store.sqlite_rows import Transactions, dumps
 
-__all__ = ["ChatInboxOutbox"]
+__all__ = ["ChatInboxOutbox", "ending_is_durable", "finishing"]
 
 _INBOX_STATUSES: tuple[str, ...] = get_args(InboxStatus)
 _INBOX_FINISHES: frozenset[str] = frozenset(get_args(InboxFinish))
@@ -234,29 +236,11 @@ class ChatInboxOutbox:
         detail: str = "",
         reply: NewOutbound | None = None,
         begin_first_part: bool = False,
-    ) -> tuple[InboxRow, OutboxRow | None]:
-        what = f"finishing inbox row {inbox_id} as {status!r}"
-        if status not in _INBOX_FINISHES:
-            raise StoreError(f"{what} failed: status must be one of {sorted(_INBOX_FINISHES)}")
-        now = time.time()
-
-        def finish(db: sqlite3.Connection) -> tuple[InboxRow, OutboxRow | None]:
-            row = db.execute(_FINISH_INBOX, (status, detail, now, inbox_id)).fetchone()
-            if row is None:
-                reason = _why_finished(db, inbox_id)
-                raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
-            outbound = None
-            if reply is not None:
-                params = _outbound_params(reply, inbox_id, now)
-                added = db.execute(_ADD_OUTBOX, params).fetchone()
-                if begin_first_part:
-                    added = db.execute(_BEGIN_PART, (0, now, added["id"])).fetchone()
-                outbound = _outbox(added)
-            return _inbox(row), outbound
-
+    ) -> InboxFinished:
+        ending = InboxEnding(inbox_id, status, detail, reply, begin_first_part)
+        what, finish = finishing(ending)
         # A begun part is sent next.
-        begun = begin_first_part and reply is not None
-        return await self._transact(what, finish, durable=begun)
+        return await self._transact(what, finish, durable=ending_is_durable(ending))
 
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
@@ -411,3 +395,34 @@ class ChatInboxOutbox:
         await self._transact(
             f"setting cursor {name!r}", lambda db: db.execute(_SET_CURSOR, params).rowcount
         )
+
+
+def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], InboxFinished]]:
+    """What :meth:`ChatInboxOutbox.inbox_finish` writes, as a function a transaction runs;
+    ``SQLiteStore.checkpoint_ending`` runs it in a checkpoint's transaction."""
+    inbox_id, status = ending.inbox_id, ending.status
+    what = f"finishing inbox row {inbox_id} as {status!r}"
+    if status not in _INBOX_FINISHES:
+        raise StoreError(f"{what} failed: status must be one of {sorted(_INBOX_FINISHES)}")
+    now = time.time()
+
+    def finish(db: sqlite3.Connection) -> InboxFinished:
+        row = db.execute(_FINISH_INBOX, (status, ending.detail, now, inbox_id)).fetchone()
+        if row is None:
+            reason = _why_finished(db, inbox_id)
+            raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
+        outbound = None
+        if ending.reply is not None:
+            params = _outbound_params(ending.reply, inbox_id, now)
+            added = db.execute(_ADD_OUTBOX, params).fetchone()
+            if ending.begin_first_part:
+                added = db.execute(_BEGIN_PART, (0, now, added["id"])).fetchone()
+            outbound = _outbox(added)
+        return _inbox(row), outbound
+
+    return what, finish
+
+
+def ending_is_durable(ending: InboxEnding) -> bool:
+    """A begun part is sent next, so the commit that begins it must be on disk first."""
+    return ending.begin_first_part and ending.reply is not None

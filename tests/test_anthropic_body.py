@@ -1,4 +1,5 @@
-"""The Anthropic adapter's request body: the SDK's encoding, history from cached block JSON."""
+"""The Anthropic adapter's request body: the SDK's encoding, history from cached block JSON
+and, for a conversation that goes on, from the array its previous request built."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter, MessageJSON
+from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
+from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON, messages_json
 from geodebot.engine.llm.types import (
     LLMRequest,
     Message,
@@ -119,3 +123,130 @@ def test_a_full_cache_stays_within_its_bound():
         cache(message)
     assert len(cache) == 10_000 // size  # as many as fit, no more
     assert cache(alive[-1]) is cache(alive[-1])  # the newest are the ones kept
+
+
+class CountingJSON:
+    """MessageJSON that counts the messages it is asked for."""
+
+    def __init__(self) -> None:
+        self.inner = MessageJSON()
+        self.asked: list[Message] = []
+
+    def __call__(self, message: Message) -> tuple[tuple[str, bool, str], ...]:
+        self.asked.append(message)
+        return self.inner(message)  # type: ignore[return-value]
+
+
+def whole(messages: list[Message]) -> str:
+    return messages_json(messages, MessageJSON())
+
+
+def turn_pair(i: int) -> list[Message]:
+    return [Message.user_text(f"question {i}"), Message("assistant", (TextBlock(f"answer {i}"),))]
+
+
+def test_a_conversation_that_goes_on_encodes_only_its_new_messages():
+    counting = CountingJSON()
+    history = HistoryJSON(counting)
+    messages = [m for i in range(50) for m in turn_pair(i)]
+    assert history(messages) == whole(messages)
+    assert len(counting.asked) == 100
+    counting.asked.clear()
+    messages += turn_pair(50)
+    assert history(messages) == whole(messages)
+    assert counting.asked == messages[-2:]
+
+
+def test_a_new_message_of_the_same_role_joins_the_last_turn():
+    # The previous request ended with a user turn; the next one adds a tool result and text
+    # for the same user turn: the API must see one turn, tool result first.
+    history = HistoryJSON(MessageJSON())
+    messages = [Message.user_text("one"), Message.user_text("two")]
+    history(messages)
+    messages += [
+        Message("user", (TextBlock("three"), ToolResultBlock("c1", "done"))),
+        Message("assistant", (TextBlock("ok"),)),
+    ]
+    assert history(messages) == whole(messages)
+    assert [t["role"] for t in json.loads(history(messages))] == ["user", "assistant"]
+
+
+def test_a_request_that_is_not_a_continuation_is_built_whole():
+    counting = CountingJSON()
+    history = HistoryJSON(counting)
+    messages = [m for i in range(5) for m in turn_pair(i)]
+    history(messages)
+    # As the engine's view does for an old screenshot: a message replaced by a copy.
+    changed = list(messages)
+    changed[3] = Message("assistant", (TextBlock("answer 1, its image dropped"),))
+    counting.asked.clear()
+    assert history(changed) == whole(changed)
+    assert len(counting.asked) == len(changed)
+    shorter = messages[:4]  # a summary request over the older part
+    assert history(shorter) == whole(shorter)
+
+
+def test_an_entry_goes_with_its_messages():
+    history = HistoryJSON(MessageJSON())
+    kept = [m for i in range(3) for m in turn_pair(i)]
+    history(kept)
+    for i in range(20):
+        history(turn_pair(100 + i))  # freed right after the call
+    gc.collect()
+    assert len(history) == 1
+    counting = CountingJSON()
+    reused = HistoryJSON(counting)
+    reused(kept)
+    counting.asked.clear()
+    assert reused(kept) == whole(kept)
+    assert counting.asked == []
+
+
+def test_the_history_cache_is_bounded_by_entries_and_characters():
+    alive = [turn_pair(i) for i in range(10)]
+    history = HistoryJSON(MessageJSON(), max_entries=4)
+    for pair in alive:
+        history(pair)
+    assert len(history) == 4
+    one = len(whole(alive[0]))
+    history = HistoryJSON(MessageJSON(), max_chars=one * 3)
+    for pair in alive:
+        history(pair)
+    assert len(history) == 3
+
+
+_BLOCKS = st.one_of(
+    st.builds(TextBlock, st.sampled_from(["a", "b", " ", "ü"])),
+    st.builds(ToolResultBlock, st.sampled_from(["c1", "c2"]), st.sampled_from(["r", ""])),
+    st.builds(ToolUseBlock, st.sampled_from(["c1", "c2"]), st.just("t"), st.just({"q": 1})),
+)
+_MESSAGES = st.builds(
+    lambda role, blocks: Message(role, tuple(blocks)),
+    st.sampled_from(["user", "assistant"]),
+    st.lists(_BLOCKS, min_size=1, max_size=3),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_MESSAGES, min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.sampled_from(["extend", "cut", "replace"]), st.lists(_MESSAGES, max_size=3)),
+        max_size=6,
+    ),
+)
+def test_every_request_equals_the_array_built_whole(
+    first: list[Message], steps: list[tuple[str, list[Message]]]
+) -> None:
+    history = HistoryJSON(MessageJSON())
+    messages = list(first)
+    assert history(messages) == whole(messages)
+    for action, new in steps:
+        if action == "extend":
+            messages = messages + new
+        elif action == "cut":
+            messages = messages[: max(1, len(messages) // 2)] + new
+        elif len(messages) > 1:
+            messages = [messages[0], *new, *messages[2:]]
+        if messages:
+            assert history(messages) == whole(messages)

@@ -13,24 +13,16 @@ SDK 2.x notes that shape this file: it speaks API version 2026-10-21, sends the 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import re
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TypeAlias
+from collections.abc import Iterator, Mapping
 
 import anthropic
 import httpx2
 from anthropic.types import (
-    ImageBlockParam,
-    TextBlockParam,
     ToolParam,
-    ToolResultBlockParam,
-    ToolUseBlockParam,
 )
 
+from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON, dumps
 from geodebot.engine.llm.common import ErrorText, connection_detail, retry_after
 from geodebot.engine.llm.errors import (
     LLMAuthError,
@@ -50,10 +42,8 @@ from geodebot.engine.llm.types import (
     LLMRequest,
     LLMResponse,
     Message,
-    Role,
     StopReason,
     TextBlock,
-    ToolResultBlock,
     ToolSchema,
     ToolUseBlock,
     Usage,
@@ -62,8 +52,6 @@ from geodebot.redact import Redactor
 
 PROVIDER = "anthropic"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
-
-_BlockParam: TypeAlias = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
 
 _STOP_REASONS: dict[str, StopReason] = {
     "end_turn": "end_turn",
@@ -102,7 +90,7 @@ class AnthropicAdapter:
         self._api_key_env = api_key_env
         self._err = ErrorText(PROVIDER, model, Redactor([api_key] if api_key else []))
         self._client: anthropic.AsyncAnthropic | None = None
-        self._json = MessageJSON()
+        self._history = HistoryJSON(MessageJSON())
         # Without a key the daemon must still start; the first turn explains what to set.
         if api_key and api_key.strip():
             self._client = anthropic.AsyncAnthropic(
@@ -154,8 +142,8 @@ class AnthropicAdapter:
         if request.tools:
             head["tools"] = [_tool_param(t) for t in request.tools]
         try:
-            messages = _messages_json(request.messages, self._json)
-            return f'{_dumps(head)[:-1]},"messages":{messages}}}'.encode()
+            messages = self._history(request.messages)
+            return f'{dumps(head)[:-1]},"messages":{messages}}}'.encode()
         except (TypeError, ValueError) as exc:
             # A tool schema or argument that is not JSON; the SDK would refuse it the same way.
             raise anthropic.AnthropicError(f"request body is not JSON: {exc}") from exc
@@ -248,129 +236,6 @@ class AnthropicAdapter:
         if status >= 500:
             return LLMServerError(detail, status=status, **ids)
         return LLMBadRequest(detail, status=status, **ids)
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-# How one message reaches the API: (role, is a tool result, block JSON) per block sent.
-_Segments = tuple[tuple[Role, bool, str], ...]
-
-
-class MessageJSON:
-    """Each history message's block JSON, kept between requests while the message lives.
-
-    A conversation goes whole with every request, so without this a session's history is
-    re-encoded on every round of every turn: the largest CPU cost the adapter had. Messages
-    are immutable and the engine keeps a session's context between turns, so a message seen
-    again is the same object. An entry goes when its message is freed (a weak reference:
-    this cache never keeps a history alive) or, past ``max_chars``, oldest first.
-    """
-
-    def __init__(self, max_chars: int = 4_000_000) -> None:
-        self._max_chars = max_chars
-        self._chars = 0
-        self._entries: OrderedDict[int, tuple[weakref.ref[Message], _Segments, int]] = OrderedDict()
-
-    def __call__(self, message: Message) -> _Segments:
-        key = id(message)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0]() is message:
-            return entry[1]
-        segments = _segments(message)
-        size = sum(len(text) for _, _, text in segments)
-        if size <= self._max_chars:
-            ref = weakref.ref(message, functools.partial(self._forget, key))
-            self._drop(key)
-            self._entries[key] = (ref, segments, size)
-            self._chars += size
-            while self._chars > self._max_chars:
-                self._chars -= self._entries.popitem(last=False)[1][2]
-        return segments
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _forget(self, key: int, ref: weakref.ref[Message]) -> None:
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] is ref:
-            self._drop(key)
-
-    def _drop(self, key: int) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._chars -= entry[2]
-
-
-def _segments(message: Message) -> _Segments:
-    # Empty text is dropped because the API rejects blank text blocks; a tool result always
-    # travels in a user turn.
-    return tuple(
-        ("user" if isinstance(b, ToolResultBlock) else message.role,
-         isinstance(b, ToolResultBlock),
-         _dumps(_block_param(b)))
-        for b in message.content
-        if not (isinstance(b, TextBlock) and not b.text.strip())
-    )  # fmt: skip
-
-
-def _messages_json(messages: Sequence[Message], encoded: Callable[[Message], _Segments]) -> str:
-    """The ``messages`` array: consecutive same-role turns merged (the API requires roles to
-    alternate), tool results leading their user turn (the API rejects a tool_result after
-    text in the same turn)."""
-    turns: list[str] = []
-    role: Role | None = None
-    results: list[str] = []
-    others: list[str] = []
-    for message in messages:
-        for block_role, is_result, text in encoded(message):
-            if block_role != role:
-                if role is not None:
-                    turns.append(f'{{"role":"{role}","content":[{",".join(results + others)}]}}')
-                role, results, others = block_role, [], []
-            (results if is_result else others).append(text)
-    if role is not None:
-        turns.append(f'{{"role":"{role}","content":[{",".join(results + others)}]}}')
-    return "[" + ",".join(turns) + "]"
-
-
-def _block_param(block: Block) -> _BlockParam:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text}
-    if isinstance(block, ToolUseBlock):
-        return {
-            "type": "tool_use",
-            "id": block.id,
-            "name": block.name,
-            "input": dict(block.arguments),
-        }
-    if not block.images:
-        return {
-            "type": "tool_result",
-            "tool_use_id": block.tool_use_id,
-            "content": block.content,
-            "is_error": block.is_error,
-        }
-    # A screenshot goes back as an image block inside the tool result.
-    parts: list[TextBlockParam | ImageBlockParam] = [{"type": "text", "text": block.content}]
-    for image in block.images:
-        parts.append(
-            {
-                "type": "image",
-                "source": {
-                    "type": "base64",
-                    "media_type": image.media_type,  # type: ignore[typeddict-item]
-                    "data": image.data,
-                },
-            }
-        )
-    return {
-        "type": "tool_result",
-        "tool_use_id": block.tool_use_id,
-        "content": parts,
-        "is_error": block.is_error,
-    }
 
 
 def _tool_param(tool: ToolSchema) -> ToolParam:

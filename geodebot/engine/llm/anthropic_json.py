@@ -1,0 +1,278 @@
+"""The Anthropic request body's history as JSON, encoded once per message and per request.
+
+A conversation goes whole with every request. Encoding it anew each round costs time in
+proportion to the history; :class:`MessageJSON` keeps each message's block JSON and
+:class:`HistoryJSON` the array built from them, so a round encodes only what is new.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from anthropic.types import (
+    ImageBlockParam,
+    TextBlockParam,
+    ToolResultBlockParam,
+    ToolUseBlockParam,
+)
+
+from geodebot.engine.llm.types import Block, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
+
+__all__ = ["HistoryJSON", "MessageJSON", "dumps", "messages_json"]
+
+_BlockParam: TypeAlias = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+# How one message reaches the API: (role, is a tool result, block JSON) per block sent.
+_Segments = tuple[tuple[Role, bool, str], ...]
+
+
+class MessageJSON:
+    """Each history message's block JSON, kept between requests while the message lives.
+
+    A conversation goes whole with every request, so without this a session's history is
+    re-encoded on every round of every turn: the largest CPU cost the adapter had. Messages
+    are immutable and the engine keeps a session's context between turns, so a message seen
+    again is the same object. An entry goes when its message is freed (a weak reference:
+    this cache never keeps a history alive) or, past ``max_chars``, oldest first.
+    """
+
+    def __init__(self, max_chars: int = 4_000_000) -> None:
+        self._max_chars = max_chars
+        self._chars = 0
+        self._entries: OrderedDict[int, tuple[weakref.ref[Message], _Segments, int]] = OrderedDict()
+        # Entries whose message died: removed at the next call, not from the callback,
+        # which the garbage collector may run in the middle of one.
+        self._dead: list[tuple[int, weakref.ref[Message]]] = []
+
+    def __call__(self, message: Message) -> _Segments:
+        if self._dead:
+            self._reap()
+        key = id(message)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is message:
+            return entry[1]
+        segments = _segments(message)
+        size = sum(len(text) for _, _, text in segments)
+        if size <= self._max_chars:
+            ref = weakref.ref(message, functools.partial(self._forget, key))
+            self._drop(key)
+            self._entries[key] = (ref, segments, size)
+            self._chars += size
+            while self._chars > self._max_chars:
+                self._chars -= self._entries.popitem(last=False)[1][2]
+        return segments
+
+    def __len__(self) -> int:
+        self._reap()
+        return len(self._entries)
+
+    def _forget(self, key: int, ref: weakref.ref[Message]) -> None:
+        self._dead.append((key, ref))
+
+    def _reap(self) -> None:
+        while self._dead:
+            key, ref = self._dead.pop()
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] is ref:
+                self._drop(key)
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._chars -= entry[2]
+
+
+def _segments(message: Message) -> _Segments:
+    # Empty text is dropped because the API rejects blank text blocks; a tool result always
+    # travels in a user turn.
+    return tuple(
+        ("user" if isinstance(b, ToolResultBlock) else message.role,
+         isinstance(b, ToolResultBlock),
+         dumps(_block_param(b)))
+        for b in message.content
+        if not (isinstance(b, TextBlock) and not b.text.strip())
+    )  # fmt: skip
+
+
+class _Turns:
+    """The ``messages`` array being built: consecutive same-role turns merged (the API requires
+    roles to alternate), tool results leading their user turn (the API rejects a tool_result
+    after text in the same turn). It can be copied half-built and continued."""
+
+    __slots__ = ("done", "others", "results", "role")
+
+    def __init__(self) -> None:
+        self.done = ""  # the finished turns, comma-separated
+        self.role: Role | None = None
+        self.results: list[str] = []
+        self.others: list[str] = []
+
+    def copy(self) -> _Turns:
+        other = _Turns()
+        other.done, other.role = self.done, self.role
+        other.results, other.others = list(self.results), list(self.others)
+        return other
+
+    def add(self, segments: _Segments) -> None:
+        finished: list[str] = []
+        for block_role, is_result, text in segments:
+            if block_role != self.role:
+                if self.role is not None:
+                    finished.append(self._open_turn())
+                self.role, self.results, self.others = block_role, [], []
+            (self.results if is_result else self.others).append(text)
+        if finished:
+            self.done = ",".join([self.done, *finished] if self.done else finished)
+
+    def text(self) -> str:
+        if self.role is None:
+            return f"[{self.done}]"
+        return f"[{self.done},{self._open_turn()}]" if self.done else f"[{self._open_turn()}]"
+
+    def _open_turn(self) -> str:
+        return f'{{"role":"{self.role}","content":[{",".join(self.results + self.others)}]}}'
+
+
+def messages_json(messages: Sequence[Message], encoded: Callable[[Message], _Segments]) -> str:
+    """The ``messages`` array of ``messages``, each message's blocks from ``encoded``."""
+    turns = _Turns()
+    for message in messages:
+        turns.add(encoded(message))
+    return turns.text()
+
+
+class HistoryJSON:
+    """The ``messages`` array of recent conversations, kept so a request encodes only the
+    messages the previous request of its conversation did not have.
+
+    A session's requests grow at the end: each carries the messages of the one before, the
+    same objects, and a few new ones. Rebuilding the array from every message costs a round
+    time in proportion to the whole history, which only compaction ever shortens. An entry
+    is found by the conversation's first message and continued when the request starts with
+    exactly the entry's messages (the same objects); any other request is built whole, from
+    :class:`MessageJSON`, and becomes the entry.
+
+    Entries hold weak references: a message that dies takes its entry with it, so the ids
+    an entry compares by always belong to live messages, and this cache never keeps a
+    history alive. At most ``max_entries`` and ``max_chars`` of array text are kept, least
+    recently used first out.
+    """
+
+    def __init__(
+        self,
+        encoded: Callable[[Message], _Segments],
+        *,
+        max_entries: int = 64,
+        max_chars: int = 4_000_000,
+    ) -> None:
+        self._encoded = encoded
+        self._max_entries = max_entries
+        self._max_chars = max_chars
+        self._chars = 0
+        self._serial = 0
+        self._entries: OrderedDict[int, _Conversation] = OrderedDict()
+        # (key, serial) of entries one of whose messages died; see MessageJSON._dead.
+        self._dead: list[tuple[int, int]] = []
+
+    def __call__(self, messages: Sequence[Message]) -> str:
+        self._reap()
+        if not messages:
+            return "[]"
+        ids = tuple(map(id, messages))
+        entry = self._drop(ids[0])
+        if entry is not None and ids[: len(entry.ids)] == entry.ids:
+            turns, start = entry.turns.copy(), len(entry.ids)
+        else:
+            self._serial += 1
+            entry = _Conversation(self._serial, (), [], _Turns(), 0)
+            turns, start = _Turns(), 0
+        for message in messages[start:]:
+            turns.add(self._encoded(message))
+        text = turns.text()
+        if len(text) <= self._max_chars:
+            forget = functools.partial(self._forget, ids[0], entry.serial)
+            entry.refs.extend(weakref.ref(m, forget) for m in messages[start:])
+            entry.ids, entry.turns, entry.chars = ids, turns, len(text)
+            self._entries[ids[0]] = entry
+            self._chars += entry.chars
+            while self._chars > self._max_chars or len(self._entries) > self._max_entries:
+                self._chars -= self._entries.popitem(last=False)[1].chars
+        return text
+
+    def __len__(self) -> int:
+        self._reap()
+        return len(self._entries)
+
+    def _forget(self, key: int, serial: int, _: weakref.ref[Message]) -> None:
+        self._dead.append((key, serial))
+
+    def _reap(self) -> None:
+        while self._dead:
+            key, serial = self._dead.pop()
+            entry = self._entries.get(key)
+            if entry is not None and entry.serial == serial:
+                self._drop(key)
+
+    def _drop(self, key: int) -> _Conversation | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._chars -= entry.chars
+        return entry
+
+
+@dataclass(slots=True)
+class _Conversation:
+    serial: int  # tells a dead message's callback whether this entry is still its own
+    ids: tuple[int, ...]
+    refs: list[weakref.ref[Message]]
+    turns: _Turns
+    chars: int  # of the array text, for the bound
+
+
+def _block_param(block: Block) -> _BlockParam:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ToolUseBlock):
+        return {
+            "type": "tool_use",
+            "id": block.id,
+            "name": block.name,
+            "input": dict(block.arguments),
+        }
+    if not block.images:
+        return {
+            "type": "tool_result",
+            "tool_use_id": block.tool_use_id,
+            "content": block.content,
+            "is_error": block.is_error,
+        }
+    # A screenshot goes back as an image block inside the tool result.
+    parts: list[TextBlockParam | ImageBlockParam] = [{"type": "text", "text": block.content}]
+    for image in block.images:
+        parts.append(
+            {
+                "type": "image",
+                "source": {
+                    "type": "base64",
+                    "media_type": image.media_type,  # type: ignore[typeddict-item]
+                    "data": image.data,
+                },
+            }
+        )
+    return {
+        "type": "tool_result",
+        "tool_use_id": block.tool_use_id,
+        "content": parts,
+        "is_error": block.is_error,
+    }

@@ -526,8 +526,8 @@ async def test_commits_the_outside_acts_on_are_synced_and_the_rest_are_not(
     bookkeeping in between at NORMAL, made durable by the next FULL commit's sync of the log."""
     async with SQLiteStore(db_path, synchronous="FULL") as s:
         seen: list[str] = []
-        assert s._db is not None
-        await s._db.set_trace_callback(seen.append)
+        assert s._commits is not None
+        s._commits.connection.set_trace_callback(seen.append)
 
         async def level_of(step: Awaitable[object]) -> list[str]:
             seen.clear()

@@ -1,4 +1,5 @@
-"""Group commit: concurrent writes share transactions, yet each is still its own unit."""
+"""Group commit: concurrent writes share transactions, yet each is still its own unit; writes
+run on the event loop's thread and never make it wait."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -39,28 +39,29 @@ async def rows(store: SQLiteStore) -> list[tuple[str, int]]:
     return await store._query("reading probes", read)
 
 
-def count_hops(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    hops: list[int] = []
-    real = store._commits._run
-
-    async def counted(fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        hops.append(1)
-        return await real(fn)
-
-    monkeypatch.setattr(store._commits, "_run", counted)
-    return hops
+def traced(store: SQLiteStore) -> list[str]:
+    """The statements the store's write connection runs from now on."""
+    seen: list[str] = []
+    assert store._commits is not None
+    store._commits.connection.set_trace_callback(seen.append)
+    return seen
 
 
-async def test_concurrent_writes_share_transactions_in_order(
-    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
-):
-    hops = count_hops(store, monkeypatch)
+async def test_concurrent_writes_share_transactions_in_order(store: SQLiteStore):
+    seen = traced(store)
     keys = [f"k{i}" for i in range(40)]
     results = await asyncio.gather(*(store._transact(k, insert(k)) for k in keys))
     assert results == keys
     assert [k for k, _ in await rows(store)] == keys  # committed in the order asked
-    # The first goes alone (nothing was in flight); the rest queue behind it as one group.
-    assert len(hops) == 2
+    # Asked for in one pass of the loop: one transaction, one commit.
+    assert seen.count("BEGIN IMMEDIATE") == 1
+    assert seen.count("COMMIT") == 1
+    # One at a time, each its own.
+    seen.clear()
+    for key in ("x", "y"):
+        await store._transact(key, insert(key))
+    assert seen.count("COMMIT") == 2
+    assert not any(sql.startswith("SAVEPOINT") for sql in seen)
 
 
 async def test_a_failing_write_rolls_back_only_itself(store: SQLiteStore):
@@ -109,17 +110,16 @@ async def test_when_the_whole_transaction_is_lost_every_write_in_it_fails(store:
         db.execute("ROLLBACK")
         raise sqlite3.OperationalError("database or disk is full")
 
+    assert await store._transact("lead", insert("lead")) == "lead"
     outcomes = await asyncio.gather(
-        store._transact("lead", insert("lead")),  # alone: nothing was in flight
-        store._transact("before", insert("before")),  # these three follow it as one group
+        store._transact("before", insert("before")),  # one group, lost as a whole
         store._transact("losing", lose_everything),
         store._transact("after", insert("after")),
         return_exceptions=True,
     )
-    assert outcomes[0] == "lead"
-    assert [type(o) for o in outcomes[1:]] == [StoreError] * 3
-    assert str(outcomes[1]) == "before failed: database or disk is full"
-    assert str(outcomes[3]) == "after failed: database or disk is full"
+    assert [type(o) for o in outcomes] == [StoreError] * 3
+    assert str(outcomes[0]) == "before failed: database or disk is full"
+    assert str(outcomes[2]) == "after failed: database or disk is full"
     assert await rows(store) == [("lead", 0)]
     # The store carries on.
     assert await store._transact("next", insert("next")) == "next"
@@ -149,23 +149,75 @@ async def test_close_commits_the_writes_already_asked_for(tmp_path: Path):
         assert [k for k, _ in await rows(reopened)] == ["x", "y"]
 
 
-async def test_a_durable_write_syncs_its_group_at_the_store_level(
-    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
-):
-    levels: list[int] = []
-    real = store._commits._run
+async def test_a_durable_write_syncs_its_group_at_the_store_level(store: SQLiteStore):
+    assert store._commits is not None
+    conn = store._commits.connection
 
-    async def spy(fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        result = await real(fn)
-        levels.append(await real(lambda db: db.execute("PRAGMA synchronous").fetchone()[0]))
-        return result
+    def level() -> int:
+        return int(conn.execute("PRAGMA synchronous").fetchone()[0])
 
-    monkeypatch.setattr(store._commits, "_run", spy)
     await store._transact("relaxed", insert("relaxed"))
+    # sqlite's numbers: 1 NORMAL, 2 FULL (the store's default level).
+    assert level() == 1
     await asyncio.gather(
         store._transact("plain", insert("plain")),
         store._transact("durable", insert("durable"), durable=True),
     )
-    # sqlite's numbers: 1 NORMAL, 2 FULL (the store's default level).
-    assert levels[0] == 1
-    assert levels[-1] == 2
+    assert level() == 2
+
+
+async def test_a_database_another_process_holds_is_waited_for_without_stopping_the_loop(
+    store: SQLiteStore,
+):
+    # An operator's command holds the write lock for a while: the daemon's write waits for
+    # it, and the event loop keeps running meanwhile.
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    write = asyncio.create_task(store._transact("waiting", insert("waiting")))
+    ticks = 0
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert not write.done()
+    assert ticks == 20
+    holder.execute("COMMIT")
+    holder.close()
+    assert await asyncio.wait_for(write, 2) == "waiting"
+    assert await rows(store) == [("waiting", 0)]
+
+
+async def test_a_lock_held_past_the_busy_timeout_fails_the_write(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    assert store._commits is not None
+    monkeypatch.setattr(store._commits, "_busy_timeout_s", 0.2)
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreError, match="stuck failed: database is locked"):
+            await asyncio.wait_for(store._transact("stuck", insert("stuck")), 5)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert await store._transact("after", insert("after")) == "after"
+
+
+async def test_the_log_is_checkpointed_off_the_loop(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    assert store._commits is not None
+    assert store._db is not None
+    on_loop = traced(store)
+    on_thread: list[str] = []
+    await store._db.set_trace_callback(on_thread.append)
+    monkeypatch.setattr(store._commits, "_checkpoint_every", 5)
+    for i in range(10):
+        await store._transact(f"c{i}", insert(f"c{i}"))
+    assert store._checkpointing is not None
+    await store._checkpointing
+    # By the reading connection's thread, not by the write connection, whose own
+    # automatic checkpoints are off.
+    # (At most one runs at a time: a checkpoint due while one runs is left to the next.)
+    assert 1 <= on_thread.count("PRAGMA wal_checkpoint(PASSIVE)") <= 2
+    assert not any("checkpoint" in sql.lower() for sql in on_loop)
+    assert store._commits.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0

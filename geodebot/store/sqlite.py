@@ -1,17 +1,19 @@
 """SQLite implementation of :class:`~geodebot.store.protocol.Store`.
 
-One aiosqlite connection serves the whole daemon. Every operation is one function run on the
-connection's thread (one hop, not one per statement), and the connection's queue runs them
-one after the other, so no operation ever sees another's half-done transaction. Writes are
-explicit ``BEGIN IMMEDIATE`` transactions so that another process holding the database makes
-us wait on ``busy_timeout`` up front instead of failing at commit; only the commits something
-outside acts on are synced to disk at the configured level (see
-:meth:`SQLiteStore._transact`).
+Two connections to one file in WAL mode. Reads run on an aiosqlite connection's thread, each
+operation one function (one hop, not one per statement), so a long history never stops the
+event loop. Writes run on the event loop's own thread, on a second connection, committed in
+groups (:mod:`.sqlite_commit`): a transaction is a handful of statements that take
+microseconds, and a hop to a thread cost more than the work. Writes are explicit
+``BEGIN IMMEDIATE`` transactions; only the commits something outside acts on are synced to
+disk at the configured level (see :meth:`SQLiteStore._transact`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import os
 import pathlib
 import re
@@ -46,6 +48,8 @@ from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding
 __all__ = ["SQLiteStore", "load_migrations", "split_statements"]
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
+
 _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _BUSY_TIMEOUT_MS = 5_000
 _MIGRATION_NAME = re.compile(r"^(\d{4})_\w+\.sql$")
@@ -162,7 +166,8 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         self.path = pathlib.Path(path)
         self.synchronous = mode
         self._db: aiosqlite.Connection | None = None
-        self._commits = GroupCommit(self._on_thread, mode)
+        self._commits: GroupCommit | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -200,17 +205,64 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
             raise
         self._db = db
         try:
+            self._commits = GroupCommit(
+                self._writer_connection(),
+                self.synchronous,
+                busy_timeout_s=_BUSY_TIMEOUT_MS / 1000,
+                on_checkpoint=self._checkpoint_soon,
+            )
             await self._migrate()
         except BaseException:
             await self.close()
             raise
 
+    def _writer_connection(self) -> sqlite3.Connection:
+        """The connection writes use, on the event loop's thread (see .sqlite_commit): it
+        never waits for a lock or checkpoints the log, which would stop the loop."""
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreError(f"opening store {str(self.path)!r} for writing failed: {exc}") from exc
+        try:
+            conn.row_factory = sqlite3.Row
+            for pragma in (
+                "foreign_keys=ON",
+                "busy_timeout=0",
+                f"synchronous={self.synchronous}",
+                "wal_autocheckpoint=0",
+            ):
+                conn.execute(f"PRAGMA {pragma}")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"opening store {str(self.path)!r} for writing failed: {exc}") from exc
+        return conn
+
+    def _checkpoint_soon(self) -> None:
+        """Copy the log into the database on the store's thread, not on the loop; PASSIVE
+        takes no lock that writes wait for."""
+        if self._db is None or (self._checkpointing and not self._checkpointing.done()):
+            return
+        self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint())
+
+    async def _checkpoint(self) -> None:
+        try:
+            await self._query(
+                "checkpointing the log",
+                lambda db: db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall(),
+            )
+        except StoreError as exc:
+            log.warning("store: %s", exc)
+
     async def close(self) -> None:
         if self._db is None:
             return
-        # Writes asked for before the close are committed first, as the connection's own
-        # queue runs whatever was sent before its close.
-        await self._commits.flush()
+        # Writes asked for before the close are committed first.
+        commits, self._commits = self._commits, None
+        if commits is not None:
+            await commits.flush()
+            commits.close()
+        if self._checkpointing is not None:
+            await asyncio.gather(self._checkpointing, return_exceptions=True)
         db, self._db = self._db, None
         if db is None:  # closed by another caller meanwhile
             return  # type: ignore[unreachable]
@@ -274,8 +326,9 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
     async def _transact(
         self, what: str, fn: Callable[[sqlite3.Connection], _T], *, durable: bool = False
     ) -> _T:
-        """A write: ``fn`` runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the store's thread,
-        together with the other writes queued at that moment (:mod:`.sqlite_commit`).
+        """A write: ``fn`` runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the event loop's
+        thread, together with the other writes asked for in the same pass of the loop
+        (:mod:`.sqlite_commit`).
 
         It happens whole or not at all: any exception (a StoreError raised by ``fn`` to refuse
         the change included) rolls it back. The caller being cancelled meanwhile changes
@@ -289,6 +342,8 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         costs two or three syncs instead of ten.
         """
         self._connection(what)
+        if self._commits is None:
+            raise StoreError(f"{what} failed: the store is not open")
         return await self._commits.write(what, fn, durable)
 
     # -- sessions -------------------------------------------------------------------------

@@ -1,26 +1,40 @@
-"""Group commit: writes queued at the same moment share one transaction and one sync.
+"""Group commit on the event loop's thread: the writes asked for in one pass of the loop share
+one transaction and one sync.
 
-A busy daemon makes several small writes per message, from many turns at once. On its own,
-each write costs a trip to the connection's thread and back (two hand-overs of the GIL and a
-wake-up of the event loop) and, when durable, a sync of the log; at saturation that was about
-a third of the daemon's time. Writes that queue up while one transaction runs are taken
-together instead: one ``BEGIN IMMEDIATE`` ... ``COMMIT``, each write inside its own savepoint,
-so a write that fails rolls back only itself, exactly as if it had had a transaction of its
-own. A lone write runs as before, without savepoints.
+A busy daemon makes several small writes per message, from many turns at once. Each write
+used to go to the connection's own thread and back: two hand-overs of the GIL and a wake-up
+of the event loop per write, and, while the loop ran Python, a write waited for the GIL at
+every statement (the sqlite3 module lets go of it around each step). Measured on a message's
+turn, that was most of the store's cost and a tenth of the reply's latency, and the busy
+loop made the thread's writes slower still. The statements themselves take microseconds.
 
-What each caller sees is unchanged: its write happens whole or not at all, it returns once
-its write is committed (synced to disk first if it, or any write committed with it, is
-durable), writes commit in the order they were asked for, and a caller cancelled meanwhile
-changes nothing: its write still runs to its commit or rollback.
+So writes run here, on the loop's thread, on a connection of their own: a write is queued,
+and at the end of the loop's current pass every write queued by then is committed together,
+one ``BEGIN IMMEDIATE`` ... ``COMMIT``, each write inside its own savepoint, so a write that
+fails rolls back only itself, exactly as if it had had a transaction of its own. Reads stay
+on the store's aiosqlite thread (a long history must not stop the loop), and see what these
+commits wrote as soon as they return (WAL).
+
+What the loop must never do is wait. Another process holding the write lock (an operator's
+``geodebot`` command) would stop the daemon for the whole busy timeout, so this connection
+does not wait for locks: a busy database is tried again after a pause, up to
+``busy_timeout_s``, while the loop goes on. And it does not checkpoint the log itself (a
+checkpoint copies pages and syncs the database file): every ``checkpoint_every`` commits,
+``on_checkpoint`` is called to have it done off the loop.
+
+What each caller sees: its write happens whole or not at all, it returns once its write is
+committed (synced to disk first if it, or any write committed with it, is durable), writes
+commit in the order they were asked for, and a caller cancelled meanwhile changes nothing:
+its write still runs to its commit or rollback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sqlite3
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,8 +44,8 @@ __all__ = ["GroupCommit"]
 
 _T = TypeVar("_T")
 
-# Runs a function on the connection's thread, in the order of the connection's queue.
-Runner = Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]]
+BUSY_FIRST_PAUSE_S = 0.005
+BUSY_MAX_PAUSE_S = 0.1
 
 
 @dataclass(slots=True)
@@ -48,90 +62,98 @@ class _Outcome:
     error: BaseException | None = None
 
 
+class _Busy(Exception):
+    """Another connection holds the write lock; nothing of the batch ran."""
+
+
 class GroupCommit:
-    """The store's writes, committed in groups; one per connection.
+    """The store's writes, committed in groups on ``conn``, which only this object uses.
 
     ``synchronous`` is the store's level for durable commits; the others use at most NORMAL
     (see :meth:`SQLiteStore._transact`).
     """
 
-    def __init__(self, run: Runner, synchronous: str) -> None:
-        self._run = run
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        synchronous: str,
+        *,
+        busy_timeout_s: float,
+        on_checkpoint: Callable[[], None],
+        checkpoint_every: int = 100,
+    ) -> None:
+        self._conn = conn
         self._durable_level = synchronous
         self._relaxed_level = "NORMAL" if synchronous in ("FULL", "EXTRA") else synchronous
-        self._level = synchronous  # touched only on the connection's thread
+        self._level = synchronous
+        self._busy_timeout_s = busy_timeout_s
+        self._on_checkpoint = on_checkpoint
+        self._checkpoint_every = checkpoint_every
+        self._commits = 0
         self._pending: list[_Write] = []
-        self._drainer: asyncio.Task[None] | None = None
-        # Set while a write that found nothing in flight is on the connection (see write).
-        self._direct: asyncio.Future[None] | None = None
+        # Set while a pass is due (a scheduled drain, or a pause on a busy database).
+        self._due: asyncio.Future[None] | None = None
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._conn
 
     async def write(self, what: str, fn: Callable[[sqlite3.Connection], _T], durable: bool) -> _T:
         loop = asyncio.get_running_loop()
-        if self._drainer is None and self._direct is None:
-            value: _T = await self._write_now(loop, _Write(what, fn, durable, loop.create_future()))
-            return value
         future: asyncio.Future[_T] = loop.create_future()
         self._pending.append(_Write(what, fn, durable, future))
-        if self._drainer is None and self._direct is None:
-            self._drainer = loop.create_task(self._drain(), name="store-group-commit")
+        if self._due is None:
+            self._due = loop.create_future()
+            loop.call_soon(self._drain)
         return await future
-
-    async def _write_now(self, loop: asyncio.AbstractEventLoop, write: _Write) -> Any:
-        """Nothing is in flight: the write goes to the connection at once, alone, without
-        waiting a turn of the loop for company (what a lone message's turn would pay at
-        every write). Writes asked for meanwhile queue up and follow it as one group."""
-        self._direct = done = loop.create_future()
-        try:
-            try:
-                (outcome,) = await self._run(functools.partial(self._commit, [write]))
-            except Exception as exc:  # noqa: BLE001 - the connection is closed or gone
-                outcome = _Outcome(error=_store_error(write.what, exc))
-        finally:
-            # Also when the caller is cancelled: its write still runs, and the queued ones
-            # go to the connection after it, so the order is kept.
-            self._direct = None
-            done.set_result(None)
-            if self._pending and self._drainer is None:
-                self._drainer = loop.create_task(self._drain(), name="store-group-commit")
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value
 
     async def flush(self) -> None:
         """Return once every write asked for so far has committed or failed."""
-        while self._drainer is not None or self._direct is not None:
-            await asyncio.shield(self._drainer or self._direct)  # type: ignore[arg-type]
+        while self._due is not None:
+            await asyncio.shield(self._due)
 
-    async def _drain(self) -> None:
-        batch: list[_Write] = []
+    def close(self) -> None:
+        self._conn.close()
+
+    def _drain(self, busy_since: float | None = None) -> None:
+        batch, self._pending = self._pending, []
         try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    outcomes = await self._run(functools.partial(self._commit, batch))
-                except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
-                    # The connection is closed or gone: nothing of the batch ran.
-                    outcomes = [_Outcome(error=_store_error(w.what, exc)) for w in batch]
-                for write, outcome in zip(batch, outcomes, strict=True):
-                    _settle(write.future, outcome)
-                batch = []
-        except asyncio.CancelledError:
-            # Only when the loop itself is torn down; nobody is left to tell.
-            for write in (*batch, *self._pending):
-                write.future.cancel()
-            self._pending = []
-            raise
-        finally:
-            self._drainer = None
+            outcomes = self._commit(batch)
+        except _Busy as busy:
+            waited = 0.0 if busy_since is None else time.monotonic() - busy_since
+            if waited < self._busy_timeout_s:
+                # The batch goes first again; what is asked for meanwhile joins it.
+                self._pending = batch + self._pending
+                pause = min(BUSY_MAX_PAUSE_S, max(BUSY_FIRST_PAUSE_S, waited / 2))
+                started = time.monotonic() if busy_since is None else busy_since
+                asyncio.get_running_loop().call_later(pause, self._drain, started)
+                return
+            outcomes = [_Outcome(error=_lost(w.what, busy.__cause__ or busy)) for w in batch]
+        for write, outcome in zip(batch, outcomes, strict=True):
+            _settle(write.future, outcome)
+        self._commits += 1
+        if self._commits % self._checkpoint_every == 0:
+            self._on_checkpoint()
+        due, self._due = self._due, None
+        if self._pending:
+            # Asked for by the callers just settled, or by a pass that raced this one.
+            self._due = due or asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(self._drain)
+        elif due is not None and not due.done():
+            due.set_result(None)
 
-    # -- on the connection's thread --------------------------------------------------------
-    def _commit(self, batch: list[_Write], conn: sqlite3.Connection) -> list[_Outcome]:
+    def _commit(self, batch: list[_Write]) -> list[_Outcome]:
+        conn = self._conn
         level = self._durable_level if any(w.durable for w in batch) else self._relaxed_level
         try:
             if level != self._level:
                 conn.execute(f"PRAGMA synchronous={level}")
                 self._level = level
             conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise _Busy() from exc
+            return [_Outcome(error=_store_error(w.what, exc)) for w in batch]
         except sqlite3.Error as exc:
             return [_Outcome(error=_store_error(w.what, exc)) for w in batch]
         if len(batch) == 1:

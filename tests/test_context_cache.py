@@ -224,3 +224,42 @@ async def test_turns_send_the_same_context_with_and_without_the_cache(
 
 def _text(text: str, role: str = "user") -> dict[str, object]:
     return {"role": role, "content": [{"type": "text", "text": text}]}
+
+
+async def test_the_next_turn_sends_the_very_messages_of_the_one_before(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # The cache keeps the messages a turn wrote as they are, so the adapter's cache of the
+    # encoded history recognises them: each turn encodes only its question and the answer
+    # before it, however long the session.
+    llm_server.default = Reply("noted")
+    async with AsyncExitStack() as stack:
+        app = await open_app(make_config(tmp_path, llm_server), stack, tmp_path / "marker")
+        adapter = await app.adapters[0].adapter()
+        history = adapter._history  # type: ignore[attr-defined]
+        encoded: list[Message] = []
+        inner = history._encoded
+
+        def counting(message: Message) -> object:
+            encoded.append(message)
+            return inner(message)
+
+        history._encoded = counting
+        per_turn = []
+        for index in range(5):
+            encoded.clear()
+            assert (await app.run_turn(Mode.IPC, SessionSpec("same"), f"q{index}")).ok
+            per_turn.append([m.text for m in encoded])
+    assert per_turn == [["q0"], ["noted", "q1"], ["noted", "q2"], ["noted", "q3"], ["noted", "q4"]]
+
+
+def test_appended_keeps_the_decoded_messages_as_they_are() -> None:
+    cache = ContextCache()
+    first = Message.user_text("one")
+    cache.put(SID, 1, 1, [ContextItem(0, first)])
+    answer = Message.user_text("two")
+    cache.appended(SID, [1], [NewMessage("user", answer.to_json(), "t")], [answer])
+    items = cache.get(SID, 1, 2)
+    assert items is not None
+    assert [i.message for i in items] == [first, answer]
+    assert items[1].message is answer

@@ -98,21 +98,31 @@ class ContextCache:
         self._set(session_id, _Entry(generation, next_seq, list(items), _size(items), floor))
 
     def appended(
-        self, session_id: str, seqs: Sequence[int], messages: Sequence[NewMessage]
+        self,
+        session_id: str,
+        seqs: Sequence[int],
+        messages: Sequence[NewMessage],
+        decoded: Sequence[Message] | None = None,
     ) -> None:
-        """Apply appends this process committed (``seqs`` as the store assigned them)."""
+        """Apply appends this process committed (``seqs`` as the store assigned them).
+
+        ``decoded``: the messages ``messages`` were encoded from. Kept as they are, the next
+        turn's request carries the very objects this one's did, which the adapters' caches
+        of encoded history recognise; decoded again, every message would look new."""
         entry = self._entries.get(session_id)
         if entry is None or not seqs:
             return
+        if decoded is None:
+            decoded = [Message.from_json(new.content) for new in messages]
         items, floor, size = entry.items, entry.floor, entry.size
-        for seq, new in zip(seqs, messages, strict=True):
+        for seq, new, message in zip(seqs, messages, decoded, strict=True):
             if seq != entry.next_seq:
                 # Someone else appended in between: the entry no longer knows the context.
                 self.drop(session_id)
                 return
             item = ContextItem(
                 seq,
-                Message.from_json(new.content),
+                message,
                 is_summary=new.kind == "summary",
                 covers_from=new.covers_from,
             )

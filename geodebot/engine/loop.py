@@ -84,9 +84,22 @@ class _Turn:
     refused: list[str] = field(default_factory=list)
     # The user's message until the turn's first checkpoint writes it (see _run), with the
     # context list and item that get its seq then.
-    unsaved: tuple[NewMessage, list[ContextItem], ContextItem] | None = None
+    unsaved: tuple[_Append, list[ContextItem], ContextItem] | None = None
     # What the caller writes with the turn's last checkpoint (see arun).
     ending: Ending | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Append:
+    """A message a checkpoint writes: its row, and the message it was encoded from, which
+    the context cache keeps as it is (see ContextCache.appended)."""
+
+    row: NewMessage
+    message: Message
+
+
+def _append(message: Message, turn_id: str, **summary: Any) -> _Append:
+    return _Append(NewMessage(message.role, message.to_json(), turn_id, **summary), message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +206,7 @@ class AgenticLoop:
         # makes one commit, where saving first cost it a store round trip more.
         item = ContextItem(0, user)  # its seq is known once saved
         items.append(item)
-        turn.unsaved = (NewMessage("user", user.to_json(), turn.id), items, item)
+        turn.unsaved = (_append(user, turn.id), items, item)
         self._svc.emit("turn_started", {"session": self._session.id, "turn": turn.id})
         return await self._rounds(turn, items)
 
@@ -369,9 +382,7 @@ class AgenticLoop:
             (turn.id, "tool_batch_proposed", {"batch": batch.id, "tools": [c.name for c in calls]})
         )
         # If this save fails the StoreError ends the turn and no tool has run.
-        seqs = await self._checkpoint(
-            turn, [NewMessage("assistant", message.to_json(), turn.id)], propose_batch=batch
-        )
+        seqs = await self._checkpoint(turn, [_append(message, turn.id)], propose_batch=batch)
         items.append(ContextItem(seqs[0], message))
         self._svc.emit("batch_saved", {"session": self._session.id, "batch": batch.id})
         await self._execute_batch(turn, items, batch, calls)
@@ -417,11 +428,7 @@ class AgenticLoop:
     ) -> None:
         message = Message("user", tuple(results))
         finish = (batch.id, [block_to_json(r) for r in results], status)
-        seqs = await self._checkpoint(
-            turn,
-            [NewMessage("user", message.to_json(), batch.turn_id)],
-            finish_batch=finish,
-        )
+        seqs = await self._checkpoint(turn, [_append(message, batch.turn_id)], finish_batch=finish)
         turn.open_batch = None
         items.append(ContextItem(seqs[0], message))
         self._svc.emit("batch_done", {"session": self._session.id, "batch": batch.id})
@@ -438,8 +445,7 @@ class AgenticLoop:
             turn.events.append((turn.id, "verify", {"ok": True}))
             self._close(turn, "completed")
             result = self._outcome(turn, "completed", answer)
-            answered = [NewMessage("assistant", message.to_json(), turn.id)]
-            return self._report(turn, await self._end(turn, answered, result))
+            return self._report(turn, await self._end(turn, [_append(message, turn.id)], result))
         turn.events.append(
             (turn.id, "verify", {"ok": False, "verifier": name, "reason": verdict.reason})
         )
@@ -449,15 +455,13 @@ class AgenticLoop:
             )
         turn.repairs += 1
         repair = Message.user_text(verdict.repair)
-        new = [NewMessage("user", repair.to_json(), turn.id)]
-        kept: list[ContextItem] = []
+        new = [_append(repair, turn.id)]
         # An empty assistant message is rejected by providers; keep only real content.
         if message.content and answer.strip():
-            new.insert(0, NewMessage("assistant", message.to_json(), turn.id))
-            kept.append(ContextItem(0, message))
+            new.insert(0, _append(message, turn.id))
         seqs = await self._checkpoint(turn, new)
-        for seq, item in zip(seqs, [*kept, ContextItem(0, repair)], strict=True):
-            items.append(ContextItem(seq, item.message))
+        for seq, written in zip(seqs, new, strict=True):
+            items.append(ContextItem(seq, written.message))
         return None
 
     async def _maybe_compact(
@@ -489,19 +493,10 @@ class AgenticLoop:
         turn.events.append(
             (turn.id, "compaction", {"covers_from": covers_from, "covers_to": covers_to})
         )
-        seqs = await self._checkpoint(
-            turn,
-            [
-                NewMessage(
-                    "user",
-                    summary.to_json(),
-                    turn.id,
-                    kind="summary",
-                    covers_from=covers_from,
-                    covers_to=covers_to,
-                )
-            ],
+        written = _append(
+            summary, turn.id, kind="summary", covers_from=covers_from, covers_to=covers_to
         )
+        seqs = await self._checkpoint(turn, [written])
         return [ContextItem(seqs[0], summary, True, covers_from), *items[index:]]
 
     # -- endings --------------------------------------------------------------------------
@@ -601,7 +596,7 @@ class AgenticLoop:
     async def _checkpoint(
         self,
         turn: _Turn,
-        messages: Sequence[NewMessage],
+        messages: Sequence[_Append],
         *,
         propose_batch: ToolBatchRecord | None = None,
         finish_batch: tuple[str, Sequence[Mapping[str, Any]], Any] | None = None,
@@ -618,7 +613,7 @@ class AgenticLoop:
         return self._user_written(turn, seqs)
 
     async def _end(
-        self, turn: _Turn, messages: Sequence[NewMessage], result: TurnResult
+        self, turn: _Turn, messages: Sequence[_Append], result: TurnResult
     ) -> TurnResult:
         """The turn's last checkpoint, carrying the caller's ending in the same commit."""
         if turn.ending is None:
@@ -630,7 +625,7 @@ class AgenticLoop:
         seqs, ended = await self._svc.store.checkpoint_ending(
             self._session.id,
             ending,
-            messages=written,
+            messages=[m.row for m in written],
             state=snapshot.state,
             guards=snapshot.guards,
             timeline=snapshot.events,
@@ -645,7 +640,7 @@ class AgenticLoop:
             await self._checkpoint(turn, [])
 
     @staticmethod
-    def _with_user(turn: _Turn, messages: Sequence[NewMessage]) -> Sequence[NewMessage]:
+    def _with_user(turn: _Turn, messages: Sequence[_Append]) -> Sequence[_Append]:
         return messages if turn.unsaved is None else [turn.unsaved[0], *messages]
 
     @staticmethod
@@ -675,7 +670,7 @@ class AgenticLoop:
 
     async def _write(
         self,
-        messages: Sequence[NewMessage],
+        messages: Sequence[_Append],
         snapshot: _Snapshot,
         *,
         propose_batch: ToolBatchRecord | None = None,
@@ -683,7 +678,7 @@ class AgenticLoop:
     ) -> list[int]:
         seqs = await self._svc.store.checkpoint(
             self._session.id,
-            messages=messages,
+            messages=[m.row for m in messages],
             state=snapshot.state,
             guards=snapshot.guards,
             propose_batch=propose_batch,
@@ -693,6 +688,11 @@ class AgenticLoop:
         self._cached(seqs, messages)
         return seqs
 
-    def _cached(self, seqs: list[int], messages: Sequence[NewMessage]) -> None:
+    def _cached(self, seqs: list[int], messages: Sequence[_Append]) -> None:
         if self._svc.context_cache is not None:
-            self._svc.context_cache.appended(self._session.id, seqs, messages)
+            self._svc.context_cache.appended(
+                self._session.id,
+                seqs,
+                [m.row for m in messages],
+                [m.message for m in messages],
+            )

@@ -9,7 +9,12 @@ persistence, no gate. Both use a 1 s long poll and 8 turns at once at most.
 Figures (same run, same machine):
 
 * sequential latency, one chat: push a message, wait until the reply is in ``FakeTelegram.sent``;
-  p50 / p99 over ``--seq`` turns after ``--warmup`` turns;
+  p50 / p99 over ``--seq`` turns after ``--warmup`` turns. Both systems run at once, each
+  against its own Telegram fake, and their turns alternate (who goes first swaps every
+  round), with a pause of ``SEQ_PAUSE_S`` after each reply so neither system's work after
+  a reply (recording it, the next poll) falls into the other's turn. Measured one system
+  after the other, the ratio followed the machine's speed, which drifts: the same code read
+  anywhere from 1.1x to 2.1x;
 * throughput: 50 chats in a closed loop (next message when the previous reply arrived); replies
   that arrive inside a window of ``--window`` s after ``--ramp`` s of ramp-up, per second;
 * VmRSS idle after start and after the throughput run; for geodebot also idle RSS with all
@@ -63,6 +68,7 @@ CAP = 8  # geodebot max_concurrent_sessions; PTB concurrent_updates of the refer
 MODEL_DELAY_S = 1.0
 ANSWER = "ok, done"
 TURN_TIMEOUT_S = 30.0
+SEQ_PAUSE_S = 0.005
 
 # Targets.
 LATENCY_RATIO_MAX = 1.5
@@ -230,11 +236,24 @@ async def one_turn(telegram: FakeTelegram, chat: int, text: str) -> float:
     return time.perf_counter() - start
 
 
-async def sequential(telegram: FakeTelegram, warmup: int, n: int) -> tuple[float, float]:
-    for i in range(warmup):
-        await one_turn(telegram, LATENCY_CHAT, f"warm-up {i}")
-    samples = [await one_turn(telegram, LATENCY_CHAT, f"question {i}") for i in range(n)]
-    samples.sort()
+async def alternating(
+    systems: Sequence[FakeTelegram], warmup: int, n: int
+) -> list[tuple[float, float]]:
+    """Sequential latency of several systems in one stretch of time: their turns alternate,
+    the order reversed every round; (p50, p99) in ms for each."""
+    samples: list[list[float]] = [[] for _ in systems]
+    for i in range(warmup + n):
+        order = list(enumerate(systems))
+        for index, telegram in order if i % 2 == 0 else order[::-1]:
+            took = await one_turn(telegram, LATENCY_CHAT, f"question {i}")
+            if i >= warmup:
+                samples[index].append(took)
+            await asyncio.sleep(SEQ_PAUSE_S)
+    return [percentiles(s) for s in samples]
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    samples = sorted(samples)
     p50 = statistics.median(samples)
     p99 = samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
     return p50 * 1000, p99 * 1000
@@ -279,14 +298,10 @@ async def step(label: str, action: Callable[[], Awaitable[object]]) -> None:
 async def measure_load(
     name: str, telegram: FakeTelegram, llm: FakeLLMServer, pid: int, sizes: Sizes, chats: list[int]
 ) -> Figures:
-    """The figures both systems share; for geodebot, growth over fixed turns in between."""
+    """The figures both systems share but sequential latency (see :func:`paired_latency`);
+    for geodebot, growth over fixed turns before the throughput run."""
     fig = Figures(name)
     fig.rss_idle_mb = await idle_rss(pid)
-
-    async def seq() -> None:
-        fig.p50_ms, fig.p99_ms = await sequential(telegram, sizes.warmup, sizes.seq)
-
-    await step(f"{name}: sequential latency", seq)
     if name == "geodebot":
         before = rss_mb(pid)
         turns = sizes.growth_per_chat * len(chats)
@@ -323,6 +338,30 @@ async def measure_load(
         finally:
             llm.default = Reply(ANSWER)
     return fig
+
+
+async def paired_latency(
+    tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list[int]
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Sequential (p50, p99) of geodebot and of the reference, taken side by side."""
+    async with FakeTelegram() as ours, FakeTelegram() as theirs:
+        config = geodebot_config(tmp / "latency.toml", ours, llm, [LATENCY_CHAT, *chats])
+        daemon = DaemonProcess(config, geodebot_env(ours))
+        bot = ReferenceBot(theirs, llm.url)
+        try:
+            await daemon.start(timeout_s=60)
+            await daemon.wait_for_line(MODELS_MARK, 120)
+            await bot.start()
+            figures: list[tuple[float, float]] = []
+
+            async def both() -> None:
+                figures.extend(await alternating([ours, theirs], sizes.warmup, sizes.seq))
+
+            await step("sequential latency, both systems, turns alternating", both)
+        finally:
+            await stop_daemon(daemon)
+            await bot.stop()
+    return figures[0], figures[1]
 
 
 async def run_reference(llm: FakeLLMServer, sizes: Sizes, chats: list[int]) -> Figures:
@@ -586,8 +625,11 @@ async def amain(sizes: Sizes) -> int:
     with tempfile.TemporaryDirectory(prefix="geodebot-bench-") as tmp:
         async with FakeLLMServer(record=False) as llm:
             llm.default = Reply(ANSWER)
+            geo_latency, ref_latency = await paired_latency(Path(tmp), llm, sizes, chats)
             ref = await run_reference(llm, sizes, chats)
             geo, log = await run_geodebot(Path(tmp), llm, sizes, chats)
+            geo.p50_ms, geo.p99_ms = geo_latency
+            ref.p50_ms, ref.p99_ms = ref_latency
     ok = report(geo, ref, sizes)
     problems = [line for line in log if "Traceback" in line or " ERROR " in line]
     if problems:

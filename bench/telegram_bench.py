@@ -6,26 +6,27 @@ delay for the concurrency figure). The reference (``bench/reference_bot.py``) is
 python-telegram-bot polling plus one ``AsyncAnthropic.messages.create`` per message: no
 persistence, no gate. Both use a 1 s long poll and 8 turns at once at most.
 
-Figures (same run, same machine):
+Figures (same run, same machine). The two systems that are compared run side by side, each
+against its own Telegram fake, and are driven one at a time, in turns (who goes first swaps
+every round), so a change in the machine's speed, which drifts within a run and between runs,
+meets both alike. Measured one system after the other, the same code's latency ratio read
+anywhere from 1.1x to 2.1x.
 
 * sequential latency, one chat: push a message, wait until the reply is in ``FakeTelegram.sent``;
-  p50 / p99 over ``--seq`` turns after ``--warmup`` turns. Both systems run at once, each
-  against its own Telegram fake, and their turns alternate (who goes first swaps every
-  round), with a pause of ``SEQ_PAUSE_S`` after each reply so neither system's work after
-  a reply (recording it, the next poll) falls into the other's turn. Measured one system
-  after the other, the ratio followed the machine's speed, which drifts: the same code read
-  anywhere from 1.1x to 2.1x;
+  p50 / p99 over ``--seq`` turns after ``--warmup`` turns, the two systems' turns alternating,
+  with a pause of ``SEQ_PAUSE_S`` after each reply so neither system's work after a reply
+  (recording it, the next poll) falls into the other's turn;
 * throughput: 50 chats in a closed loop (next message when the previous reply arrived); replies
-  that arrive inside a window of ``--window`` s after ``--ramp`` s of ramp-up, per second;
+  that arrive inside a window after ``--ramp`` s of ramp-up, per second, averaged over
+  ``THROUGHPUT_SLOTS`` windows per system that share ``--window`` s, the systems taking turns;
 * VmRSS idle after start and after the throughput run; for geodebot also idle RSS with all
   three channels enabled (the Slack and Discord fakes too; the 130 MB target is this one) and
   the time from starting the process to the daemon's READY (every channel connected), with
   10,000 extra bindings (a fresh daemon) vs 3 bindings, and RSS growth over 500 turns in 50
   sessions;
 * concurrency: the model answers after 1 s, 50 chats, cap 8: achieved rate / (8 per second);
-* CPU per message: each process's user + system CPU time (all threads, from /proc) over the
-  throughput run divided by the replies it sent; steadier than rates on a machine whose speed
-  varies, since both systems pay the same clock.
+* CPU per message: each process's user + system CPU time (all threads, from /proc) over its
+  throughput windows divided by the replies it sent.
 
 Run from the repo root: ``.venv/bin/python bench/telegram_bench.py [--quick]``. Exits 1 on FAIL.
 MB here is 10^6 bytes (VmRSS is reported in KiB).
@@ -69,6 +70,7 @@ MODEL_DELAY_S = 1.0
 ANSWER = "ok, done"
 TURN_TIMEOUT_S = 30.0
 SEQ_PAUSE_S = 0.005
+THROUGHPUT_SLOTS = 4
 
 # Targets.
 LATENCY_RATIO_MAX = 1.5
@@ -295,83 +297,106 @@ async def step(label: str, action: Callable[[], Awaitable[object]]) -> None:
 
 
 # -- systems --------------------------------------------------------------------------------
-async def measure_load(
-    name: str, telegram: FakeTelegram, llm: FakeLLMServer, pid: int, sizes: Sizes, chats: list[int]
-) -> Figures:
-    """The figures both systems share but sequential latency (see :func:`paired_latency`);
-    for geodebot, growth over fixed turns before the throughput run."""
-    fig = Figures(name)
-    fig.rss_idle_mb = await idle_rss(pid)
-    if name == "geodebot":
-        before = rss_mb(pid)
-        turns = sizes.growth_per_chat * len(chats)
+@dataclass
+class System:
+    """One of the two systems measured side by side."""
 
-        async def growth() -> None:
-            await fixed_turns(telegram, chats, sizes.growth_per_chat)
-            await asyncio.sleep(1.0)
+    telegram: FakeTelegram
+    pid: int
+    fig: Figures
 
-        await step(f"{name}: {turns} turns in {len(chats)} sessions", growth)
-        fig.extra["rss_before_turns"] = before
-        fig.extra["rss_after_turns"] = rss_mb(pid)
-        fig.extra["turns"] = turns
 
-    async def throughput() -> None:
-        replies = sum(len(v) for v in telegram.sent.values())
-        cpu = cpu_seconds(pid)
-        fig.mps = await closed_loop(telegram, chats, sizes.ramp_s, sizes.window_s)
-        replies = sum(len(v) for v in telegram.sent.values()) - replies
-        fig.cpu_ms = (cpu_seconds(pid) - cpu) * 1000 / max(1, replies)
+async def measure_pair(
+    geo: System, ref: System, llm: FakeLLMServer, sizes: Sizes, chats: list[int]
+) -> None:
+    """The figures that compare the two systems, both running all along: one is driven at a
+    time, in turns, so a change in the machine's speed meets both alike (measured one system
+    after the other, the same code read anywhere from 1.1x to 2.1x on latency)."""
+    await asyncio.sleep(1.5)  # start-up work done
+    for system in (geo, ref):
+        system.fig.rss_idle_mb = rss_mb(system.pid)
 
-    await step(f"{name}: throughput", throughput)
+    async def latency() -> None:
+        pairs = await alternating([geo.telegram, ref.telegram], sizes.warmup, sizes.seq)
+        for system, (p50, p99) in zip((geo, ref), pairs, strict=True):
+            system.fig.p50_ms, system.fig.p99_ms = p50, p99
+
+    await step("sequential latency, turns alternating", latency)
+    before = rss_mb(geo.pid)
+    turns = sizes.growth_per_chat * len(chats)
+
+    async def growth() -> None:
+        await fixed_turns(geo.telegram, chats, sizes.growth_per_chat)
+        await asyncio.sleep(1.0)
+
+    await step(f"geodebot: {turns} turns in {len(chats)} sessions", growth)
+    geo.fig.extra.update(rss_before_turns=before, rss_after_turns=rss_mb(geo.pid), turns=turns)
+    await step(
+        f"throughput, {THROUGHPUT_SLOTS} windows each, alternating",
+        lambda: alternating_throughput((geo, ref), chats, sizes),
+    )
     await asyncio.sleep(1.0)
-    fig.rss_after_mb = rss_mb(pid)
-    if sizes.concurrency:
-        llm.default = Delay(MODEL_DELAY_S, Reply(ANSWER))
+    for system in (geo, ref):
+        system.fig.rss_after_mb = rss_mb(system.pid)
+    if not sizes.concurrency:
+        return
+    llm.default = Delay(MODEL_DELAY_S, Reply(ANSWER))
+    try:
+        for system in (geo, ref):
 
-        async def concurrency() -> None:
-            fig.conc_mps = await closed_loop(
-                telegram, chats, sizes.conc_ramp_s, sizes.conc_window_s
-            )
+            async def concurrency(system: System = system) -> None:
+                system.fig.conc_mps = await closed_loop(
+                    system.telegram, chats, sizes.conc_ramp_s, sizes.conc_window_s
+                )
 
-        try:
-            await step(f"{name}: concurrency, model delay {MODEL_DELAY_S:g} s", concurrency)
-        finally:
-            llm.default = Reply(ANSWER)
-    return fig
+            label = f"{system.fig.name}: concurrency, model delay {MODEL_DELAY_S:g} s"
+            await step(label, concurrency)
+    finally:
+        llm.default = Reply(ANSWER)
 
 
-async def paired_latency(
+async def alternating_throughput(
+    systems: Sequence[System], chats: Sequence[int], sizes: Sizes
+) -> None:
+    """Each system's closed-loop rate over ``THROUGHPUT_SLOTS`` windows taken in turns (who
+    goes first swaps every round), and its CPU per reply over them."""
+    window = sizes.window_s / THROUGHPUT_SLOTS
+    rates: list[list[float]] = [[] for _ in systems]
+    cpu = [0.0 for _ in systems]
+    replies = [0 for _ in systems]
+    for slot in range(THROUGHPUT_SLOTS):
+        order = list(enumerate(systems))
+        for index, system in order if slot % 2 == 0 else order[::-1]:
+            sent = sum(len(v) for v in system.telegram.sent.values())
+            used = cpu_seconds(system.pid)
+            rates[index].append(await closed_loop(system.telegram, chats, sizes.ramp_s, window))
+            cpu[index] += cpu_seconds(system.pid) - used
+            replies[index] += sum(len(v) for v in system.telegram.sent.values()) - sent
+    for index, system in enumerate(systems):
+        system.fig.mps = statistics.fmean(rates[index])
+        system.fig.cpu_ms = cpu[index] * 1000 / max(1, replies[index])
+
+
+async def run_pair(
     tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list[int]
-) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Sequential (p50, p99) of geodebot and of the reference, taken side by side."""
+) -> tuple[Figures, Figures, list[str]]:
+    """The daemon and the reference bot side by side, each against its own Telegram fake."""
     async with FakeTelegram() as ours, FakeTelegram() as theirs:
-        config = geodebot_config(tmp / "latency.toml", ours, llm, [LATENCY_CHAT, *chats])
+        config = geodebot_config(tmp / "main.toml", ours, llm, [LATENCY_CHAT, *chats])
         daemon = DaemonProcess(config, geodebot_env(ours))
         bot = ReferenceBot(theirs, llm.url)
         try:
             await daemon.start(timeout_s=60)
             await daemon.wait_for_line(MODELS_MARK, 120)
             await bot.start()
-            figures: list[tuple[float, float]] = []
-
-            async def both() -> None:
-                figures.extend(await alternating([ours, theirs], sizes.warmup, sizes.seq))
-
-            await step("sequential latency, both systems, turns alternating", both)
+            assert daemon.proc is not None
+            geo = System(ours, daemon.proc.pid, Figures("geodebot"))
+            ref = System(theirs, bot.pid, Figures("reference"))
+            await measure_pair(geo, ref, llm, sizes, chats)
         finally:
             await stop_daemon(daemon)
             await bot.stop()
-    return figures[0], figures[1]
-
-
-async def run_reference(llm: FakeLLMServer, sizes: Sizes, chats: list[int]) -> Figures:
-    async with FakeTelegram() as telegram:
-        bot = ReferenceBot(telegram, llm.url)
-        try:
-            await bot.start()
-            return await measure_load("reference", telegram, llm, bot.pid, sizes, chats)
-        finally:
-            await bot.stop()
+    return geo.fig, ref.fig, daemon.log
 
 
 async def daemon_idle_rss(
@@ -419,9 +444,8 @@ async def idle_rss_all_channels(tmp: Path, llm: FakeLLMServer) -> tuple[float, f
         return await fresh_daemon_idle(DaemonProcess(config, env))
 
 
-async def run_geodebot(
-    tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list[int]
-) -> tuple[Figures, list[str]]:
+async def fresh_daemons(tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list[int]) -> Figures:
+    """geodebot's own figures from fresh daemons: idle RSS and time to ready."""
     rss_all, ready_all = await idle_rss_all_channels(tmp, llm)
     print(
         f"  .. geodebot: all three channels idle {rss_all:.1f} MB (ready in {ready_all:.1f} s)",
@@ -436,18 +460,9 @@ async def run_geodebot(
         f"(ready in {ready_many:.1f} s)",
         flush=True,
     )
-    async with FakeTelegram() as telegram:
-        config = geodebot_config(tmp / "main.toml", telegram, llm, [LATENCY_CHAT, *chats])
-        daemon = DaemonProcess(config, geodebot_env(telegram))
-        try:
-            await daemon.start(timeout_s=60)
-            await daemon.wait_for_line(MODELS_MARK, 120)
-            assert daemon.proc is not None
-            fig = await measure_load("geodebot", telegram, llm, daemon.proc.pid, sizes, chats)
-        finally:
-            await stop_daemon(daemon)
+    fig = Figures("geodebot")
     fig.extra.update(rss3=rss3, rss_many=rss_many, rss_all=rss_all, ready_all=ready_all)
-    return fig, daemon.log
+    return fig
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -602,7 +617,7 @@ def parse(argv: list[str] | None) -> Sizes:
     parser.add_argument("--no-concurrency", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        args.warmup, args.seq, args.window, args.growth_per_chat = 5, 50, 3.0, 2
+        args.warmup, args.seq, args.window, args.growth_per_chat = 5, 50, 4.0, 2
     return Sizes(
         warmup=args.warmup,
         seq=args.seq,
@@ -625,11 +640,9 @@ async def amain(sizes: Sizes) -> int:
     with tempfile.TemporaryDirectory(prefix="geodebot-bench-") as tmp:
         async with FakeLLMServer(record=False) as llm:
             llm.default = Reply(ANSWER)
-            geo_latency, ref_latency = await paired_latency(Path(tmp), llm, sizes, chats)
-            ref = await run_reference(llm, sizes, chats)
-            geo, log = await run_geodebot(Path(tmp), llm, sizes, chats)
-            geo.p50_ms, geo.p99_ms = geo_latency
-            ref.p50_ms, ref.p99_ms = ref_latency
+            fresh = await fresh_daemons(Path(tmp), llm, sizes, chats)
+            geo, ref, log = await run_pair(Path(tmp), llm, sizes, chats)
+            geo.extra.update(fresh.extra)
     ok = report(geo, ref, sizes)
     problems = [line for line in log if "Traceback" in line or " ERROR " in line]
     if problems:

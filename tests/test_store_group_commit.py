@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,32 @@ async def test_the_log_is_checkpointed_off_the_loop(
     assert 1 <= on_thread.count("PRAGMA wal_checkpoint(PASSIVE)") <= 2
     assert not any("checkpoint" in sql.lower() for sql in on_loop)
     assert store._commits.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+
+
+async def test_an_unexpected_failure_of_a_group_fails_its_writes_and_the_next_go_on(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    assert store._commits is not None
+    real = store._commits._commit
+    calls = 0
+
+    def broken_once(batch: list[Any]) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in the group commit")
+        return real(batch)
+
+    monkeypatch.setattr(store._commits, "_commit", broken_once)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(
+            store._transact("a", insert("a")),
+            store._transact("b", insert("b")),
+            return_exceptions=True,
+        ),
+        5,
+    )
+    assert [type(o) for o in outcomes] == [RuntimeError, RuntimeError]
+    assert await asyncio.wait_for(store._transact("c", insert("c")), 5) == "c"
+    await asyncio.wait_for(store._commits.flush(), 5)
+    assert await rows(store) == [("c", 0)]

@@ -225,12 +225,12 @@ class ChatRouter:
             await asyncio.gather(started, return_exceptions=True)
             raise
         if result.ended is not None:
-            # The turn's last commit finished the row and wrote its reply: the start, which
-            # committed before it, has nothing left to say.
-            await asyncio.gather(started, return_exceptions=True)
+            # The turn's last commit finished the row and wrote its reply, begun: it goes
+            # out at once. The start, which committed before it, has nothing left to say.
             _, outbound = result.ended
             if outbound is not None:
                 self._outbox.submit(outbound, first_part_begun=True)
+            await asyncio.gather(started, return_exceptions=True)
             return
         await started
         status, text, detail = _closing(result)

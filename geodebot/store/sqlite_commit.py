@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -41,6 +42,8 @@ from typing import Any, TypeVar
 from geodebot.store.protocol import StoreError
 
 __all__ = ["GroupCommit"]
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -129,14 +132,19 @@ class GroupCommit:
                 asyncio.get_running_loop().call_later(pause, self._drain, started)
                 return
             outcomes = [_Outcome(error=_lost(w.what, busy.__cause__ or busy)) for w in batch]
+        except Exception as exc:  # a bug here must not leave callers waiting for ever
+            log.exception("store: a group of %d writes failed unexpectedly", len(batch))
+            outcomes = [_Outcome(error=exc) for _ in batch]
         for write, outcome in zip(batch, outcomes, strict=True):
             _settle(write.future, outcome)
         self._commits += 1
         if self._commits % self._checkpoint_every == 0:
-            self._on_checkpoint()
+            try:
+                self._on_checkpoint()
+            except Exception:  # the next one is tried later
+                log.exception("store: cannot start a checkpoint of the log")
         due, self._due = self._due, None
         if self._pending:
-            # Asked for by the callers just settled, or by a pass that raced this one.
             self._due = due or asyncio.get_running_loop().create_future()
             asyncio.get_running_loop().call_soon(self._drain)
         elif due is not None and not due.done():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -363,6 +364,54 @@ async def test_a_finished_row_is_not_recorded_again(
         after = await store.get_inbox(row.id)
     assert after is not None
     assert after.status == "done"
+
+
+async def test_a_scan_that_read_a_row_before_its_delivery_finished_leaves_it_alone(
+    tmp_path: Path,
+    llm_server: FakeLLMServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Reads do not share the writes' queue: a scan of pending rows can come back after the
+    # row it read as pending was sent. Queued again, its sent part would look like an open
+    # outcome (a failed begin, a lookup, a blind resend) and hold up the chat.
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        row, _ = await store.inbox_add(
+            platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
+            user="u1", text="hi", message_id="m1",
+        )  # fmt: skip
+        reply = NewOutbound("s1", "telegram", "c1", None, "m1", "just once")
+        _, out = await store.inbox_finish(row.id, "done", reply=reply)
+        assert out is not None
+        real = store.outbox_pending
+        read, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(**kw: Any) -> Any:
+            rows = await real(**kw)
+            if any(r.id == out.id for r in rows):
+                read.set()
+                await release.wait()
+            return rows
+
+        monkeypatch.setattr(store, "outbox_pending", slow)
+        h.outbox.kick()
+        async with asyncio.timeout(5):
+            await read.wait()
+        h.outbox.submit(out)  # delivered meanwhile, as the router hands a reply over
+        assert await h.replies(1) == ["just once"]
+        for _ in range(500):  # until the delivery is over and the row forgotten
+            if not h.outbox.pending_destinations() and out.id not in h.outbox._known:
+                break
+            await asyncio.sleep(0.01)
+        assert out.id not in h.outbox._known
+        release.set()
+        await asyncio.sleep(0.3)
+        final = await store.get_outbox(out.id)
+    assert h.chat.texts() == ["just once"]
+    assert final is not None
+    assert (final.status, final.attempts, final.blind_resends) == ("sent", 1, 0)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 @pytest.mark.parametrize("lookups", [True, False])

@@ -70,6 +70,8 @@ class OutboxSender:
         self._known: set[int] = set()
         # Ids of queued rows whose part 0 the commit that wrote them began (see submit).
         self._begun: set[int] = set()
+        # Ids of rows delivered while a scan's read was out (see _schedule); None: no scan.
+        self._done_in_scan: set[int] | None = None
         self._stopping = False
         self._store_pause = STORE_RETRY_FIRST_S
         self.sent_parts = 0
@@ -107,14 +109,22 @@ class OutboxSender:
                     await self._wake.wait()
 
     async def _schedule(self) -> None:
-        """Queue every pending row (one read serves every chat); rows already queued stay put."""
+        """Queue every pending row (one read serves every chat); rows already queued stay put.
+
+        The read may show a row as it was before a delivery that finished while the read was
+        out (reads and writes do not share one queue): such a row is not queued again, which
+        would make its sent part look like an open outcome."""
+        self._done_in_scan = set()
         try:
             rows = await self._store.outbox_pending()
         except Exception:
             log.exception("outbox: cannot read pending rows")
             return
+        finally:
+            done, self._done_in_scan = self._done_in_scan, None
         for row in rows:
-            self.submit(row)
+            if row.id not in done:
+                self.submit(row)
 
     async def stop(self, grace_s: float) -> None:
         """Deliver what is pending (replies of turns that just drained included) for up to
@@ -173,6 +183,8 @@ class OutboxSender:
             self._store_pause = STORE_RETRY_FIRST_S
             queue.popleft()
             self._known.discard(row.id)
+            if self._done_in_scan is not None:
+                self._done_in_scan.add(row.id)
 
     async def deliver(self, row: OutboxRow) -> None:
         channel = self._channels[row.platform]

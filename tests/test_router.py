@@ -366,15 +366,18 @@ async def test_a_finished_row_is_not_recorded_again(
     assert after.status == "done"
 
 
+@pytest.mark.parametrize("scans", [1, 2])
 async def test_a_scan_that_read_a_row_before_its_delivery_finished_leaves_it_alone(
     tmp_path: Path,
     llm_server: FakeLLMServer,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    scans: int,
 ) -> None:
     # Reads do not share the writes' queue: a scan of pending rows can come back after the
     # row it read as pending was sent. Queued again, its sent part would look like an open
-    # outcome (a failed begin, a lookup, a blind resend) and hold up the chat.
+    # outcome (a failed begin, a lookup, a blind resend) and hold up the chat. Two scans can
+    # be out at once (a stop scans while the sender's own pass does).
     async with harness(tmp_path, llm_server) as h:
         store = h.app.services.store
         row, _ = await store.inbox_add(
@@ -387,15 +390,21 @@ async def test_a_scan_that_read_a_row_before_its_delivery_finished_leaves_it_alo
         real = store.outbox_pending
         read, release = asyncio.Event(), asyncio.Event()
 
+        held = 0
+
         async def slow(**kw: Any) -> Any:
+            nonlocal held
             rows = await real(**kw)
             if any(r.id == out.id for r in rows):
-                read.set()
+                held += 1
+                if held == scans:
+                    read.set()
                 await release.wait()
             return rows
 
         monkeypatch.setattr(store, "outbox_pending", slow)
         h.outbox.kick()
+        second = asyncio.create_task(h.outbox._schedule()) if scans == 2 else None
         async with asyncio.timeout(5):
             await read.wait()
         h.outbox.submit(out)  # delivered meanwhile, as the router hands a reply over
@@ -406,6 +415,8 @@ async def test_a_scan_that_read_a_row_before_its_delivery_finished_leaves_it_alo
             await asyncio.sleep(0.01)
         assert out.id not in h.outbox._known
         release.set()
+        if second is not None:
+            await second
         await asyncio.sleep(0.3)
         final = await store.get_outbox(out.id)
     assert h.chat.texts() == ["just once"]

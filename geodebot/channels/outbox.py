@@ -70,8 +70,9 @@ class OutboxSender:
         self._known: set[int] = set()
         # Ids of queued rows whose part 0 the commit that wrote them began (see submit).
         self._begun: set[int] = set()
-        # Ids of rows delivered while a scan's read was out (see _schedule); None: no scan.
-        self._done_in_scan: set[int] | None = None
+        # Per scan whose read is out (see _schedule; run and stop may both scan): the ids of
+        # rows delivered meanwhile.
+        self._scans: list[set[int]] = []
         self._stopping = False
         self._store_pause = STORE_RETRY_FIRST_S
         self.sent_parts = 0
@@ -114,14 +115,16 @@ class OutboxSender:
         The read may show a row as it was before a delivery that finished while the read was
         out (reads and writes do not share one queue): such a row is not queued again, which
         would make its sent part look like an open outcome."""
-        self._done_in_scan = set()
+        done: set[int] = set()
+        self._scans.append(done)
         try:
             rows = await self._store.outbox_pending()
         except Exception:
             log.exception("outbox: cannot read pending rows")
             return
         finally:
-            done, self._done_in_scan = self._done_in_scan, None
+            # By identity: another scan's set may be equal to this one.
+            self._scans = [scan for scan in self._scans if scan is not done]
         for row in rows:
             if row.id not in done:
                 self.submit(row)
@@ -183,8 +186,8 @@ class OutboxSender:
             self._store_pause = STORE_RETRY_FIRST_S
             queue.popleft()
             self._known.discard(row.id)
-            if self._done_in_scan is not None:
-                self._done_in_scan.add(row.id)
+            for done in self._scans:
+                done.add(row.id)
 
     async def deliver(self, row: OutboxRow) -> None:
         channel = self._channels[row.platform]

@@ -444,7 +444,9 @@ async def idle_rss_all_channels(tmp: Path, llm: FakeLLMServer) -> tuple[float, f
         return await fresh_daemon_idle(DaemonProcess(config, env))
 
 
-async def fresh_daemons(tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list[int]) -> Figures:
+async def fresh_daemons(
+    tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list[int]
+) -> dict[str, float]:
     """geodebot's own figures from fresh daemons: idle RSS and time to ready."""
     rss_all, ready_all = await idle_rss_all_channels(tmp, llm)
     print(
@@ -460,9 +462,7 @@ async def fresh_daemons(tmp: Path, llm: FakeLLMServer, sizes: Sizes, chats: list
         f"(ready in {ready_many:.1f} s)",
         flush=True,
     )
-    fig = Figures("geodebot")
-    fig.extra.update(rss3=rss3, rss_many=rss_many, rss_all=rss_all, ready_all=ready_all)
-    return fig
+    return {"rss3": rss3, "rss_many": rss_many, "rss_all": rss_all, "ready_all": ready_all}
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -642,7 +642,7 @@ async def amain(sizes: Sizes) -> int:
             llm.default = Reply(ANSWER)
             fresh = await fresh_daemons(Path(tmp), llm, sizes, chats)
             geo, ref, log = await run_pair(Path(tmp), llm, sizes, chats)
-            geo.extra.update(fresh.extra)
+            geo.extra.update(fresh)
     ok = report(geo, ref, sizes)
     problems = [line for line in log if "Traceback" in line or " ERROR " in line]
     if problems:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
-from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON, messages_json
+from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON
 from geodebot.engine.llm.types import (
     LLMRequest,
     Message,
@@ -138,7 +138,8 @@ class CountingJSON:
 
 
 def whole(messages: list[Message]) -> str:
-    return messages_json(messages, MessageJSON())
+    """The array built whole, by a cache that has seen nothing."""
+    return HistoryJSON(MessageJSON())(messages)
 
 
 def turn_pair(i: int) -> list[Message]:

@@ -22,7 +22,7 @@ from geodebot.app import App
 from geodebot.channels.base import ChannelError, Inbound, SendUnknown
 from geodebot.channels.outbox import OutboxSender
 from geodebot.channels.router import ChatRouter
-from geodebot.store.protocol import NewOutbound
+from geodebot.store.protocol import InboxRow, NewOutbound, OutboxRow, Store
 from geodebot.testing import MemoryChannel
 from tests.conftest import make_config, open_app, with_sections
 from tests.fakes.llm_server import Delay, FakeLLMServer, Reply
@@ -125,6 +125,22 @@ async def harness(
 async def _fast_sleep(seconds: float) -> None:
     # Retry-After is honoured, scaled down so the suite stays quick.
     await asyncio.sleep(min(seconds, 0.05))
+
+
+async def answered(
+    store: Store, text: str, *, begin_first_part: bool = False
+) -> tuple[InboxRow, OutboxRow]:
+    """An event of chat c1 finished with a reply written to the outbox, nothing sent yet."""
+    row, _ = await store.inbox_add(
+        platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
+        user="u1", text="hi", message_id="m1",
+    )  # fmt: skip
+    reply = NewOutbound("s1", "telegram", "c1", None, "m1", text)
+    _, out = await store.inbox_finish(
+        row.id, "done", reply=reply, begin_first_part=begin_first_part
+    )
+    assert out is not None
+    return row, out
 
 
 async def test_bound_message_is_answered_in_its_chat(
@@ -352,13 +368,7 @@ async def test_a_finished_row_is_not_recorded_again(
     # own answer cannot be written, and is not tried again and again.
     async with harness(tmp_path, llm_server) as h:
         store = h.app.services.store
-        row, _ = await store.inbox_add(
-            platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
-            user="u1", text="hi", message_id="m1",
-        )  # fmt: skip
-        await store.inbox_finish(
-            row.id, "done", reply=NewOutbound("s1", "telegram", "c1", None, "m1", "answer")
-        )
+        row, _ = await answered(store, "answer")
         async with asyncio.timeout(5):
             await h.router._record(row, "failed", "Stopped, as asked.", detail="stopped")
         after = await store.get_inbox(row.id)
@@ -380,13 +390,7 @@ async def test_a_scan_that_read_a_row_before_its_delivery_finished_leaves_it_alo
     # be out at once (a stop scans while the sender's own pass does).
     async with harness(tmp_path, llm_server) as h:
         store = h.app.services.store
-        row, _ = await store.inbox_add(
-            platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
-            user="u1", text="hi", message_id="m1",
-        )  # fmt: skip
-        reply = NewOutbound("s1", "telegram", "c1", None, "m1", "just once")
-        _, out = await store.inbox_finish(row.id, "done", reply=reply)
-        assert out is not None
+        _, out = await answered(store, "just once")
         real = store.outbox_pending
         read, release = asyncio.Event(), asyncio.Event()
 
@@ -432,13 +436,7 @@ async def test_a_begun_part_left_by_a_crash_counts_as_perhaps_sent(
     # The process died between the commit that wrote and began the reply and its send.
     async with harness(tmp_path, llm_server) as h:
         store = h.app.services.store
-        row, _ = await store.inbox_add(
-            platform="telegram", event_id="e1", session_id="s", channel="c1", thread=None,
-            user="u1", text="hi", message_id="m1",
-        )  # fmt: skip
-        reply = NewOutbound("s", "telegram", "c1", None, "m1", "after the crash")
-        _, out = await store.inbox_finish(row.id, "done", reply=reply, begin_first_part=True)
-        assert out is not None
+        _, out = await answered(store, "after the crash", begin_first_part=True)
         h.chat.lookups_supported = lookups
         h.outbox.kick()  # a restart's scan finds it; it was never handed over in this life
         assert await h.replies(1) == ["after the crash"]

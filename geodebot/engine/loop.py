@@ -48,7 +48,14 @@ from geodebot.engine.session import Ending, Outcome, Session, TurnResult
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
 from geodebot.logctx import log_context
-from geodebot.store.protocol import BatchStatus, NewMessage, StoreError, ToolBatchRecord
+from geodebot.store.protocol import (
+    BatchStatus,
+    InboxEnding,
+    InboxFinished,
+    NewMessage,
+    StoreError,
+    ToolBatchRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -603,36 +610,18 @@ class AgenticLoop:
     ) -> list[int]:
         """Write ``messages`` (after the user's message, if still unsaved) with the turn's
         state; the seqs ``messages`` got."""
-        written = self._with_user(turn, messages)
-        seqs = await self._write(
-            written,
-            self._snapshot(turn),
-            propose_batch=propose_batch,
-            finish_batch=finish_batch,
+        seqs, _ = await self._write(
+            turn, messages, propose_batch=propose_batch, finish_batch=finish_batch
         )
-        return self._user_written(turn, seqs)
+        return seqs
 
     async def _end(
         self, turn: _Turn, messages: Sequence[_Append], result: TurnResult
     ) -> TurnResult:
         """The turn's last checkpoint, carrying the caller's ending in the same commit."""
-        if turn.ending is None:
-            await self._checkpoint(turn, messages)
-            return result
-        ending = turn.ending(result)
-        written = self._with_user(turn, messages)
-        snapshot = self._snapshot(turn)
-        seqs, ended = await self._svc.store.checkpoint_ending(
-            self._session.id,
-            ending,
-            messages=[m.row for m in written],
-            state=snapshot.state,
-            guards=snapshot.guards,
-            timeline=snapshot.events,
-        )
-        self._cached(seqs, written)
-        self._user_written(turn, seqs)
-        return replace(result, ended=ended)
+        ending = None if turn.ending is None else turn.ending(result)
+        _, ended = await self._write(turn, messages, ending=ending)
+        return result if ended is None else replace(result, ended=ended)
 
     async def _user_saved(self, turn: _Turn) -> None:
         """Write the user's message now if no checkpoint has yet."""
@@ -651,8 +640,10 @@ class AgenticLoop:
             return seqs
         _, items, item = turn.unsaved
         turn.unsaved = None
-        for index, candidate in enumerate(items):
-            if candidate is item:
+        # From the end: the item was appended just before the model was asked, and this is
+        # the turn's first checkpoint, so it is the last item or close to it.
+        for index in range(len(items) - 1, -1, -1):
+            if items[index] is item:
                 items[index] = replace(item, seq=seqs[0])
                 break
         return seqs[1:]
@@ -670,23 +661,41 @@ class AgenticLoop:
 
     async def _write(
         self,
+        turn: _Turn,
         messages: Sequence[_Append],
-        snapshot: _Snapshot,
         *,
         propose_batch: ToolBatchRecord | None = None,
         finish_batch: tuple[str, Sequence[Mapping[str, Any]], Any] | None = None,
-    ) -> list[int]:
-        seqs = await self._svc.store.checkpoint(
-            self._session.id,
-            messages=[m.row for m in messages],
-            state=snapshot.state,
-            guards=snapshot.guards,
-            propose_batch=propose_batch,
-            finish_batch=finish_batch,
-            timeline=snapshot.events,
-        )
-        self._cached(seqs, messages)
-        return seqs
+        ending: InboxEnding | None = None,
+    ) -> tuple[list[int], InboxFinished | None]:
+        """One checkpoint: ``messages`` after the user's message if still unsaved, the turn's
+        state, and ``ending`` in the same commit when given. The seqs ``messages`` got, and
+        what the ending wrote."""
+        written = self._with_user(turn, messages)
+        snapshot = self._snapshot(turn)
+        rows = [m.row for m in written]
+        ended: InboxFinished | None = None
+        if ending is None:
+            seqs = await self._svc.store.checkpoint(
+                self._session.id,
+                messages=rows,
+                state=snapshot.state,
+                guards=snapshot.guards,
+                propose_batch=propose_batch,
+                finish_batch=finish_batch,
+                timeline=snapshot.events,
+            )
+        else:
+            seqs, ended = await self._svc.store.checkpoint_ending(
+                self._session.id,
+                ending,
+                messages=rows,
+                state=snapshot.state,
+                guards=snapshot.guards,
+                timeline=snapshot.events,
+            )
+        self._cached(seqs, written)
+        return self._user_written(turn, seqs), ended
 
     def _cached(self, seqs: list[int], messages: Sequence[_Append]) -> None:
         if self._svc.context_cache is not None:

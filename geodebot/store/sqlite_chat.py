@@ -26,7 +26,7 @@ from geodebot.store.protocol import (
 )
 from geodebot.store.sqlite_rows import Transactions, dumps
 
-__all__ = ["ChatInboxOutbox", "ending_is_durable", "finishing"]
+__all__ = ["ChatInboxOutbox", "finishing"]
 
 _INBOX_STATUSES: tuple[str, ...] = get_args(InboxStatus)
 _INBOX_FINISHES: frozenset[str] = frozenset(get_args(InboxFinish))
@@ -237,10 +237,9 @@ class ChatInboxOutbox:
         reply: NewOutbound | None = None,
         begin_first_part: bool = False,
     ) -> InboxFinished:
-        ending = InboxEnding(inbox_id, status, detail, reply, begin_first_part)
-        what, finish = finishing(ending)
-        # A begun part is sent next.
-        return await self._transact(what, finish, durable=ending_is_durable(ending))
+        what, finish = finishing(InboxEnding(inbox_id, status, detail, reply, begin_first_part))
+        # A begun part is sent next, so the commit that begins it must be on disk first.
+        return await self._transact(what, finish, durable=begin_first_part and reply is not None)
 
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
@@ -421,8 +420,3 @@ def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], 
         return _inbox(row), outbound
 
     return what, finish
-
-
-def ending_is_durable(ending: InboxEnding) -> bool:
-    """A begun part is sent next, so the commit that begins it must be on disk first."""
-    return ending.begin_first_part and ending.reply is not None

@@ -24,7 +24,7 @@ from anthropic.types import (
 
 from geodebot.engine.llm.types import Block, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
 
-__all__ = ["HistoryJSON", "MessageJSON", "dumps", "messages_json"]
+__all__ = ["HistoryJSON", "MessageJSON", "dumps"]
 
 _BlockParam: TypeAlias = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
 
@@ -142,14 +142,6 @@ class _Turns:
 
     def _open_turn(self) -> str:
         return f'{{"role":"{self.role}","content":[{",".join(self.results + self.others)}]}}'
-
-
-def messages_json(messages: Sequence[Message], encoded: Callable[[Message], _Segments]) -> str:
-    """The ``messages`` array of ``messages``, each message's blocks from ``encoded``."""
-    turns = _Turns()
-    for message in messages:
-        turns.add(encoded(message))
-    return turns.text()
 
 
 class HistoryJSON:

@@ -29,8 +29,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import jsonschema
-
 from geodebot.engine.hooks import HookRegistry
 from geodebot.engine.llm.types import ImageData, ToolResultBlock, ToolUseBlock, canonical_json
 from geodebot.engine.modes import Mode, denied_tools
@@ -208,16 +206,7 @@ class ToolExecutor:
             )
 
     def _validate(self, spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
-        validator = jsonschema.Draft202012Validator(dict(spec.input_schema))
-        problems = []
-        try:
-            for err in validator.iter_errors(dict(arguments)):
-                where = "/".join(str(p) for p in err.absolute_path) or "arguments"
-                problems.append(f"{where[:80]}: {err.message[:200]}")
-                if len(problems) >= 5:
-                    break
-        except RecursionError:
-            problems.append("arguments are nested too deeply")
+        problems = spec.arguments_schema.problems(arguments)
         if problems:
             raise _Refused("invalid_arguments", "invalid arguments: " + "; ".join(problems))
 

@@ -13,8 +13,6 @@ from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import jsonschema
-
 from geodebot.engine.tools.spec import (
     Effect,
     Safety,
@@ -37,7 +35,6 @@ class ToolRegistry:
     def register(self, spec: ToolSpec) -> None:
         if spec.name in self._specs:
             raise ValueError(f"tool {spec.name!r} is already registered")
-        jsonschema.Draft202012Validator.check_schema(dict(spec.input_schema))
         self._specs[spec.name] = spec
 
     def get(self, name: str) -> ToolSpec | None:

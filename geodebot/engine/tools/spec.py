@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from geodebot.engine.llm.types import ImageData, ToolSchema
 from geodebot.engine.modes import Mode
+from geodebot.engine.tools.schema import ArgumentSchema
 
 
 class Safety(StrEnum):
@@ -121,6 +122,11 @@ class ToolSpec:
     # Identical calls in one turn are separate actions (a second screenshot, the same key
     # pressed twice), not a repeat to answer from the first call's receipt.
     repeatable: bool = False
+    # The input schema compiled; building a spec with an unusable schema raises SchemaError.
+    arguments_schema: ArgumentSchema = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments_schema", ArgumentSchema(self.input_schema))
 
     @property
     def needs_approval(self) -> bool:

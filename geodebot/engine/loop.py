@@ -403,7 +403,11 @@ class AgenticLoop:
     ) -> None:
         turn.open_batch = batch
         ctx = ToolCallContext(
-            self._session.id, batch.turn_id, self._session.mode, approver=self._session.approver
+            self._session.id,
+            batch.turn_id,
+            self._session.mode,
+            approver=self._session.approver,
+            origin=self._session.origin,
         )
         outcomes = await self._svc.runner.run_batch(self._session.plan, calls, ctx)
         for outcome in outcomes:

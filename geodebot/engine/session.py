@@ -89,6 +89,10 @@ class SessionSpec:
     time_budget_s: float | None = None
     # The person at the terminal (IPC only); nobody elsewhere.
     approver: Approver | None = field(default=None, compare=False)
+    # Who asked, opaque to the engine: the calling binding's key (``platform:channel``) for
+    # a chat message, None otherwise. Tools that act for a chat (jobs) read it from their
+    # call context, since several bindings may share one session.
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,7 @@ class Session:
     time_budget_s: float
     services: EngineServices = field(repr=False)
     approver: Approver | None = field(default=None, repr=False)
+    origin: str | None = None
     # What create_session read with the row. The first turn starts from it rather than
     # reading the row and its pending batches again; taken once, later turns read afresh.
     _opened: list[OpenedSession] = field(default_factory=list, repr=False, compare=False)
@@ -161,5 +166,6 @@ async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices
         time_budget_s=time_budget(mode, spec, services.budgets),
         services=services,
         approver=spec.approver if mode is Mode.IPC else None,
+        origin=spec.origin,
         _opened=[opened],
     )

@@ -82,6 +82,8 @@ class ToolCallContext:
     mode: Mode
     call_id: str = ""
     approver: Approver | None = field(default=None, compare=False)
+    # The session spec's ``origin``: the binding a chat message came through, or None.
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,14 @@ import codecs
 import contextlib
 import io
 import os
-import re
 import secrets
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
+
+import re2
 
 from geodebot.engine.tools.builtin.paths import (
     inside,
@@ -47,6 +48,8 @@ MAX_MATCH_CHARS = 300
 MAX_SCAN_CHARS = 10_000
 MAX_SEARCH_FILE_BYTES = 2 * 1024 * 1024
 SEARCH_BUDGET_S = 20.0
+# What one compiled search pattern may take; larger ones are refused as invalid.
+RE2_MAX_MEM = 8 << 20
 MAX_EDIT_BYTES = 8 * 1024 * 1024
 MAX_WRITE_CHARS = 4_000_000
 SNIFF_BYTES = 8192
@@ -150,10 +153,7 @@ def _search(
 ) -> str:
     root, rel, shown = locate(workspace, raw)
     base = inside(root, rel)
-    try:
-        matcher = re.compile(pattern if regex else re.escape(pattern), re.I if ignore_case else 0)
-    except re.error as exc:
-        raise ToolError(f"invalid regex: {exc}") from None
+    matcher = _matcher(pattern, regex, ignore_case)
     try:
         PurePosixPath("x").match(glob or "*")
     except ValueError as exc:
@@ -193,10 +193,30 @@ def _search(
     return "\n".join(lines)
 
 
-def _search_one(
-    root: Path, path: Path, matcher: re.Pattern[str], room: int
-) -> list[tuple[int, str]] | None:
-    real = Path(os.path.realpath(path))
+def _matcher(pattern: str, regex: bool, ignore_case: bool) -> Any:
+    """The model's pattern, compiled for RE2: matching takes time linear in the line, so no
+    pattern can hold the interpreter (and with it the event loop) the way a backtracking
+    engine can on a catastrophic one. RE2 has no backreferences or lookaround; such a
+    pattern is refused as invalid."""
+    options = re2.Options()
+    options.log_errors = False  # a bad pattern is the model's error, not a daemon log line
+    options.max_mem = RE2_MAX_MEM
+    options.case_sensitive = not ignore_case
+    options.literal = not regex
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ToolError(f"invalid regex (RE2 syntax): {reason}") from None
+
+
+def _search_one(root: Path, path: Path, matcher: Any, room: int) -> list[tuple[int, str]] | None:
+    try:
+        real = Path(os.path.realpath(path))
+    except OSError:
+        return None  # changed while being resolved: skipped like an unreadable file
     if not real.is_relative_to(root):
         return None
     try:
@@ -340,6 +360,17 @@ def _spec(
     )
 
 
+async def _off_loop(func: Callable[..., str], *args: Any) -> str:
+    """Run a file tool's work on a thread. The tools map the errors they expect; any other
+    OSError (the tree changed under a check) is still the call's refusal, never a crash."""
+    try:
+        return await asyncio.to_thread(func, *args)
+    except OSError as exc:
+        raise ToolError(
+            f"the file system refused the call ({exc.strerror or type(exc).__name__})"
+        ) from None
+
+
 def file_tools(settings: BuiltinSettings) -> list[ToolSpec]:
     workspace = settings.workspace
 
@@ -347,10 +378,10 @@ def file_tools(settings: BuiltinSettings) -> list[ToolSpec]:
         path = _arg(arguments, "path", str)
         offset = _arg(arguments, "offset", int, 1)
         limit = _arg(arguments, "limit", int)
-        return await asyncio.to_thread(_read_file, workspace, path, offset, limit)
+        return await _off_loop(_read_file, workspace, path, offset, limit)
 
     async def list_dir(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
-        return await asyncio.to_thread(_list_dir, workspace, _arg(arguments, "path", str, "."))
+        return await _off_loop(_list_dir, workspace, _arg(arguments, "path", str, "."))
 
     async def search_files(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
         pattern = _arg(arguments, "pattern", str)
@@ -360,16 +391,14 @@ def file_tools(settings: BuiltinSettings) -> list[ToolSpec]:
         ignore_case = _arg(arguments, "ignore_case", bool, False)
         glob = _arg(arguments, "glob", str)
         path = _arg(arguments, "path", str, ".")
-        return await asyncio.to_thread(
-            _search, workspace, pattern, regex, ignore_case, glob or None, path
-        )
+        return await _off_loop(_search, workspace, pattern, regex, ignore_case, glob or None, path)
 
     async def write_file(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
         content = _arg(arguments, "content", str)
         if content is None or len(content) > MAX_WRITE_CHARS:
             raise ToolError(f"content is required and at most {MAX_WRITE_CHARS} characters")
         path = _arg(arguments, "path", str)
-        return await asyncio.to_thread(_write_file, workspace, path, content)
+        return await _off_loop(_write_file, workspace, path, content)
 
     async def edit_file(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
         path = _arg(arguments, "path", str)
@@ -377,7 +406,7 @@ def file_tools(settings: BuiltinSettings) -> list[ToolSpec]:
         new_text = _arg(arguments, "new_text", str)
         if old_text is None or new_text is None:
             raise ToolError("old_text and new_text are required")
-        return await asyncio.to_thread(_edit_file, workspace, path, old_text, new_text)
+        return await _off_loop(_edit_file, workspace, path, old_text, new_text)
 
     return [
         _spec(
@@ -401,7 +430,8 @@ def file_tools(settings: BuiltinSettings) -> list[ToolSpec]:
         ),
         _spec(
             "search_files",
-            "Search workspace text files for a substring (or a Python regex if regex is true); "
+            "Search workspace text files for a substring (or an RE2 regex if regex is true: "
+            "no backreferences or lookaround); "
             "an optional glob such as '*.py' filters files. Returns 'path:line: text'. Skips "
             ".git, binary files and files over 2 MB.",
             {

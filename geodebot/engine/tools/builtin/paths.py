@@ -67,7 +67,12 @@ def locate(workspace: Path, raw: object) -> tuple[Path, PurePosixPath, str]:
 
 
 def inside(root: Path, rel: PurePosixPath) -> Path:
-    real = Path(os.path.realpath(root / rel))
+    try:
+        real = Path(os.path.realpath(root / rel))
+    except OSError:
+        # realpath reads a link it has just seen; one swapped for a file or directory in
+        # between makes readlink fail. The path changed under the check: refuse it.
+        raise ToolError(f"{rel}: changed while it was being checked; refused") from None
     if not real.is_relative_to(root):
         raise ToolError(f"{rel}: resolves outside the workspace (through a symlink); refused")
     return real

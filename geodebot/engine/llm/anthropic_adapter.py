@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import anthropic
 import httpx2
@@ -45,9 +45,9 @@ from geodebot.engine.llm.types import (
     StopReason,
     TextBlock,
     ToolSchema,
-    ToolUseBlock,
     Usage,
 )
+from geodebot.engine.llm.untrusted import clean_text, loads_response, tool_use
 from geodebot.redact import Redactor
 
 PROVIDER = "anthropic"
@@ -126,8 +126,8 @@ class AnthropicAdapter:
             # encoding; our history is plain JSON values, which need neither.
             raw = await self._client.post("/v1/messages", content=content, cast_to=httpx2.Response)
         try:
-            return self._response(raw.json(), raw.headers.get("request-id"))
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            return self._response(loads_response(raw.content), raw.headers.get("request-id"))
+        except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
             # A body that is not JSON, or a JSON value of the wrong shape.
             raise LLMInvalidResponse(
                 self._err.detail(f"malformed body: {exc!r}"), **self._err.ids()
@@ -187,9 +187,9 @@ class AnthropicAdapter:
             kind = block["type"]
             if kind == "text":
                 if block["text"]:
-                    blocks.append(TextBlock(str(block["text"])))
+                    blocks.append(TextBlock(clean_text(str(block["text"]))))
             elif kind == "tool_use":
-                blocks.append(_tool_use(str(block["id"]), str(block["name"]), block["input"]))
+                blocks.append(tool_use(str(block["id"]), str(block["name"]), block["input"]))
             # Thinking and server-tool blocks are never requested; nothing to map them to.
         # An empty answer is well-formed (the loop's verifier asks again), so it is returned.
         stop: StopReason = _STOP_REASONS.get(str(data.get("stop_reason")), "other")
@@ -244,17 +244,6 @@ def _tool_param(tool: ToolSchema) -> ToolParam:
         "description": tool.description,
         "input_schema": dict(tool.input_schema),
     }
-
-
-def _tool_use(call_id: str, name: str, arguments: object) -> ToolUseBlock:
-    if isinstance(arguments, Mapping):
-        return ToolUseBlock(id=call_id, name=name, arguments=dict(arguments))
-    return ToolUseBlock(
-        id=call_id,
-        name=name,
-        arguments={},
-        arguments_error=f"tool input is a {type(arguments).__name__}, not a JSON object",
-    )
 
 
 def _body_text(body: object) -> str:

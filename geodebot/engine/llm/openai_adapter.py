@@ -53,6 +53,7 @@ from geodebot.engine.llm.types import (
     ToolUseBlock,
     Usage,
 )
+from geodebot.engine.llm.untrusted import clean_text, loads_response, tool_use
 from geodebot.redact import Redactor
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -132,7 +133,7 @@ class OpenAIAdapter:
         try:
             # with_raw_response is the SDK's legacy wrapper here: parse() is synchronous.
             return self._response(raw.parse(), raw.request_id)
-        except (AttributeError, TypeError, ValueError) as exc:
+        except (AttributeError, TypeError, ValueError, RecursionError) as exc:
             # The SDK parses leniently: a body that is not JSON raises json's own error, and a
             # wrong-shaped one only fails when a missing field is read.
             raise LLMInvalidResponse(
@@ -178,9 +179,9 @@ class OpenAIAdapter:
         message = choice.message
         blocks: list[Block] = []
         if message.content:
-            blocks.append(TextBlock(message.content))
+            blocks.append(TextBlock(clean_text(message.content)))
         if message.refusal:
-            blocks.append(TextBlock(message.refusal))
+            blocks.append(TextBlock(clean_text(message.refusal)))
         calls = [_tool_use(call) for call in message.tool_calls or ()]
         blocks.extend(calls)
         stop = _FINISH_REASONS.get(str(choice.finish_reason), "other")
@@ -311,13 +312,11 @@ def _tool_use(call: object) -> ToolUseBlock:
         return ToolUseBlock(call_id, name, {}, f"unsupported tool call type {name!r}")
     raw = call.function.arguments
     try:
-        arguments = json.loads(raw) if raw.strip() else {}
+        arguments = loads_response(raw) if raw.strip() else {}
     except ValueError as exc:
-        return ToolUseBlock(call.id, call.function.name, {}, f"arguments are not valid JSON: {exc}")
-    if not isinstance(arguments, dict):
-        problem = f"arguments are a JSON {type(arguments).__name__}, not an object"
-        return ToolUseBlock(call.id, call.function.name, {}, problem)
-    return ToolUseBlock(call.id, call.function.name, arguments)
+        problem = f"arguments are not valid JSON: {exc}"
+        return ToolUseBlock(clean_text(call.id), clean_text(call.function.name), {}, problem)
+    return tool_use(call.id, call.function.name, arguments)
 
 
 def _error_message(body: object) -> str:

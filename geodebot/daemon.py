@@ -76,6 +76,8 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             refusals = RefusalWatch()
             observers = (refusals, metrics) if metrics else (refusals,)
             app = await build_app(config, stack, observers=observers)
+            if metrics is not None:
+                metrics.known_tools = _known_tools(config, app)
             await _sweep_receipts(app)
             store = app.services.store
             channels = build_channels(config, store)
@@ -155,6 +157,18 @@ def _metrics(config: Config) -> EngineMetrics | None:
     from geodebot.health import EngineMetrics
 
     return EngineMetrics()
+
+
+def _known_tools(config: Config, app: App) -> frozenset[str]:
+    """Every tool name a session's plan can hold: the registry's, and what the config lists
+    (MCP tools among them). Metrics count any other proposed name as ``other``."""
+    listed = [
+        *config.tools.ipc_tools,
+        *config.tools.headless_tools,
+        *(name for binding in config.bindings for name in binding.tools),
+        *(name for job in config.jobs for name in job.tools),
+    ]
+    return frozenset(app.services.tools.registry.names()) | frozenset(listed)
 
 
 def _health_server(

@@ -13,9 +13,9 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from aiohttp import web
 from prometheus_client import (
@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from geodebot.channels.base import Channel
 from geodebot.config import split_host_port
+from geodebot.engine.tools.runner import REASON_CODES, OutcomeStatus
 from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,23 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 _STORE_TIMEOUT_S = 2.0
 
 
-class EngineMetrics:
-    """An engine observer: counts turns, model calls and tool calls into ``registry``."""
+# Label values come only from closed sets: a model chooses the tool names it proposes (and a
+# refused call's name is whatever it sent), and every distinct label value is a series kept
+# for the life of the process.
+OTHER = "other"
+_TOOL_STATUSES = frozenset(get_args(OutcomeStatus))
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+class EngineMetrics:
+    """An engine observer: counts turns, model calls and tool calls into ``registry``.
+
+    ``known_tools`` are the tool names a plan can hold (set by the composition root once the
+    registry is built); any other proposed name is counted as ``other``."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, known_tools: Iterable[str] = ()
+    ) -> None:
+        self.known_tools = frozenset(known_tools)
         self.registry = registry = registry if registry is not None else CollectorRegistry()
         self.turns = Counter(
             "geodebot_turns", "Turns finished, by outcome.", ["outcome"], registry=registry
@@ -91,8 +105,12 @@ class EngineMetrics:
             self.model_errors.labels(kind).inc()
             self.last_model_error = (time.time(), kind)
         elif event == "tool_call":
+            tool, status = str(data.get("tool", "")), str(data.get("status", ""))
+            reason = data.get("reason")
             self.tool_calls.labels(
-                str(data.get("tool", "")), str(data.get("status", "")), str(data.get("reason", ""))
+                tool if tool in self.known_tools else OTHER,
+                status if status in _TOOL_STATUSES else OTHER,
+                "" if reason is None else reason if reason in REASON_CODES else OTHER,
             ).inc()
 
 
@@ -210,7 +228,11 @@ class HealthServer:
     ) -> web.StreamResponse:
         if self._token is not None:
             given = request.headers.get("Authorization", "").removeprefix("Bearer ")
-            if not hmac.compare_digest(given.encode(), self._token.encode()):
+            # aiohttp keeps undecodable header bytes as surrogates; they must compare (and
+            # fail) like any other wrong token, not raise.
+            if not hmac.compare_digest(
+                given.encode("utf-8", "surrogateescape"), self._token.encode()
+            ):
                 return web.json_response({"error": "unauthorized"}, status=401)
         return await handler(request)
 

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from geodebot.engine.hooks import HookRegistry
 from geodebot.engine.llm.types import ImageData, ToolResultBlock, ToolUseBlock, canonical_json
+from geodebot.engine.llm.untrusted import clean_text
 from geodebot.engine.modes import Mode, denied_tools
 from geodebot.engine.tools.plan import COMPUTER, BoundToolPlan
 from geodebot.engine.tools.runner import OutcomeStatus, ToolOutcome
@@ -52,6 +53,7 @@ MAX_RESULT_CHARS = 32_000
 MAX_IMAGES = 2
 MAX_IMAGE_B64_CHARS = 5_000_000
 MAX_REWRITES = 3
+_UNSEEN = "its result was not passed on: the turn ended before the result hooks decided"
 
 # Rewrites the arguments of a call before policy sees them (e.g. normalising paths).
 Middleware = Callable[[ToolSpec, Mapping[str, Any], ToolCallContext], Mapping[str, Any]]
@@ -357,12 +359,9 @@ class ToolExecutor:
                 status = "uncertain" if receipt is not None else "error"
                 reason, is_error = "crashed", True
                 await self._finish(receipt, "uncertain", {"reason": f"crashed: {exc!r}"[:300]})
-            else:
-                text = _truncate(text)
-                await self._finish(receipt, "committed", {"result": text, "is_error": False})
         result = ToolResultBlock(call.id, _truncate(text), is_error, images=images)
         if status == "ok":
-            result = await self._post_hooks(spec, call, ctx, result)
+            result = await self._seen(spec, call, ctx, result, receipt)
         return ToolOutcome(
             call,
             result,
@@ -380,6 +379,31 @@ class ToolExecutor:
     ) -> None:
         if receipt is not None:
             await self._store.finish_receipt(receipt.id, status, outcome)
+
+    async def _seen(
+        self,
+        spec: ToolSpec,
+        call: ToolUseBlock,
+        ctx: ToolCallContext,
+        result: ToolResultBlock,
+        receipt: EffectReceipt | None,
+    ) -> ToolResultBlock:
+        """What the model gets of a call that ran: the result after the PostToolUse hooks.
+
+        The receipt records exactly that, and a replay of the call answers from the receipt,
+        so a result a hook withheld stays withheld and its notes are kept. Until the hooks
+        have decided, the receipt stays admitted: a crash in between leaves the call
+        uncertain, never re-run and never answered with the unfiltered result."""
+        try:
+            seen = await self._post_hooks(spec, call, ctx, result)
+        except asyncio.CancelledError:
+            cut = {"result": f"{spec.name} ran; {_UNSEEN}", "is_error": True}
+            await asyncio.shield(self._finish(receipt, "committed", cut))
+            raise
+        await self._finish(
+            receipt, "committed", {"result": seen.content, "is_error": seen.is_error}
+        )
+        return seen
 
     async def _post_hooks(
         self, spec: ToolSpec, call: ToolUseBlock, ctx: ToolCallContext, result: ToolResultBlock
@@ -427,6 +451,9 @@ def _bounded(images: tuple[ImageData, ...]) -> tuple[ImageData, ...]:
 
 
 def _truncate(text: str) -> str:
+    # A result goes into the history and is sent with every later request, so it must be
+    # encodable: an MCP server's JSON may carry lone surrogate escapes.
+    text = clean_text(text)
     if len(text) <= MAX_RESULT_CHARS:
         return text
     return text[:MAX_RESULT_CHARS] + f"\n[truncated {len(text) - MAX_RESULT_CHARS} characters]"

@@ -11,6 +11,25 @@ from geodebot.engine.tools.plan import BoundToolPlan
 from geodebot.engine.tools.spec import ToolCallContext
 
 OutcomeStatus = Literal["ok", "error", "refused", "replayed", "uncertain"]
+# Every ``ToolOutcome.reason`` the authority pipeline gives: a closed set, so metrics can use
+# it as a label.
+REASON_CODES = frozenset(
+    {
+        "not_in_plan",
+        "denied_by_mode",
+        "invalid_arguments",
+        "rewrite_escalates",
+        "blocked_by_hook",
+        "approval_denied",
+        "needs_approval",
+        "receipt_uncertain",
+        "deadline",
+        "outcome_unknown",
+        "tool_error",
+        "crashed",
+        "replay",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from geodebot.engine.executor import ToolExecutor
 from geodebot.engine.llm.types import ToolUseBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools import BoundToolPlan, Effect, Safety, ToolCallContext, ToolSpec
+from geodebot.engine.tools.schema import SchemaError
 from geodebot.store.sqlite import SQLiteStore
 
 
@@ -63,3 +65,81 @@ async def test_resource_keys_decide_concurrency(
     # Results come back in proposal order whatever order the calls finished in.
     assert [o.call.id for o in outcomes] == ["1", "2"]
     assert [o.result.content for o in outcomes] == expected
+
+
+def echo_tool(name: str, schema: Mapping[str, Any]) -> ToolSpec:
+    async def handler(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
+        return "ran"
+
+    return ToolSpec(
+        name=name,
+        description=name,
+        input_schema=schema,
+        safety=Safety.READ,
+        effect=Effect.NONE,
+        handler=handler,
+    )
+
+
+# Nested quantifiers: a backtracking engine needs about 2^38 steps on a 40-character value.
+CATASTROPHIC = r"^(\w+\s?)*$"
+VALUE = "deployment_finished_without_any_errors!!"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"v": {"type": "string", "pattern": CATASTROPHIC}}},
+        {"type": "object", "patternProperties": {CATASTROPHIC: {"type": "integer"}}},
+        {
+            "type": "object",
+            "patternProperties": {CATASTROPHIC: {"type": "integer"}},
+            "additionalProperties": False,
+        },
+    ],
+    ids=["pattern", "patternProperties", "additionalProperties"],
+)
+async def test_a_schema_pattern_is_matched_in_linear_time(
+    tmp_path: Path, schema: Mapping[str, Any]
+) -> None:
+    """A server-supplied schema's regex must not hold the event loop: the value a
+    backtracking engine would take hours on is checked at once, and refused."""
+    tool = echo_tool("t", schema)
+    plan = BoundToolPlan.project({"t": tool}, Mode.DAEMON, ["t"])
+    async with SQLiteStore(tmp_path / "db") as store:
+        executor = ToolExecutor(store=store)
+        calls = [ToolUseBlock("1", "t", {"v": VALUE, VALUE: "not an integer"})]
+        started = time.monotonic()
+        [outcome] = await executor.run_batch(plan, calls, ToolCallContext("s", "t", Mode.DAEMON))
+        elapsed = time.monotonic() - started
+    # A bound, not a benchmark: the backtracking check took hours.
+    assert elapsed < 2.0
+    assert (outcome.status, outcome.reason) == ("refused", "invalid_arguments")
+    assert "ran" not in outcome.result.content
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "strin"}}}, "strin"),
+        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a"}}}, "regex"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "missing"),
+        ({"type": "object", "properties": {"a": {"pattern": "(?=x)"}}}, "regex"),
+        ({"type": "object", "properties": {"a": {"minimum": float("nan")}}}, "nan"),
+    ],
+    ids=["unknown-type", "bad-pattern", "dangling-ref", "lookahead", "nan"],
+)
+def test_an_unusable_schema_is_refused_when_the_tool_is_built(
+    schema: Mapping[str, Any], why: str
+) -> None:
+    with pytest.raises(SchemaError) as refused:
+        echo_tool("t", schema)
+    assert why in str(refused.value).lower()
+
+
+def test_a_schema_nested_past_the_limit_is_refused_not_recursed_into() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(5000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(SchemaError, match="nested"):
+        echo_tool("t", deep)

@@ -25,6 +25,8 @@ Behaviour:
 * ``srv.responder``, when set, is asked first with each request's JSON body and may answer
   any item (a model that reacts to what it is sent, for many concurrent sessions); when it
   returns None the queue and ``srv.default`` answer as above.
+* Request bodies are parsed strictly, like the real APIs: one holding ``NaN`` or ``Infinity``
+  is answered 400 as not JSON.
 * Every request is recorded in ``srv.requests`` (path, lower-cased headers, parsed JSON body),
   including rejected ones. ``srv.pending`` counts unconsumed items.
 * A request without credentials (``x-api-key`` or ``Authorization: Bearer`` for Anthropic; the
@@ -286,7 +288,8 @@ class FakeLLMServer:
     async def _handle(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
         raw = await request.read()
         try:
-            body = json.loads(raw) if raw else None
+            # Strict like the real APIs: NaN and Infinity are not JSON.
+            body = json.loads(raw, parse_constant=_not_json) if raw else None
         except ValueError:
             body = None
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -416,6 +419,10 @@ class FakeLLMServer:
         except TimeoutError:
             return False
         return True
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _function(call: Call) -> dict[str, str]:

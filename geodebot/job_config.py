@@ -41,6 +41,9 @@ class JobConfig(BaseModel):
     prompt: Annotated[str, Field(min_length=1)]
     # The session id of a binding: the result is posted in that binding's chat.
     deliver_to: Annotated[str, Field(min_length=1)]
+    # The key ("platform:channel") of the binding to post in: needed when several bindings
+    # share deliver_to's session, since a session does not name one chat.
+    deliver_binding: Annotated[str, Field(min_length=1, max_length=300)] | None = None
     # None: "job:<id>". May name a binding's session to share its context.
     session: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     tools: tuple[str, ...] = ()
@@ -79,4 +82,10 @@ class JobConfig(BaseModel):
 
     @property
     def session_id(self) -> str:
+        # A job of the config file keeps "job:<id>" for its whole life in the file, across
+        # restarts and edits: its context is the operator's to keep, and a stamped session
+        # would be a new one at every sync. Nothing else gets this session: a job made from
+        # chat or with the CLI gets a session stamped at its creation (see
+        # scheduler/definitions.py, ``fresh_session``), so no later job, the config's
+        # included, inherits the history of a removed one.
         return self.session or f"job:{self.id}"

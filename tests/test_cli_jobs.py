@@ -6,6 +6,9 @@ import asyncio
 import json
 from pathlib import Path
 
+from geodebot.app import DB_FILE
+from geodebot.store.jobs import JobRecord
+from geodebot.store.sqlite import SQLiteStore
 from tests.test_cli import geodebot, write_config
 
 BINDING = '[[bindings]]\nplatform = "telegram"\nchannel = "-100"\nsession = "ops"\n'
@@ -16,6 +19,13 @@ CONFIG_JOB = (
 
 async def jobs(config: Path, *args: str) -> tuple[int, str, str]:
     return await geodebot("jobs", *args, "--config", str(config))
+
+
+async def stored(tmp_path: Path, job_id: str) -> JobRecord:
+    async with SQLiteStore(tmp_path / "var" / DB_FILE) as store:
+        job = await store.job_get(job_id)
+    assert job is not None
+    return job
 
 
 async def test_jobs_add_list_pause_resume_run_history_remove(tmp_path: Path) -> None:
@@ -115,3 +125,51 @@ async def test_job_config_errors_name_the_key(tmp_path: Path) -> None:
     assert "Traceback" not in err
     assert list_code == 2
     assert "jobs.0.cron" in list_err
+
+
+SHARED = BINDING + '[[bindings]]\nplatform = "slack"\nchannel = "C7"\nsession = "ops"\n'
+
+
+async def test_a_cli_job_gets_a_session_of_its_own_and_names_its_binding(tmp_path: Path) -> None:
+    config = write_config(tmp_path, SHARED)
+    add = ("add", "h", "--every", "1h", "--prompt", "p", "--deliver-to", "ops")
+    (unnamed, _, unnamed_err), (wrong, _, wrong_err), (code, _, err) = await asyncio.gather(
+        jobs(config, *add),
+        jobs(config, *add, "--deliver-binding", "slack:C8"),
+        jobs(config, *add, "--deliver-binding", "slack:C7"),
+    )
+    assert unnamed == 2
+    assert "--deliver-to: the session 'ops' is shared by telegram:-100, slack:C7" in unnamed_err
+    assert "--deliver-binding" in unnamed_err
+    assert wrong == 2
+    assert "--deliver-binding: 'slack:C8' is not a binding" in wrong_err
+    assert code == 0, err
+    first = await stored(tmp_path, "h")
+    assert first.deliver_binding == "slack:C7"
+    assert first.session_id.startswith("job:h:")
+    assert (await jobs(config, "remove", "h"))[0] == 0
+    code, _, err = await jobs(config, *add, "--deliver-binding", "telegram:-100")
+    assert code == 0, err
+    second = await stored(tmp_path, "h")
+    assert second.deliver_binding == "telegram:-100"
+    # The same id again is another job: it does not continue the removed one's session.
+    assert second.session_id.startswith("job:h:")
+    assert second.session_id != first.session_id
+
+
+async def test_a_config_job_on_a_shared_session_must_name_its_binding(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ambiguous = write_config(tmp_path / "a", SHARED + CONFIG_JOB)
+    named = write_config(tmp_path / "b", SHARED + CONFIG_JOB + 'deliver_binding = "slack:C7"\n')
+    (code, _, err), (ok, out, ok_err) = await asyncio.gather(
+        jobs(ambiguous, "list"), jobs(named, "show", "nightly")
+    )
+    assert code == 2
+    assert "jobs.0.deliver_to: the session 'ops' is shared by telegram:-100, slack:C7" in err
+    assert "deliver_binding" in err
+    assert ok == 0, ok_err
+    shown = json.loads(out)
+    assert shown["deliver_binding"] == "slack:C7"
+    # A job of the file keeps "job:<id>" (see job_config.py).
+    assert shown["session"] == "job:nightly"

@@ -4,6 +4,7 @@ finishing and settling against the outbox."""
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from geodebot.store.jobs import JobRecord
 from geodebot.store.protocol import NewOutbound, StoreError
-from geodebot.store.sqlite import SQLiteStore
+from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
 
 
 def record(job_id: str, **fields: object) -> JobRecord:
@@ -136,3 +137,59 @@ async def test_requested_runs_start_once(store: SQLiteStore) -> None:
     _, won_again = await store.fire_start_requested(requested.id)
     assert not won_again
     assert await store.fires_requested() == []
+
+
+async def test_the_binding_a_job_posts_in_is_kept_and_named_once(store: SQLiteStore) -> None:
+    await store.job_add(record("chat", origin="chat", deliver_binding="telegram:c1"))
+    await store.job_add(record("old", origin="chat", creator="binding:ops"))
+    chat = await store.job_get("chat")
+    assert chat is not None
+    assert chat.deliver_binding == "telegram:c1"
+    before = await store.jobs_revision()
+    assert await store.job_set_delivery("old", "telegram:c1", creator="binding:telegram:c1")
+    assert await store.jobs_revision() != before
+    old = await store.job_get("old")
+    assert old is not None
+    assert (old.deliver_binding, old.creator) == ("telegram:c1", "binding:telegram:c1")
+    # Only a row without a binding is named: one that has one keeps it.
+    assert not await store.job_set_delivery("old", "telegram:c2", creator="x")
+    assert not await store.job_set_delivery("chat", "telegram:c2", creator="x")
+    assert not await store.job_set_delivery("ghost", "telegram:c2", creator="x")
+    old = await store.job_get("old")
+    assert old is not None
+    assert (old.deliver_binding, old.creator) == ("telegram:c1", "binding:telegram:c1")
+    # The binding is part of a config job's definition.
+    await store.jobs_sync_config([record("a")])
+    assert await store.jobs_sync_config([record("a", deliver_binding="telegram:c2")])
+    a = await store.job_get("a")
+    assert a is not None
+    assert a.deliver_binding == "telegram:c2"
+
+
+async def test_rows_written_before_the_binding_was_recorded_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute(
+            "CREATE TABLE schema_migrations "
+            "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for version, _, script in load_migrations():
+            if version > 4:
+                break
+            for statement in split_statements(script):
+                db.execute(statement)
+            db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (version,))
+        db.execute(
+            "INSERT INTO scheduled_jobs (id, origin, schedule_kind, schedule, timezone, "
+            "anchor_ms, prompt, deliver_to, session_id, tools, time_budget_s, catch_up, "
+            "notify_on_failure, creator, paused, since_ms, created_at, updated_at) VALUES "
+            "('daily', 'chat', 'every', '1h', 'UTC', 0, 'p', 'ops', 'job:daily', '[]', NULL, "
+            "'latest', 1, 'binding:ops', 0, 1000, 1.0, 1.0)"
+        )
+    finally:
+        db.close()
+    async with SQLiteStore(path) as store:
+        job = await store.job_get("daily")
+    assert job is not None
+    assert (job.deliver_to, job.deliver_binding, job.creator) == ("ops", "", "binding:ops")

@@ -7,10 +7,11 @@ unmentioned message where a mention is required are dropped without a model call
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from geodebot.bindings import BindingIndex
 from geodebot.channels.base import Inbound
 from geodebot.config import BindingConfig
 
@@ -59,23 +60,6 @@ def _empty(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
 
 
 CHECKS: tuple[Check, ...] = (_self, _bot, _sender, _mention, _empty)
-
-
-class BindingIndex:
-    def __init__(self, bindings: Iterable[BindingConfig]) -> None:
-        self._by_channel: Mapping[tuple[str, str], BindingConfig] = {
-            (b.platform, b.channel): b for b in bindings
-        }
-
-    def find(self, platform: str, channel: str) -> BindingConfig | None:
-        return self._by_channel.get((platform, channel))
-
-    def by_session(self, session_id: str) -> BindingConfig | None:
-        base = session_id.split("/", 1)[0]
-        for binding in self._by_channel.values():
-            if binding.session == base:
-                return binding
-        return None
 
 
 def session_for(binding: BindingConfig, inbound: Inbound) -> str:

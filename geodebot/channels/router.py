@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from geodebot.app import App
+from geodebot.bindings import BindingIndex, binding_key
 from geodebot.channels.base import Destination, Inbound, Platform, command_of, commands_help
-from geodebot.channels.gate import Accepted, BindingIndex, decide
+from geodebot.channels.gate import Accepted, decide
 from geodebot.channels.outbox import OutboxSender
 from geodebot.channels.throttle import UserRateLimiter, Verdict
 from geodebot.config import BindingConfig
@@ -43,7 +44,7 @@ _LEADING_MENTION = re.compile(r"^\s*(<@!?[A-Za-z0-9]+>|@\w+)\s+(?=/)")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 FinishStatus = Literal["done", "failed", "dropped"]
 Typing = Callable[[Destination], Awaitable[None]]
-# Lines about the scheduled jobs that post in a binding's chat, for /status.
+# Lines about the scheduled jobs that post in a binding's chat (given by key), for /status.
 JobStatusText = Callable[[str], Awaitable[str]]
 # An accepted message whose reply the store refuses (a full disk, say) is retried at these
 # pauses, doubling, until the store takes it: the message was acknowledged, so it must end
@@ -270,6 +271,9 @@ class ChatRouter:
             tools=binding.tools,
             preapproved=binding.preapproved,
             time_budget_s=binding.time_budget_s,
+            # Tools acting for the chat (jobs) go by the binding, not the session, which
+            # other bindings may share.
+            origin=binding_key(binding),
         )
 
     async def _keep_typing(self, destination: Destination) -> None:
@@ -381,7 +385,7 @@ class ChatRouter:
                 else "until " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.expires_at))
             )
             computer = f"on ({until}, by {switch.set_by})"
-        jobs = "" if self._job_status is None else await self._job_status(binding.session)
+        jobs = "" if self._job_status is None else await self._job_status(binding_key(binding))
         return (
             f"Session: {session_id}\n"
             f"Model: {config.model.provider} {config.model.name}\n"

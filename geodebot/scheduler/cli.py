@@ -16,12 +16,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from geodebot.app import DB_FILE
+from geodebot.bindings import BindingIndex, binding_key
 from geodebot.config import Config, ConfigError
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.job_config import JobConfig
-from geodebot.scheduler.definitions import config_jobs, schedule_of, schedule_problems
+from geodebot.scheduler.definitions import (
+    config_jobs,
+    delivery_problems,
+    fresh_session,
+    schedule_of,
+    schedule_problems,
+)
 from geodebot.scheduler.schedule import (
     Schedule,
     ScheduleError,
@@ -61,8 +68,15 @@ def add_jobs_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     when.add_argument("--at", help="ISO 8601 date and time")
     add.add_argument("--prompt", required=True)
     add.add_argument("--deliver-to", required=True, metavar="SESSION", help="a binding's session")
+    add.add_argument(
+        "--deliver-binding",
+        metavar="PLATFORM:CHANNEL",
+        help="the binding to post in, needed when several share the session",
+    )
     add.add_argument("--timezone")
-    add.add_argument("--session", help='the job\'s session (default "job:<id>")')
+    add.add_argument(
+        "--session", help='the job\'s session (default: a new "job:<id>:<stamp>" of its own)'
+    )
     add.add_argument("--tool", action="append", default=[], dest="tools", metavar="NAME")
     add.add_argument("--time-budget", type=float, metavar="S")
     add.add_argument("--catch-up", choices=["latest", "skip", "all"], default="latest")
@@ -126,6 +140,7 @@ def _add_problems(config: Config, args: argparse.Namespace) -> list[str]:
         "timezone": args.timezone,
         "prompt": args.prompt,
         "deliver_to": args.deliver_to,
+        "deliver_binding": args.deliver_binding,
         "session": args.session,
         "tools": args.tools,
         "time_budget_s": args.time_budget,
@@ -137,8 +152,16 @@ def _add_problems(config: Config, args: argparse.Namespace) -> list[str]:
     except ValidationError as exc:
         return [f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors()]
     problems = []
-    if job.deliver_to not in {binding.session for binding in config.bindings}:
+    index = BindingIndex(config.bindings)
+    if not index.with_session(job.deliver_to):
         problems.append(f"--deliver-to: {job.deliver_to!r} is not the session of a binding")
+    problems += delivery_problems(
+        index,
+        job.deliver_to,
+        job.deliver_binding,
+        to_label="--deliver-to",
+        binding_label="--deliver-binding",
+    )
     known = [spec.name for spec in builtin_tools(BuiltinSettings(config.workspace))]
     problems += [
         f"--tool {p}" for p in allowlist_problems(Mode.DAEMON, job.tools, [*known, *JOB_TOOL_NAMES])
@@ -163,6 +186,10 @@ async def _add(store: SQLiteStore, config: Config, args: argparse.Namespace) -> 
         return EXIT_USAGE
     if await store.job_get(args.id) is not None:
         return _fail(f"a job {args.id!r} exists already")
+    # One binding has the session (checked above), unless --deliver-binding named it.
+    deliver_binding = args.deliver_binding or binding_key(
+        BindingIndex(config.bindings).with_session(args.deliver_to)[0]
+    )
     job = JobRecord(
         id=args.id,
         origin="cli",
@@ -172,7 +199,7 @@ async def _add(store: SQLiteStore, config: Config, args: argparse.Namespace) -> 
         anchor_ms=schedule.anchor_ms,
         prompt=args.prompt,
         deliver_to=args.deliver_to,
-        session_id=args.session or f"job:{args.id}",
+        session_id=args.session or fresh_session(args.id, now),
         tools=tuple(args.tools),
         time_budget_s=args.time_budget,
         catch_up=args.catch_up,
@@ -182,6 +209,7 @@ async def _add(store: SQLiteStore, config: Config, args: argparse.Namespace) -> 
         since_ms=int(now * 1000),
         created_at=now,
         updated_at=now,
+        deliver_binding=deliver_binding,
     )
     await store.job_add(job)
     fires = [format_fire(ms, timezone) for ms in upcoming_fires(schedule, int(now * 1000))]
@@ -206,6 +234,7 @@ async def _show(store: SQLiteStore, job: JobRecord, args: argparse.Namespace) ->
         "paused": job.paused,
         "prompt": job.prompt,
         "deliver_to": job.deliver_to,
+        "deliver_binding": job.deliver_binding or None,
         "session": job.session_id,
         "tools": list(job.tools),
         "time_budget_s": job.time_budget_s,

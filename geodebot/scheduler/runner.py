@@ -1,4 +1,6 @@
-"""One job run: a DAEMON turn on the job's session, then delivery through the outbox.
+"""One job run: a DAEMON turn on the job's session, then delivery through the outbox to the
+binding the job names (see definitions.delivery_binding: by key, never "the first binding
+of a session").
 
 The run's one catch-all lives here (one per job run): whatever goes wrong ends the fire as
 failed with a reason, and the bound chat gets a short notice when the job asks for one.
@@ -12,10 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from geodebot.app import App
+from geodebot.bindings import BindingIndex
 from geodebot.config import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.logctx import log_context
+from geodebot.scheduler.definitions import delivery_binding
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.schedule import format_fire
 from geodebot.store.jobs import FireEnd, FireRecord, JobRecord
@@ -24,10 +28,6 @@ from geodebot.store.protocol import NewOutbound, StoreError
 log = logging.getLogger(__name__)
 
 MAX_REASON = 300
-
-
-def binding_for(bindings: Sequence[BindingConfig], session: str) -> BindingConfig | None:
-    return next((b for b in bindings if b.session == session), None)
 
 
 def _tools(job: JobRecord, binding: BindingConfig) -> tuple[str, ...]:
@@ -64,7 +64,7 @@ class FireRunner:
         self._app = app
         self._refusals = refusals
         self._store = app.services.store
-        self._bindings = bindings
+        self._index = BindingIndex(bindings)
         self._kick = kick
 
     async def run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
@@ -74,18 +74,19 @@ class FireRunner:
 
     async def _run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
         started = time.time()
-        binding = binding_for(self._bindings, job.deliver_to)
+        target = delivery_binding(job, self._index)
+        binding = None if isinstance(target, str) else target
         result: TurnResult | None = None
         failure: tuple[FireEnd, str] | None = None
         try:
-            if binding is None:
-                failure = ("failed", f"deliver_to {job.deliver_to!r} is not a binding's session")
+            if isinstance(target, str):
+                failure = ("failed", target[:MAX_REASON])
             else:
-                tools = _tools(job, binding)
+                tools = _tools(job, target)
                 spec = SessionSpec(
                     job.session_id,
                     tools=tools,
-                    preapproved=_preapproved(job, binding, tools),
+                    preapproved=_preapproved(job, target, tools),
                     time_budget_s=job.time_budget_s,
                 )
                 result = await self._app.run_turn(Mode.DAEMON, spec, job.prompt)

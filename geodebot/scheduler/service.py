@@ -23,9 +23,10 @@ from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from geodebot.app import App
+from geodebot.bindings import BindingIndex
 from geodebot.config import BindingConfig
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
-from geodebot.scheduler.definitions import config_jobs, schedule_of
+from geodebot.scheduler.definitions import config_jobs, name_delivery_bindings, schedule_of
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.runner import FireRunner
 from geodebot.scheduler.schedule import ScheduleError, build_trigger, from_ms, next_fire, to_ms
@@ -71,6 +72,7 @@ class JobScheduler:
     ) -> None:
         self._app = app
         self._store = app.services.store
+        self._index = BindingIndex(bindings)
         self._runner = FireRunner(app, bindings, kick, refusals)
         self._poll_s = poll_s
         self._jobs: dict[str, JobRecord] = {}
@@ -83,6 +85,11 @@ class JobScheduler:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         """Sync the config's jobs, settle what a previous run left, catch up, schedule."""
+        # Before the sync: a config job's row that gains its binding's key this way is not a
+        # changed definition, which would forgo the fires it owes.
+        named = await name_delivery_bindings(self._store, self._index)
+        if named:
+            log.info("scheduler: %d older jobs now name the binding they post in", named)
         await self._store.jobs_sync_config(config_jobs(self._app.config))
         # Nothing of a previous process can still run: its claimed fires are not re-run.
         for fire in await self._store.fires_interrupted("the daemon stopped during the run"):

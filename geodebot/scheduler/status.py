@@ -36,13 +36,14 @@ def next_fire_text(job: JobRecord, now_ms: int) -> str:
     return "none" if upcoming is None else format_fire(upcoming, job.timezone)
 
 
-async def job_lines(store: JobStore, *, deliver_to: str | None = None) -> list[JobLine]:
+async def job_lines(store: JobStore, *, binding: str | None = None) -> list[JobLine]:
+    """Every job's line, or those of the jobs posting in the binding with key ``binding``."""
     now_ms = int(time.time() * 1000)
     latest = await store.fires_latest()
     return [
         JobLine(job, next_fire_text(job, now_ms), latest.get(job.id))
         for job in await store.job_list()
-        if deliver_to is None or job.deliver_to == deliver_to
+        if binding is None or job.deliver_binding == binding
     ]
 
 
@@ -50,9 +51,13 @@ class JobStatus:
     def __init__(self, store: JobStore) -> None:
         self._store = store
 
-    async def for_binding(self, session: str) -> str:
-        """The /status lines of the jobs posting in a binding's chat; "" when there are none."""
-        lines = await job_lines(self._store, deliver_to=session)
+    async def for_binding(self, key: str) -> str:
+        """The /status lines of the jobs posting in a binding's chat, given by its key
+        (``platform:channel``), not by its session, which other chats may share; "" when
+        there are none. A row that names no binding is shown in no chat: the daemon names
+        the binding of older rows when it starts, unless several bindings share their
+        session (and then their fires fail)."""
+        lines = await job_lines(self._store, binding=key)
         if not lines:
             return ""
         rows = [

@@ -1,9 +1,12 @@
 """Chat tools for jobs: ``schedule_job``, ``list_jobs``, ``cancel_job``.
 
-They act for the binding whose session calls them, found from the call's session id at the
-composition root's binding list: a job made from chat delivers to that binding, records it as
-creator, can have only tools the binding has, and only that binding (or the operator with the
-CLI) can cancel it. A session that belongs to no binding gets a tool error.
+They act for the binding the chat message came through: the router puts its key in the
+session spec's ``origin``, which every tool call's context carries. Never the session's
+binding: several bindings may share a session, and each has its own tools. A job made from
+chat records that binding (by key) as its target and its creator, can have only tools the
+binding has, gets a session of its own, and is listed and cancelled from that binding only
+(the operator can remove any with the CLI). A call without an origin (a job's own turn, a
+terminal, a headless run) gets a tool error.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from geodebot.bindings import BindingIndex, binding_key, owns
 from geodebot.config import BindingConfig
 from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
 from geodebot.job_config import JOB_ID_PATTERN
+from geodebot.scheduler.definitions import chat_creator, fresh_session
 from geodebot.scheduler.schedule import (
     Schedule,
     ScheduleError,
@@ -30,17 +35,17 @@ from geodebot.store.protocol import StoreError
 
 SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB = "schedule_job", "list_jobs", "cancel_job"
 JOB_TOOL_NAMES = (SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB)
-CHAT_CREATOR = "binding:"
 
 
-def calling_binding(bindings: Sequence[BindingConfig], session_id: str) -> BindingConfig | None:
-    """The binding a session belongs to: its own session, or a thread of a thread binding."""
-    for binding in bindings:
-        if session_id == binding.session:
-            return binding
-        if binding.scope == "thread" and session_id.startswith(binding.session + "/"):
-            return binding
-    return None
+def calling_binding(index: BindingIndex, ctx: ToolCallContext) -> BindingConfig | None:
+    """The binding a tool call came from: the one its origin names, if the call's session is
+    that binding's (its session or, for a thread binding, one of its threads)."""
+    if ctx.origin is None:
+        return None
+    binding = index.by_key(ctx.origin)
+    if binding is None or not owns(binding, ctx.session_id):
+        return None
+    return binding
 
 
 _SCHEDULE_SCHEMA: Mapping[str, Any] = {
@@ -70,7 +75,7 @@ class JobTools:
         self, store: JobStore, bindings: Sequence[BindingConfig], *, default_timezone: str
     ) -> None:
         self._store = store
-        self._bindings = bindings
+        self._index = BindingIndex(bindings)
         self._timezone = default_timezone
 
     def specs(self) -> list[ToolSpec]:
@@ -116,7 +121,7 @@ class JobTools:
         ]
 
     def _binding(self, ctx: ToolCallContext) -> BindingConfig:
-        binding = calling_binding(self._bindings, ctx.session_id)
+        binding = calling_binding(self._index, ctx)
         if binding is None:
             raise ToolError("jobs can be managed only from a bound chat")
         return binding
@@ -145,6 +150,7 @@ class JobTools:
         next_three = upcoming(schedule, int(now * 1000))
         if not next_three:
             raise ToolError(f"{schedule.describe()} never fires after now")
+        key = binding_key(binding)
         job = JobRecord(
             id=str(arguments["id"]),
             origin="chat",
@@ -154,16 +160,17 @@ class JobTools:
             anchor_ms=schedule.anchor_ms,
             prompt=str(arguments["prompt"]),
             deliver_to=binding.session,
-            session_id=f"job:{arguments['id']}",
+            session_id=fresh_session(str(arguments["id"]), now),
             tools=tools,
             time_budget_s=arguments.get("time_budget_s"),
             catch_up=arguments.get("catch_up", "latest"),
             notify_on_failure=True,
-            creator=f"{CHAT_CREATOR}{binding.session}",
+            creator=chat_creator(binding),
             paused=False,
             since_ms=int(now * 1000),
             created_at=now,
             updated_at=now,
+            deliver_binding=key,
         )
         try:
             await self._store.job_add(job)
@@ -174,7 +181,7 @@ class JobTools:
                 "scheduled": job.id,
                 "schedule": schedule.describe(),
                 "next_fires": [format_fire(ms, timezone) for ms in next_three],
-                "delivers_to": binding.session,
+                "delivers_to": key,
                 "tools": list(tools),
             },
             ensure_ascii=False,
@@ -182,8 +189,10 @@ class JobTools:
 
     async def _list(self, arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:
         binding = self._binding(ctx)
+        key, creator = binding_key(binding), chat_creator(binding)
         now_ms = int(time.time() * 1000)
-        jobs = [job for job in await self._store.job_list() if job.deliver_to == binding.session]
+        # What posts here: a chat's own jobs and the operator's ones for this binding.
+        jobs = [job for job in await self._store.job_list() if job.deliver_binding == key]
         rows = []
         for job in jobs:
             schedule = Schedule(job.schedule_kind, job.schedule, job.timezone, job.anchor_ms)
@@ -197,7 +206,7 @@ class JobTools:
                     "schedule": schedule.describe(),
                     "paused": job.paused,
                     "next_fire": format_fire(fires[0], job.timezone) if fires else None,
-                    "made_here": job.creator == f"{CHAT_CREATOR}{binding.session}",
+                    "made_here": job.creator == creator,
                 }
             )
         return json.dumps({"jobs": rows}, ensure_ascii=False)
@@ -206,12 +215,12 @@ class JobTools:
         binding = self._binding(ctx)
         job_id = str(arguments["id"])
         job = await self._store.job_get(job_id)
-        if job is None:
-            raise ToolError(f"no job {job_id!r}")
-        if job.creator != f"{CHAT_CREATOR}{binding.session}":
+        if job is None or job.creator != chat_creator(binding):
+            # The same answer whether the job is another chat's or does not exist: a chat
+            # learns nothing here of the jobs of others.
             raise ToolError(
-                f"job {job_id!r} was not scheduled from this chat; only its own chat or the "
-                "operator can cancel it"
+                f"no job {job_id!r} was scheduled from this chat; a chat can cancel only the "
+                "jobs it scheduled (the operator can remove any with geodebot jobs remove)"
             )
         await self._store.job_remove(job_id)
         return json.dumps({"cancelled": job_id})

@@ -50,17 +50,26 @@ class JobRecord:
     timezone: str
     anchor_ms: int
     prompt: str
-    deliver_to: str  # the session id of a binding
+    # The session of the binding it posts in; with ``deliver_binding`` informative only.
+    deliver_to: str
+    # The job's own session: unique to this job's life for chat- and CLI-made jobs.
     session_id: str
     tools: tuple[str, ...]
     time_budget_s: float | None
     catch_up: CatchUp
     notify_on_failure: bool
-    creator: str  # "" for config jobs; who made it otherwise (binding session, CLI user)
+    # "" for config jobs; who made it otherwise: "binding:<platform>:<channel>" for a chat
+    # ("binding:<session>" in rows written before chats were named by key), "cli:<user>".
+    creator: str
     paused: bool
     since_ms: int
     created_at: float
     updated_at: float
+    # The key (``platform:channel``) of the binding it posts in: a session may be shared by
+    # several bindings, a key names one chat. "" in rows written before it was recorded:
+    # they post in the one binding whose session is ``deliver_to``, and fail if several
+    # share it (see scheduler/definitions.py, ``delivery_binding``).
+    deliver_binding: str = ""
 
     def definition(self) -> tuple[object, ...]:
         """What decides when and how the job runs (not its pause state or bookkeeping)."""
@@ -76,6 +85,7 @@ class JobRecord:
             self.time_budget_s,
             self.catch_up,
             self.notify_on_failure,
+            self.deliver_binding,
         )
 
 
@@ -112,6 +122,10 @@ class JobStore(Protocol):
         """Add a run-time job; :class:`StoreError` if the id is taken."""
 
     async def job_remove(self, job_id: str) -> bool: ...
+
+    async def job_set_delivery(self, job_id: str, deliver_binding: str, *, creator: str) -> bool:
+        """Name the binding (by key) an older row without one delivers to, and its creator
+        in the same terms; changes nothing (False) unless the row has no binding yet."""
 
     async def job_set_paused(self, job_id: str, paused: bool, *, since_ms: int) -> JobRecord | None:
         """Pause or resume; a resume owes no fire at or before ``since_ms``."""

@@ -61,8 +61,8 @@ class JobsAndFires:
                     db.execute(INSERT_JOB, job_params(job))
                     changed = True
                 elif old.definition() != job.definition():
-                    d = job_params(job)
-                    db.execute(UPDATE_DEFINITION, (*d[2:13], job.since_ms, now, job.id))
+                    d = (*job_params(job)[2:13], job.deliver_binding, job.since_ms, now, job.id)
+                    db.execute(UPDATE_DEFINITION, d)
                     changed = True
             for gone in current if remove_missing else ():
                 db.execute("DELETE FROM scheduled_jobs WHERE id = ?", (gone,))
@@ -94,6 +94,22 @@ class JobsAndFires:
             return removed
 
         return await self._transact(f"removing job {job_id!r}", remove, durable=True)
+
+    async def job_set_delivery(
+        self: Transactions, job_id: str, deliver_binding: str, *, creator: str
+    ) -> bool:
+        def name(db: sqlite3.Connection) -> bool:
+            sql = (
+                "UPDATE scheduled_jobs SET deliver_binding = ?, creator = ?, updated_at = ? "
+                "WHERE id = ? AND deliver_binding = '' RETURNING id"
+            )
+            params = (deliver_binding, creator, time.time(), job_id)
+            named = db.execute(sql, params).fetchone() is not None
+            if named:
+                bump(db)
+            return named
+
+        return await self._transact(f"naming the binding of job {job_id!r}", name, durable=True)
 
     async def job_set_paused(
         self: Transactions, job_id: str, paused: bool, *, since_ms: int

@@ -17,17 +17,17 @@ REVISION_CURSOR = "jobs:revision"
 JOB_COLS = (
     "id, origin, schedule_kind, schedule, timezone, anchor_ms, prompt, deliver_to, session_id, "
     "tools, time_budget_s, catch_up, notify_on_failure, creator, paused, since_ms, created_at, "
-    "updated_at"
+    "updated_at, deliver_binding"
 )
 FIRE_COLS = (
     "id, job_id, scheduled_ms, cause, outcome, reason, claimed_at, started_at, ended_at, "
     "outbox_id, notice"
 )
-INSERT_JOB = f"INSERT INTO scheduled_jobs ({JOB_COLS}) VALUES ({', '.join('?' * 18)})"
+INSERT_JOB = f"INSERT INTO scheduled_jobs ({JOB_COLS}) VALUES ({', '.join('?' * 19)})"
 UPDATE_DEFINITION = """
 UPDATE scheduled_jobs SET schedule_kind = ?, schedule = ?, timezone = ?, anchor_ms = ?, prompt = ?,
     deliver_to = ?, session_id = ?, tools = ?, time_budget_s = ?, catch_up = ?,
-    notify_on_failure = ?, since_ms = ?, updated_at = ?
+    notify_on_failure = ?, deliver_binding = ?, since_ms = ?, updated_at = ?
 WHERE id = ?
 """
 # DO NOTHING + RETURNING yields a row only when this call inserted it: the claim needs no
@@ -103,6 +103,7 @@ def job_from_row(row: sqlite3.Row) -> JobRecord:
         since_ms=row["since_ms"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        deliver_binding=row["deliver_binding"],
     )
 
 
@@ -130,6 +131,7 @@ def job_params(job: JobRecord) -> tuple[Any, ...]:
         job.since_ms,
         job.created_at,
         job.updated_at,
+        job.deliver_binding,
     )
 
 

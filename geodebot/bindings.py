@@ -1,0 +1,66 @@
+"""Bindings both ways: from a platform channel to its binding, and from a session to the
+bindings whose chats run on it. Platform-free; the gate, the job tools and the job runner
+all look bindings up here, so there is one rule for each direction.
+
+A binding is named by its **key**, ``platform:channel``, unique in a config. Its session is
+``binding.session``; a ``scope = "thread"`` binding also owns every ``<session>/<thread>``
+(see :func:`geodebot.channels.gate.session_for`). Several bindings may share one session, so
+a session names a set of bindings, never one chat: whatever acts for a chat (checks its
+tools, posts in it, says what it made) goes by key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+from geodebot.config import BindingConfig
+
+
+def binding_key(binding: BindingConfig) -> str:
+    return f"{binding.platform}:{binding.channel}"
+
+
+def owns(binding: BindingConfig, session_id: str) -> bool:
+    """Whether a chat of ``binding`` runs on ``session_id``: its session, or one of its
+    threads for a thread binding."""
+    if session_id == binding.session:
+        return True
+    return binding.scope == "thread" and session_id.startswith(binding.session + "/")
+
+
+class BindingIndex:
+    def __init__(self, bindings: Iterable[BindingConfig]) -> None:
+        self._bindings = tuple(bindings)
+        self._by_key: Mapping[str, BindingConfig] = {binding_key(b): b for b in self._bindings}
+        by_session: dict[str, list[BindingConfig]] = {}
+        for binding in self._bindings:
+            by_session.setdefault(binding.session, []).append(binding)
+        self._by_session: Mapping[str, tuple[BindingConfig, ...]] = {
+            session: tuple(found) for session, found in by_session.items()
+        }
+
+    def __iter__(self) -> Iterator[BindingConfig]:
+        return iter(self._bindings)
+
+    # -- channel -> binding ---------------------------------------------------------------
+    def find(self, platform: str, channel: str) -> BindingConfig | None:
+        return self._by_key.get(f"{platform}:{channel}")
+
+    def by_key(self, key: str) -> BindingConfig | None:
+        return self._by_key.get(key)
+
+    # -- session -> bindings --------------------------------------------------------------
+    def with_session(self, session: str) -> tuple[BindingConfig, ...]:
+        """The bindings whose session is exactly ``session``, in config order."""
+        return self._by_session.get(session, ())
+
+    def owners(self, session_id: str) -> tuple[BindingConfig, ...]:
+        """The bindings a chat session belongs to: those whose session it is, and the thread
+        bindings it is a thread of (``<session>/<thread>``; a session may contain ``/``
+        itself, so every prefix is a candidate), in config order."""
+        found = {id(b) for b in self.with_session(session_id)}
+        for cut, char in enumerate(session_id):
+            if char == "/" and cut > 0:
+                base = self.with_session(session_id[:cut])
+                found.update(id(b) for b in base if b.scope == "thread")
+        return tuple(b for b in self._bindings if id(b) in found)

@@ -150,7 +150,8 @@ def check_tool_lists(config: Config, registry: ToolRegistry) -> None:
 
 
 async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> ToolSource | None:
-    """The configured MCP servers plus a trusted project's; none start until first used."""
+    """The configured MCP servers plus a trusted project's; none start until a session lists
+    one of its tools (and only the servers of the tools it lists)."""
     servers = list(config.mcp.servers)
     project = config.project_mcp_config
     if project is not None:
@@ -169,7 +170,12 @@ async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> ToolSource | N
     from geodebot.engine.mcp.client import MCPServerPool
 
     # stdio servers run in the workspace, which must exist before the first one starts.
-    pool = MCPServerPool(servers, environ=os.environ, cwd=ensure_workspace(config.workspace))
+    pool = MCPServerPool(
+        servers,
+        environ=os.environ,
+        cwd=ensure_workspace(config.workspace),
+        connect_grace_s=config.mcp.connect_grace_s,
+    )
     stack.push_async_callback(pool.aclose)
     return pool
 

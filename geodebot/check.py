@@ -3,7 +3,7 @@
 The configuration loads (or the command already stopped with its errors); each secret it names
 is present (its value is never shown); each model answers a model lookup, which spends no
 tokens; each enabled platform accepts its token (its identity call); each declared MCP server
-starts and offers its declared tools.
+starts and offers its declared tools, each with a usable input schema.
 """
 
 from __future__ import annotations
@@ -98,19 +98,20 @@ async def _mcp(config: Config) -> list[CheckRow]:
         from geodebot.engine.mcp.client import MCPServerPool
 
         assert isinstance(pool, MCPServerPool)
-        try:
-            async with asyncio.timeout(_STEP_TIMEOUT_S):
-                await pool.tool_specs()
-        except TimeoutError:
-            pass
+        # Every server, waited for as long as a step may take (not a session's short grace).
+        await pool.tool_specs(wait_s=_STEP_TIMEOUT_S)
         rows = []
         for name, state in sorted((await pool.status()).items()):
-            ok = state["state"] == "up"
-            detail = (
-                f"{state['tools']} declared tools offered ({state['transport']})"
-                if ok
-                else f"{state['state']}: {state['last_error'] or 'did not start'}"
-            )
+            unusable = state["unusable"]
+            ok = state["state"] == "up" and not unusable
+            if state["state"] == "up":
+                detail = f"{state['tools']} declared tools offered ({state['transport']})"
+                if unusable:
+                    detail += "; unavailable: " + "; ".join(
+                        f"{tool}: {why}" for tool, why in sorted(unusable.items())
+                    )
+            else:
+                detail = f"{state['state']}: {state['last_error'] or 'did not start'}"
             rows.append(CheckRow(f"mcp {name}", ok, detail))
         return rows
 

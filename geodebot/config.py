@@ -12,10 +12,12 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -48,8 +50,38 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+def _is_number(annotation: Any) -> bool:
+    """Whether a field's type is int or float (also inside Annotated or Optional)."""
+    if annotation in (int, float):
+        return True
+    if get_origin(annotation) is Annotated:
+        return _is_number(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return any(_is_number(arm) for arm in get_args(annotation) if arm is not type(None))
+    return False
+
+
+def _no_bool(model: type[BaseModel], data: Any) -> Any:
+    """Refuse true/false for ``model``'s numeric fields: pydantic would read them as 1 and 0,
+    so ``timeout_s = true`` would quietly mean one second."""
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            field = model.model_fields.get(key) if isinstance(key, str) else None
+            if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+                raise ValueError(f"{key}: must be a number, not {str(value).lower()}")
+    return data
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -263,6 +295,10 @@ class MCPServerConfig(_Strict):
 
 class MCPConfig(_Strict):
     servers: tuple[MCPServerConfig, ...] = ()
+    # How long a session's set-up waits at most for the servers of the tools it lists (never
+    # more than a tenth of its time budget); a server not up by then is waited for by a call
+    # to one of its tools, within that call's deadline.
+    connect_grace_s: Annotated[float, Field(ge=0, le=60)] = 3.0
     # A project's own MCP servers (same [[servers]] format); used only once trusted with
     # `geodebot config trust PATH`, and only while the file is unchanged since.
     project_config: Path | None = None
@@ -341,7 +377,8 @@ class Config(_Strict):
     mcp: MCPConfig = MCPConfig()
     channels: ChannelsConfig = ChannelsConfig()
     bindings: tuple[BindingConfig, ...] = ()
-    jobs: tuple[JobConfig, ...] = ()
+    # JobConfig lives apart (job_config.py); its numbers get the same refusal of booleans.
+    jobs: tuple[Annotated[JobConfig, BeforeValidator(lambda v: _no_bool(JobConfig, v))], ...] = ()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 

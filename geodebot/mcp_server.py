@@ -8,21 +8,24 @@ fd 1 at stderr while it serves, and logs go to stderr through the redacting hand
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack
-from typing import Annotated
+from typing import Annotated, Any
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from geodebot import __version__
 from geodebot.app import App, build_app, build_redactor
 from geodebot.config import BudgetConfig, Config
 from geodebot.engine.loop import new_id
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import SessionSpec
+from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.logs import setup_logging
 
 RUN_AGENT_DESCRIPTION = (
@@ -31,13 +34,31 @@ RUN_AGENT_DESCRIPTION = (
     "use, and nobody to approve anything, so only pre-approved writes can run. "
     "time_budget_s defaults to {default:g} s; more than {cap:g} s is capped."
 )
+# A cancelled run_agent call waits this long at most for its turn to record the cancellation.
+_CANCEL_RECORD_S = 10.0
+
+
+def _not_a_boolean(value: object) -> object:
+    # JSON true is a bool, which pydantic would otherwise read as the number 1.
+    if isinstance(value, bool):
+        raise ValueError(f"time_budget_s must be a number of seconds, not {str(value).lower()}")
+    return value
+
+
 # Module-level because the SDK evaluates the tool's (string) annotations in module globals.
 PromptArg = Annotated[str, Field(description="The task, self-contained: no memory is kept.")]
-BudgetArg = Annotated[float | None, Field(description="Seconds the run may take.")]
+# Strict: a JSON number or null, not a string that looks like one.
+BudgetArg = Annotated[
+    Annotated[float, Field(strict=True)] | None,
+    BeforeValidator(_not_a_boolean),
+    Field(description="Seconds the run may take."),
+]
 
 
 def resolve_budget(requested: float | None, budgets: BudgetConfig) -> float:
     """The turn's time budget: the headless default, capped at the headless maximum."""
+    if isinstance(requested, bool):
+        raise ValueError("time_budget_s must be a number of seconds, not a boolean")
     budget = budgets.headless_time_s if requested is None else requested
     # JSON from an MCP client can carry NaN or Infinity, and asyncio.timeout(nan) never fires.
     if not math.isfinite(budget) or budget <= 0:
@@ -73,7 +94,7 @@ def build_server(app: App) -> MCPServer:
             preapproved=config.tools.headless_preapproved,
             time_budget_s=budget,
         )
-        result = await app.run_turn(Mode.HEADLESS, spec, prompt)
+        result = await _run_cancellable(app.run_turn(Mode.HEADLESS, spec, prompt))
         if result.ok:
             return _result(result.text)
         # The turn's text is already meant for users; redacting again costs nothing and keeps
@@ -85,6 +106,21 @@ def build_server(app: App) -> MCPServer:
     )
     server.add_tool(run_agent, description=description)
     return server
+
+
+async def _run_cancellable(turn: Coroutine[Any, Any, TurnResult]) -> TurnResult:
+    """Run the turn in a task of its own, so that a client's ``notifications/cancelled``
+    reaches it as one plain cancellation: the turn then records it on its timeline (see
+    AgenticLoop._guarded). The SDK cancels this handler through an anyio cancel scope, which
+    would cancel every await of that record again; the turn's task is outside that scope."""
+    task = asyncio.create_task(turn)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_RECORD_S):
+            await asyncio.wait({task})
+        raise
 
 
 async def serve_mcp(config: Config) -> None:

@@ -44,6 +44,7 @@ from geodebot.engine.llm.types import (
     block_to_json,
     canonical_json,
 )
+from geodebot.engine.modes import Mode
 from geodebot.engine.session import Ending, Outcome, Session, TurnResult
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
@@ -63,6 +64,9 @@ log = logging.getLogger(__name__)
 _CLEANUP_TIMEOUT_S = 5.0
 
 CANCELLED_RESULT = "cancelled: the turn's time budget ran out; this tool may or may not have acted"
+CALLER_CANCELLED_RESULT = (
+    "cancelled: the caller cancelled the turn; this tool may or may not have acted"
+)
 
 
 def new_id(prefix: str) -> str:
@@ -173,10 +177,22 @@ class AgenticLoop:
         )
 
     async def _guarded(self, turn: _Turn, work: Awaitable[TurnResult]) -> TurnResult:
-        deadline = asyncio.timeout(self._session.time_budget_s)
+        # A session's first turn counts from create_session, whose set-up (MCP servers of
+        # listed tools coming up) is part of the turn; later turns from their own start.
+        start = self._session.take_budget_start()
+        if start is None:
+            start = asyncio.get_running_loop().time()
+        deadline = asyncio.timeout_at(start + self._session.time_budget_s)
         try:
             async with deadline:
                 return await work
+        except asyncio.CancelledError:
+            # A HEADLESS turn has nobody to continue it (its MCP client cancelled the call,
+            # or geodebot run was interrupted): it ends here, on the timeline like a budget
+            # expiry. DAEMON and IPC turns cancelled at shutdown stay open for the restart.
+            if self._session.mode is Mode.HEADLESS:
+                await self._cancelled(turn)
+            raise
         except TimeoutError:
             if deadline.expired():
                 return await self._budget_exhausted(turn)
@@ -533,6 +549,31 @@ class AgenticLoop:
         except (StoreError, TimeoutError) as exc:
             log.error("turn %s: could not record the budget stop: %s", turn.id, exc)
             return self._result(turn, "budget", text, error="TimeBudgetExceeded")
+
+    async def _cancelled(self, turn: _Turn) -> None:
+        """Record a turn its caller cancelled: the open batch abandoned, the turn closed."""
+        try:
+            async with asyncio.timeout(_CLEANUP_TIMEOUT_S):
+                batch = turn.open_batch
+                if batch is not None:
+                    results = [
+                        ToolResultBlock(str(c["id"]), CALLER_CANCELLED_RESULT, is_error=True)
+                        for c in batch.calls
+                    ]
+                    turn.events.append(
+                        (turn.id, "tool_batch_cancelled", {"batch": batch.id, "uncertain": True})
+                    )
+                    await self._save_results(turn, [], batch, results, "abandoned")
+                turn.events.append((turn.id, "turn_cancelled", {"by": "caller"}))
+                self._close(turn, "cancelled", "Cancelled")
+                await self._checkpoint(turn, [])
+        except (StoreError, TimeoutError) as exc:
+            log.error("turn %s: could not record its cancellation: %s", turn.id, exc)
+        self._svc.emit(
+            "turn_finished",
+            {"session": self._session.id, "turn": turn.id, "outcome": "cancelled"},
+        )
+        log.info("turn cancelled by its caller after %d round(s)", turn.rounds)
 
     async def _fail(
         self, turn: _Turn, outcome: Outcome, text: str, error: str | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -140,19 +141,31 @@ class Session:
     # What create_session read with the row. The first turn starts from it rather than
     # reading the row and its pending batches again; taken once, later turns read afresh.
     _opened: list[OpenedSession] = field(default_factory=list, repr=False, compare=False)
+    # When create_session began, on the event loop's clock: the first turn's time budget
+    # counts from there, so set-up (the store, MCP servers coming up) is inside it. Taken
+    # once; later turns count from their own start.
+    _budget_from: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def take_opened(self) -> OpenedSession | None:
         return self._opened.pop() if self._opened else None
 
+    def take_budget_start(self) -> float | None:
+        return self._budget_from.pop() if self._budget_from else None
+
 
 async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices) -> Session:
-    """Open (or create) the durable session and project its immutable tool plan."""
+    """Open (or create) the durable session and project its immutable tool plan.
+
+    The first turn's time budget starts here: resolving the tools waits for the MCP servers
+    of listed tools only briefly, bounded by that budget (see ToolCatalog.resolve)."""
+    started = asyncio.get_running_loop().time()
+    budget = time_budget(mode, spec, services.budgets)
     opened = await services.store.open_session(
         spec.session_id, mode.value, switch=COMPUTER_USE_SWITCH
     )
     switch = opened.switch
     plan = BoundToolPlan.project(
-        await services.tools.resolve(spec.tools),
+        await services.tools.resolve(spec.tools, deadline=started + budget),
         mode,
         spec.tools,
         preapproved=spec.preapproved,
@@ -163,9 +176,10 @@ async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices
         id=spec.session_id,
         mode=mode,
         plan=plan,
-        time_budget_s=time_budget(mode, spec, services.budgets),
+        time_budget_s=budget,
         services=services,
         approver=spec.approver if mode is Mode.IPC else None,
         origin=spec.origin,
         _opened=[opened],
+        _budget_from=[started],
     )

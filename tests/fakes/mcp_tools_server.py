@@ -3,8 +3,9 @@
 Run as ``python -m tests.fakes.mcp_tools_server`` (stdio) or with ``--http PORT`` (streamable
 HTTP on 127.0.0.1, endpoint ``/mcp``). Tools:
 
-* ``echo(text)``: the text back; ``env:NAME`` answers the variable's value or ``unset``,
-  so tests can see exactly which environment reached the server.
+* ``echo(text)``: the text back; ``env:NAME`` answers the variable's value or ``unset``, and
+  ``env:*`` the names of all variables, so tests can see exactly which environment reached
+  the server.
 * ``add(a, b)``: the sum.
 * ``write_note(text)``: appends a line to the file named by ``$NOTES_FILE``, so tests can
   count executions.
@@ -42,6 +43,8 @@ _PIXEL = base64.b64encode(
 
 @server.tool(description="Repeat the text; env:NAME reports an environment variable.")
 def echo(text: str) -> str:
+    if text == "env:*":
+        return ",".join(sorted(os.environ))
     if text.startswith("env:"):
         return os.environ.get(text.removeprefix("env:"), "unset")
     return text

@@ -16,10 +16,12 @@ from contextlib import asynccontextmanager
 from typing import Literal
 
 import anyio
+import httpx2
 from mcp import Client
 from mcp import types as mt
 from mcp.client import Transport
 from mcp.client._transport import TransportStreams
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
@@ -31,6 +33,13 @@ _LIST_PAGE_CAP = 50
 _CLIENT_INFO = mt.Implementation(name="geodebot", version=__version__)
 
 _Command = Literal["stop", "eof", "probe", "fail"]
+
+# The SDK's own defaults for its HTTP client: a response stream may stay open for minutes.
+_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+_SESSION_HEADER = "mcp-session-id"
+
+# Builds a connection's transport, given what to call when the server rejects the session.
+TransportFactory = Callable[[Callable[[int, str], None]], Transport]
 
 
 def describe(exc: BaseException) -> str:
@@ -76,6 +85,41 @@ async def _watched(
             receive.close()
 
 
+def http_transport(url: str) -> TransportFactory:
+    """Streamable HTTP to ``url``, reporting every HTTP error answer to a session request.
+
+    The SDK turns such an answer into an ordinary JSON-RPC error (the server's own, when its
+    body holds one), which looks exactly like a tool refusing a call; only the status says
+    that the server did not accept the request at all. A server that restarted answers a
+    stale session with 400 or 404, and so does a proxy in front of one that is gone: the
+    session is finished, and only a new connection can work again.
+    """
+
+    def build(rejected: Callable[[int, str], None]) -> Transport:
+        return _http(url, rejected)
+
+    return build
+
+
+@asynccontextmanager
+async def _http(url: str, rejected: Callable[[int, str], None]) -> AsyncIterator[TransportStreams]:
+    async def on_response(response: httpx2.Response) -> None:
+        request = response.request
+        if _SESSION_HEADER not in request.headers:
+            return  # initialize, or a server without sessions: not a session's failure
+        status = response.status_code
+        # A GET without an event stream is answered 405 by design; the DELETE at the end of
+        # a session concerns a session already being given up.
+        if (request.method == "POST" and status >= 400) or (
+            request.method == "GET" and status in (400, 404)
+        ):
+            rejected(status, f"HTTP {status} {response.reason_phrase}".strip())
+
+    client = httpx2.AsyncClient(timeout=_HTTP_TIMEOUT, event_hooks={"response": [on_response]})
+    async with client, streamable_http_client(url, http_client=client) as streams:
+        yield streams
+
+
 async def list_tools(client: Client) -> list[mt.Tool]:
     tools: list[mt.Tool] = []
     cursor: str | None = None
@@ -93,17 +137,23 @@ class Connection:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: TransportFactory,
         *,
         name: str,
+        start_timeout_s: float,
         probe_timeout_s: float,
         on_down: Callable[[str | None], None],
     ) -> None:
         self.client: Client | None = None
         self.tools: list[mt.Tool] = []
         self.error: str | None = None
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._transport = transport
+        # The HTTP status and reason when the server refused a request of this session (see
+        # http_transport): the connection is finished, but is failed by whoever reads it
+        # (see fail_rejected), so that the calls in flight get their own answers first.
+        self.rejected: tuple[int, str] | None = None
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self._transport = transport(self._rejected)
         self._probe_timeout_s = probe_timeout_s
         self._on_down = on_down
         self._reported = False
@@ -116,6 +166,12 @@ class Connection:
         self._lost = False
         self._fail_reason = ""
         self._cancel_reason: str | None = None
+        # The start is bounded here, not by whoever waits for it: callers wait only as long
+        # as their own deadline allows, and a server that never finishes its handshake must
+        # still end as a failure (and back off) rather than stay "starting" for good.
+        self._start_timer = loop.call_later(
+            start_timeout_s, self._start_timed_out, f"did not start within {start_timeout_s:g} s"
+        )
         self.task = asyncio.create_task(self._run(), name=f"mcp-server:{name}")
 
     @property
@@ -149,6 +205,19 @@ class Connection:
             self._fail_reason = reason
             self._inbox.put_nowait("fail")
 
+    def fail_rejected(self) -> None:
+        """Fail a connection whose server refused one of its requests."""
+        if self.rejected is not None:
+            self.fail(f"the server rejected the session ({self.rejected[1]})")
+
+    def _rejected(self, status: int, reason: str) -> None:
+        if self.usable and self.rejected is None:
+            self.rejected = (status, reason)
+
+    def _start_timed_out(self, reason: str) -> None:
+        if self.starting:
+            self.abort(reason)
+
     def _eof(self) -> None:
         self._lost = True
         self._inbox.put_nowait("eof")
@@ -174,6 +243,7 @@ class Connection:
                 client_info=_CLIENT_INFO,
             ) as client:
                 self.tools = await list_tools(client)
+                self._start_timer.cancel()
                 self.client = client
                 self.ready.set_result(None)
                 error = await self._serve(client)
@@ -190,6 +260,7 @@ class Connection:
                 error = "the server closed the connection while starting (see its stderr)"
             log.debug("MCP connection ended", exc_info=True)
         finally:
+            self._start_timer.cancel()
             self.client = None
             self._report(error)
             if not self.ready.done():

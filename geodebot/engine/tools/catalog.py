@@ -1,13 +1,14 @@
 """Where a session's tools come from: the static registry and dynamic sources (MCP servers).
 
-A dynamic source is asked only when a session's allowlist names one of its tools, so MCP
-servers start lazily, on first use, not at daemon start.
+A dynamic source is asked only for the tools a session's allowlist names with its prefix, so
+MCP servers start lazily, on first use, not at daemon start, and only the servers of the
+tools a session lists are started for it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
 from geodebot.engine.tools.registry import ToolRegistry
@@ -19,7 +20,14 @@ log = logging.getLogger(__name__)
 class ToolSource(Protocol):
     """Tools discovered at run time, e.g. the declared tools of the MCP servers."""
 
-    async def tool_specs(self) -> list[ToolSpec]: ...
+    async def tool_specs(
+        self, names: Collection[str], *, deadline: float | None = None
+    ) -> list[ToolSpec]:
+        """The specs of those of ``names`` that exist (others are simply absent).
+
+        ``deadline`` is when the turn that asks must end, on the event loop's clock: a source
+        waits for nothing past a small share of what is left until then."""
+        ...
 
 
 class ToolCatalog:
@@ -35,8 +43,12 @@ class ToolCatalog:
     def registry(self) -> ToolRegistry:
         return self._registry
 
-    async def resolve(self, names: Iterable[str]) -> Mapping[str, ToolSpec]:
-        """The specs of ``names`` that exist now; unknown names are simply absent."""
+    async def resolve(
+        self, names: Iterable[str], *, deadline: float | None = None
+    ) -> Mapping[str, ToolSpec]:
+        """The specs of ``names`` that exist now; unknown names are simply absent.
+
+        ``deadline``: see :meth:`ToolSource.tool_specs`."""
         wanted = set(names)
         found: dict[str, ToolSpec] = {}
         for name in wanted:
@@ -44,13 +56,14 @@ class ToolCatalog:
             if spec is not None:
                 found[name] = spec
         for prefix, source in self._sources.items():
-            if not any(name.startswith(prefix) for name in wanted - found.keys()):
+            asked = {name for name in wanted - found.keys() if name.startswith(prefix)}
+            if not asked:
                 continue
             try:
-                specs = await source.tool_specs()
+                specs = await source.tool_specs(asked, deadline=deadline)
             except Exception:
                 # A broken source costs its own tools, never the session.
                 log.exception("tool source %s failed", prefix)
                 continue
-            found.update({s.name: s for s in specs if s.name in wanted and s.name not in found})
+            found.update({s.name: s for s in specs if s.name in asked})
         return found

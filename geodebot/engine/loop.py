@@ -532,38 +532,30 @@ class AgenticLoop:
         text = f"Stopped: the time budget of {budget:g} s was used up."
         try:
             async with asyncio.timeout(_CLEANUP_TIMEOUT_S):
-                batch = turn.open_batch
-                if batch is not None:
-                    # Close the batch so history stays valid for the provider; the tools
-                    # were cut off, so their outcome is unknown.
-                    results = [
-                        ToolResultBlock(str(c["id"]), CANCELLED_RESULT, is_error=True)
-                        for c in batch.calls
-                    ]
-                    turn.events.append(
-                        (turn.id, "tool_batch_cancelled", {"batch": batch.id, "uncertain": True})
-                    )
-                    await self._save_results(turn, [], batch, results, "abandoned")
+                await self._abandon_open_batch(turn, CANCELLED_RESULT)
                 turn.events.append((turn.id, "budget_exhausted", {"time_budget_s": budget}))
                 return await self._fail(turn, "budget", text, "TimeBudgetExceeded")
         except (StoreError, TimeoutError) as exc:
             log.error("turn %s: could not record the budget stop: %s", turn.id, exc)
             return self._result(turn, "budget", text, error="TimeBudgetExceeded")
 
+    async def _abandon_open_batch(self, turn: _Turn, text: str) -> None:
+        """Close a batch whose tools were cut off, so the history stays valid for the
+        provider; each call's result says that its outcome is unknown."""
+        batch = turn.open_batch
+        if batch is None:
+            return
+        results = [ToolResultBlock(str(c["id"]), text, is_error=True) for c in batch.calls]
+        turn.events.append(
+            (turn.id, "tool_batch_cancelled", {"batch": batch.id, "uncertain": True})
+        )
+        await self._save_results(turn, [], batch, results, "abandoned")
+
     async def _cancelled(self, turn: _Turn) -> None:
         """Record a turn its caller cancelled: the open batch abandoned, the turn closed."""
         try:
             async with asyncio.timeout(_CLEANUP_TIMEOUT_S):
-                batch = turn.open_batch
-                if batch is not None:
-                    results = [
-                        ToolResultBlock(str(c["id"]), CALLER_CANCELLED_RESULT, is_error=True)
-                        for c in batch.calls
-                    ]
-                    turn.events.append(
-                        (turn.id, "tool_batch_cancelled", {"batch": batch.id, "uncertain": True})
-                    )
-                    await self._save_results(turn, [], batch, results, "abandoned")
+                await self._abandon_open_batch(turn, CALLER_CANCELLED_RESULT)
                 turn.events.append((turn.id, "turn_cancelled", {"by": "caller"}))
                 self._close(turn, "cancelled", "Cancelled")
                 await self._checkpoint(turn, [])

@@ -129,11 +129,12 @@ async def test_a_schema_pattern_is_matched_in_linear_time(
     ],
     ids=["unknown-type", "bad-pattern", "dangling-ref", "lookahead", "nan"],
 )
-def test_an_unusable_schema_is_refused_when_the_tool_is_built(
+def test_an_unusable_schema_is_refused_when_it_is_compiled(
     schema: Mapping[str, Any], why: str
 ) -> None:
+    tool = echo_tool("t", schema)
     with pytest.raises(SchemaError) as refused:
-        echo_tool("t", schema)
+        tool.arguments_schema  # noqa: B018 - compiling is what raises
     assert why in str(refused.value).lower()
 
 
@@ -142,4 +143,19 @@ def test_a_schema_nested_past_the_limit_is_refused_not_recursed_into() -> None:
     for _ in range(5000):
         deep = {"type": "object", "properties": {"a": deep}}
     with pytest.raises(SchemaError, match="nested"):
-        echo_tool("t", deep)
+        echo_tool("t", deep).arguments_schema  # noqa: B018 - compiling is what raises
+
+
+async def test_a_tool_whose_schema_cannot_be_compiled_is_refused_and_its_batch_goes_on(
+    tmp_path: Path,
+) -> None:
+    bad = echo_tool("bad", {"type": "object", "properties": {"a": {"$ref": "#/$defs/gone"}}})
+    good = echo_tool("good", {"type": "object"})
+    plan = BoundToolPlan.project({"bad": bad, "good": good}, Mode.DAEMON, ["bad", "good"])
+    async with SQLiteStore(tmp_path / "db") as store:
+        executor = ToolExecutor(store=store)
+        calls = [ToolUseBlock("1", "bad", {"a": 1}), ToolUseBlock("2", "good", {})]
+        refused, ran = await executor.run_batch(plan, calls, ToolCallContext("s", "t", Mode.DAEMON))
+    assert (refused.status, refused.reason) == ("refused", "schema_unusable")
+    assert "gone" in refused.result.content
+    assert (ran.status, ran.result.content) == ("ok", "ran")

@@ -35,6 +35,7 @@ from geodebot.engine.llm.untrusted import clean_text
 from geodebot.engine.modes import Mode, denied_tools
 from geodebot.engine.tools.plan import COMPUTER, BoundToolPlan
 from geodebot.engine.tools.runner import OutcomeStatus, ToolOutcome
+from geodebot.engine.tools.schema import SchemaError
 from geodebot.engine.tools.spec import (
     ApprovalRequest,
     CallClass,
@@ -208,7 +209,13 @@ class ToolExecutor:
             )
 
     def _validate(self, spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
-        problems = spec.arguments_schema.problems(arguments)
+        try:
+            problems = spec.arguments_schema.problems(arguments)
+        except SchemaError as exc:
+            raise _Refused(
+                "schema_unusable",
+                f"{spec.name} cannot be called: its input schema is unusable ({exc})",
+            ) from None
         if problems:
             raise _Refused("invalid_arguments", "invalid arguments: " + "; ".join(problems))
 

@@ -358,8 +358,10 @@ class MCPServerPool:
             elif not _TOOL_NAME.match(full):
                 unusable[tool] = "its name is not usable with model APIs"
             else:
+                spec = self._spec(name, offered, policy)
                 try:
-                    specs[tool] = self._spec(name, offered, policy)
+                    spec.arguments_schema  # noqa: B018 - compiled now, so a bad one is found now
+                    specs[tool] = spec
                     continue
                 except SchemaError as exc:
                     unusable[tool] = f"its input schema is unusable ({exc})"

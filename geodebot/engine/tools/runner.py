@@ -18,6 +18,7 @@ REASON_CODES = frozenset(
         "not_in_plan",
         "denied_by_mode",
         "invalid_arguments",
+        "schema_unusable",
         "rewrite_escalates",
         "blocked_by_hook",
         "approval_denied",

@@ -8,6 +8,10 @@ minutes. ``jsonschema_rs`` with :class:`RegexOptions` matches with the Rust ``re
 whose matching time is linear in the input, and it refuses at compile time what it cannot
 check: an unknown type, a pattern that is not a regex it accepts (backreferences and
 lookaround included), a ``$ref`` that points nowhere.
+
+The extension is imported when the first schema is compiled, not with this module: an idle
+daemon does not carry it (several MB), and a tool's schema is compiled at its first call
+(an MCP server's when its tools are listed, so a bad one is found then).
 """
 
 from __future__ import annotations
@@ -16,12 +20,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jsonschema_rs
-
 # Deeper than any real tool schema; a schema nested further is refused, not recursed into.
 MAX_SCHEMA_DEPTH = 64
 # Bounds the compiled form of one pattern, so a schema cannot make us allocate without limit.
-_REGEX = jsonschema_rs.RegexOptions(size_limit=1 << 20, dfa_size_limit=1 << 20)
+_REGEX_SIZE_LIMIT = 1 << 20
 
 
 class SchemaError(ValueError):
@@ -60,10 +62,15 @@ class ArgumentSchema:
             raise SchemaError("nested too deeply") from None
         if not isinstance(plain, dict):
             raise SchemaError("a tool's input schema must be an object")
+        import jsonschema_rs  # see the module docstring
+
+        regex = jsonschema_rs.RegexOptions(
+            size_limit=_REGEX_SIZE_LIMIT, dfa_size_limit=_REGEX_SIZE_LIMIT
+        )
         try:
             # Without "$schema" this is draft 2020-12, what the model APIs expect.
             self._validator = jsonschema_rs.validator_for(
-                plain, validate_formats=False, pattern_options=_REGEX
+                plain, validate_formats=False, pattern_options=regex
             )
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
             raise SchemaError(_first_line(str(exc))) from None

@@ -124,11 +124,17 @@ class ToolSpec:
     # Identical calls in one turn are separate actions (a second screenshot, the same key
     # pressed twice), not a repeat to answer from the first call's receipt.
     repeatable: bool = False
-    # The input schema compiled; building a spec with an unusable schema raises SchemaError.
-    arguments_schema: ArgumentSchema = field(init=False, repr=False, compare=False)
+    # The input schema once compiled (see arguments_schema).
+    _compiled: list[ArgumentSchema] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "arguments_schema", ArgumentSchema(self.input_schema))
+    @property
+    def arguments_schema(self) -> ArgumentSchema:
+        """The input schema, compiled on first use; SchemaError if it is unusable."""
+        if not self._compiled:
+            self._compiled.append(ArgumentSchema(self.input_schema))
+        return self._compiled[0]
 
     @property
     def needs_approval(self) -> bool:

@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import re2
-
 from geodebot.engine.tools.builtin.paths import (
     inside,
     locate,
@@ -198,6 +196,8 @@ def _matcher(pattern: str, regex: bool, ignore_case: bool) -> Any:
     pattern can hold the interpreter (and with it the event loop) the way a backtracking
     engine can on a catastrophic one. RE2 has no backreferences or lookaround; such a
     pattern is refused as invalid."""
+    import re2  # on first use: a daemon that never searches does not carry it
+
     options = re2.Options()
     options.log_errors = False  # a bad pattern is the model's error, not a daemon log line
     options.max_mem = RE2_MAX_MEM

@@ -11,10 +11,11 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geodebot.bindings import BindingIndex
 from geodebot.config import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
 from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.executor import ToolExecutor
@@ -188,6 +189,8 @@ class App:
     state_dir: Path
     # The model adapters, whose SDKs load on first use or when load_models() is called.
     adapters: tuple[DeferredAdapter, ...] = ()
+    # The one index of the bindings, which the router and the scheduler share.
+    bindings: BindingIndex = field(default_factory=lambda: BindingIndex(()))
 
     @property
     def socket_path(self) -> Path:
@@ -257,7 +260,8 @@ async def build_app(
     )
     pool = await open_mcp_pool(config, stack)
     registry = registry if registry is not None else ToolRegistry(builtin_tools(settings))
-    for spec in JobTools(store, config.bindings, default_timezone=config.daemon.timezone).specs():
+    bindings = BindingIndex(config.bindings)
+    for spec in JobTools(store, bindings, default_timezone=config.daemon.timezone).specs():
         if registry.get(spec.name) is None:
             registry.register(spec)
     check_tool_lists(config, registry)
@@ -288,4 +292,4 @@ async def build_app(
         context_cache=ContextCache(),
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
-    return App(config, services, lanes, state_dir, tuple(chain))
+    return App(config, services, lanes, state_dir, tuple(chain), bindings)

@@ -29,6 +29,8 @@ def owns(binding: BindingConfig, session_id: str) -> bool:
 
 
 class BindingIndex:
+    """Built once by the composition root and shared: a daemon may bind thousands of chats."""
+
     def __init__(self, bindings: Iterable[BindingConfig]) -> None:
         self._bindings = tuple(bindings)
         self._by_key: Mapping[str, BindingConfig] = {binding_key(b): b for b in self._bindings}
@@ -38,6 +40,11 @@ class BindingIndex:
         self._by_session: Mapping[str, tuple[BindingConfig, ...]] = {
             session: tuple(found) for session, found in by_session.items()
         }
+
+    @classmethod
+    def of(cls, bindings: BindingIndex | Iterable[BindingConfig]) -> BindingIndex:
+        """``bindings`` itself if it is an index already, else an index of them."""
+        return bindings if isinstance(bindings, BindingIndex) else cls(bindings)
 
     def __iter__(self) -> Iterator[BindingConfig]:
         return iter(self._bindings)

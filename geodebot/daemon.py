@@ -97,13 +97,13 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             }
             router = ChatRouter(
                 app,
-                config.bindings,
+                app.bindings,
                 outbox,
                 max_chars=max_chars,
                 typing=typing,
                 job_status=JobStatus(store).for_binding,
             )
-            scheduler = JobScheduler(app, config.bindings, outbox.kick, refusals=refusals)
+            scheduler = JobScheduler(app, app.bindings, outbox.kick, refusals=refusals)
             if metrics is not None:
                 health = _health_server(config, app, channels, router, scheduler, metrics)
                 await health.start()

@@ -69,7 +69,7 @@ class ChatRouter:
     def __init__(
         self,
         app: App,
-        bindings: Sequence[BindingConfig],
+        bindings: BindingIndex | Sequence[BindingConfig],
         outbox: OutboxSender,
         *,
         max_chars: Mapping[str, int],
@@ -79,7 +79,7 @@ class ChatRouter:
     ) -> None:
         self._app = app
         self._store = app.services.store
-        self._index = BindingIndex(bindings)
+        self._index = BindingIndex.of(bindings)
         self._outbox = outbox
         self._max_chars = max_chars
         self._typing = typing

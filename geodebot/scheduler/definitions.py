@@ -129,7 +129,9 @@ def _kind_and_expr(job: JobConfig) -> tuple[ScheduleKind, str]:
     return "at", job.at
 
 
-def config_job(job: JobConfig, config: Config, *, now: float | None = None) -> JobRecord:
+def config_job(
+    job: JobConfig, config: Config, bindings: BindingIndex, *, now: float | None = None
+) -> JobRecord:
     moment = time.time() if now is None else now
     kind, expr = _kind_and_expr(job)
     return JobRecord(
@@ -153,12 +155,13 @@ def config_job(job: JobConfig, config: Config, *, now: float | None = None) -> J
         since_ms=int(moment * 1000),
         created_at=moment,
         updated_at=moment,
-        deliver_binding=_config_delivery(job, BindingIndex(config.bindings)),
+        deliver_binding=_config_delivery(job, bindings),
     )
 
 
 def config_jobs(config: Config, *, now: float | None = None) -> list[JobRecord]:
-    return [config_job(job, config, now=now) for job in config.jobs]
+    bindings = BindingIndex(config.bindings)
+    return [config_job(job, config, bindings, now=now) for job in config.jobs]
 
 
 def schedule_problems(config: Config) -> list[str]:

@@ -57,14 +57,14 @@ class FireRunner:
     def __init__(
         self,
         app: App,
-        bindings: Sequence[BindingConfig],
+        bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
         refusals: RefusalWatch | None = None,
     ) -> None:
         self._app = app
         self._refusals = refusals
         self._store = app.services.store
-        self._index = BindingIndex(bindings)
+        self._index = BindingIndex.of(bindings)
         self._kick = kick
 
     async def run(self, job: JobRecord, fire: FireRecord) -> FireRecord:

@@ -64,7 +64,7 @@ class JobScheduler:
     def __init__(
         self,
         app: App,
-        bindings: Sequence[BindingConfig],
+        bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
         *,
         poll_s: float = POLL_S,
@@ -72,8 +72,8 @@ class JobScheduler:
     ) -> None:
         self._app = app
         self._store = app.services.store
-        self._index = BindingIndex(bindings)
-        self._runner = FireRunner(app, bindings, kick, refusals)
+        self._index = BindingIndex.of(bindings)
+        self._runner = FireRunner(app, self._index, kick, refusals)
         self._poll_s = poll_s
         self._jobs: dict[str, JobRecord] = {}
         self._revision: str | None = None

@@ -72,10 +72,14 @@ _SCHEDULE_SCHEMA: Mapping[str, Any] = {
 
 class JobTools:
     def __init__(
-        self, store: JobStore, bindings: Sequence[BindingConfig], *, default_timezone: str
+        self,
+        store: JobStore,
+        bindings: BindingIndex | Sequence[BindingConfig],
+        *,
+        default_timezone: str,
     ) -> None:
         self._store = store
-        self._index = BindingIndex(bindings)
+        self._index = BindingIndex.of(bindings)
         self._timezone = default_timezone
 
     def specs(self) -> list[ToolSpec]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import stat
+import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -417,3 +420,57 @@ def test_no_path_escapes_the_workspace(
     asyncio.run(attempt())
     assert [p.name for p in outside.iterdir()] == ["secret.txt"]
     assert (outside / "secret.txt").read_text() == "TOP SECRET\n"
+
+
+def _swap_forever(ws: Path, stop: threading.Event) -> None:
+    """Flip ``ws/l`` between a symlink to a directory and a plain file, as fast as possible:
+    a path check that resolves ``l`` sees it change between its own steps."""
+    while not stop.is_set():
+        try:
+            os.symlink("d", ws / "l.new")
+            os.replace(ws / "l.new", ws / "l")
+            (ws / "f.new").write_bytes(b"")
+            os.replace(ws / "f.new", ws / "l")
+        except OSError:
+            # A write_file below made "l" a directory: put the race back in place.
+            with contextlib.suppress(OSError):
+                shutil.rmtree(ws / "l")
+
+
+async def test_a_path_swapped_during_the_check_is_refused_never_a_crash(
+    call: Caller, ws: Path
+) -> None:
+    """realpath reads a link it has just seen; a link swapped for a file in between made
+    readlink raise out of the tool ("failed unexpectedly" plus a traceback)."""
+    await call("write_file", path="d/x", content="hello\n")
+    stop = threading.Event()
+    swapper = threading.Thread(target=_swap_forever, args=(ws, stop), daemon=True)
+    swapper.start()
+    crashes: list[BaseException] = []
+    refused = answered = 0
+    calls = [
+        ("read_file", {"path": "l/x"}),
+        ("list_dir", {"path": "l"}),
+        ("search_files", {"pattern": "hello", "path": "l"}),
+        ("edit_file", {"path": "l/x", "old_text": "hello", "new_text": "hello"}),
+        ("write_file", {"path": "l/y", "content": "y"}),
+    ]
+    try:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 4.0
+        while loop.time() < until:
+            for name, arguments in calls:
+                try:
+                    await call(name, **arguments)
+                    answered += 1
+                except ToolError:
+                    refused += 1
+                except Exception as exc:
+                    crashes.append(exc)
+    finally:
+        stop.set()
+        swapper.join(5)
+    assert crashes == []
+    # The race was real: both outcomes happened many times.
+    assert refused > 100
+    assert answered > 100

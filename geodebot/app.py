@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -187,10 +187,10 @@ class App:
     services: EngineServices
     lanes: Lanes
     state_dir: Path
+    # The one index of the bindings, which the router, the job tools and the scheduler share.
+    bindings: BindingIndex
     # The model adapters, whose SDKs load on first use or when load_models() is called.
     adapters: tuple[DeferredAdapter, ...] = ()
-    # The one index of the bindings, which the router and the scheduler share.
-    bindings: BindingIndex = field(default_factory=lambda: BindingIndex(()))
 
     @property
     def socket_path(self) -> Path:
@@ -292,4 +292,4 @@ async def build_app(
         context_cache=ContextCache(),
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
-    return App(config, services, lanes, state_dir, tuple(chain), bindings)
+    return App(config, services, lanes, state_dir, bindings, tuple(chain))

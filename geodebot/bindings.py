@@ -11,7 +11,7 @@ tools, posts in it, says what it made) goes by key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 from geodebot.config import BindingConfig
 
@@ -32,11 +32,12 @@ class BindingIndex:
     """Built once by the composition root and shared: a daemon may bind thousands of chats."""
 
     def __init__(self, bindings: Iterable[BindingConfig]) -> None:
-        self._bindings = tuple(bindings)
-        self._by_key: Mapping[str, BindingConfig] = {binding_key(b): b for b in self._bindings}
+        by_key: dict[str, BindingConfig] = {}
         by_session: dict[str, list[BindingConfig]] = {}
-        for binding in self._bindings:
+        for binding in bindings:
+            by_key[binding_key(binding)] = binding
             by_session.setdefault(binding.session, []).append(binding)
+        self._by_key: Mapping[str, BindingConfig] = by_key
         self._by_session: Mapping[str, tuple[BindingConfig, ...]] = {
             session: tuple(found) for session, found in by_session.items()
         }
@@ -45,9 +46,6 @@ class BindingIndex:
     def of(cls, bindings: BindingIndex | Iterable[BindingConfig]) -> BindingIndex:
         """``bindings`` itself if it is an index already, else an index of them."""
         return bindings if isinstance(bindings, BindingIndex) else cls(bindings)
-
-    def __iter__(self) -> Iterator[BindingConfig]:
-        return iter(self._bindings)
 
     # -- channel -> binding ---------------------------------------------------------------
     def find(self, platform: str, channel: str) -> BindingConfig | None:
@@ -60,14 +58,3 @@ class BindingIndex:
     def with_session(self, session: str) -> tuple[BindingConfig, ...]:
         """The bindings whose session is exactly ``session``, in config order."""
         return self._by_session.get(session, ())
-
-    def owners(self, session_id: str) -> tuple[BindingConfig, ...]:
-        """The bindings a chat session belongs to: those whose session it is, and the thread
-        bindings it is a thread of (``<session>/<thread>``; a session may contain ``/``
-        itself, so every prefix is a candidate), in config order."""
-        found = {id(b) for b in self.with_session(session_id)}
-        for cut, char in enumerate(session_id):
-            if char == "/" and cut > 0:
-                base = self.with_session(session_id[:cut])
-                found.update(id(b) for b in base if b.scope == "thread")
-        return tuple(b for b in self._bindings if id(b) in found)

@@ -12,13 +12,9 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -27,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from geodebot.job_config import JobConfig, check_timezone
+from geodebot.job_config import ConfigModel, JobConfig, check_timezone
 
 DEFAULT_CONFIG_PATH = Path("/etc/geodebot/config.toml")
 CONFIG_ENV = "GEODEBOT_CONFIG"
@@ -50,38 +46,9 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def _is_number(annotation: Any) -> bool:
-    """Whether a field's type is int or float (also inside Annotated or Optional)."""
-    if annotation in (int, float):
-        return True
-    if get_origin(annotation) is Annotated:
-        return _is_number(get_args(annotation)[0])
-    if get_origin(annotation) in (Union, UnionType):
-        return any(_is_number(arm) for arm in get_args(annotation) if arm is not type(None))
-    return False
-
-
-def _no_bool(model: type[BaseModel], data: Any) -> Any:
-    """Refuse true/false for ``model``'s numeric fields: pydantic would read them as 1 and 0,
-    so ``timeout_s = true`` would quietly mean one second."""
-    if isinstance(data, Mapping):
-        for key, value in data.items():
-            field = model.model_fields.get(key) if isinstance(key, str) else None
-            if isinstance(value, bool) and field is not None and _is_number(field.annotation):
-                raise ValueError(f"{key}: must be a number, not {str(value).lower()}")
-    return data
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
-        field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _is_number(field.annotation):
-            raise ValueError(f"must be a number, not {str(value).lower()}")
-        return value
+# Every table's model: unknown keys are errors, values are frozen, and numbers are not
+# booleans (see job_config.ConfigModel, shared with the [[jobs]] table).
+_Strict = ConfigModel
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -377,8 +344,7 @@ class Config(_Strict):
     mcp: MCPConfig = MCPConfig()
     channels: ChannelsConfig = ChannelsConfig()
     bindings: tuple[BindingConfig, ...] = ()
-    # JobConfig lives apart (job_config.py); its numbers get the same refusal of booleans.
-    jobs: tuple[Annotated[JobConfig, BeforeValidator(lambda v: _no_bool(JobConfig, v))], ...] = ()
+    jobs: tuple[JobConfig, ...] = ()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 

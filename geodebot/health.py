@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -55,10 +55,8 @@ class EngineMetrics:
     ``known_tools`` are the tool names a plan can hold (set by the composition root once the
     registry is built); any other proposed name is counted as ``other``."""
 
-    def __init__(
-        self, registry: CollectorRegistry | None = None, known_tools: Iterable[str] = ()
-    ) -> None:
-        self.known_tools = frozenset(known_tools)
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.known_tools: frozenset[str] = frozenset()
         self.registry = registry = registry if registry is not None else CollectorRegistry()
         self.turns = Counter(
             "geodebot_turns", "Turns finished, by outcome.", ["outcome"], registry=registry

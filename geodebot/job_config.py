@@ -7,10 +7,38 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+
+def _is_number(annotation: Any) -> bool:
+    """Whether a field's type is int or float (also inside Annotated or Optional)."""
+    if annotation in (int, float):
+        return True
+    if get_origin(annotation) is Annotated:
+        return _is_number(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return any(_is_number(arm) for arm in get_args(annotation) if arm is not type(None))
+    return False
+
+
+class ConfigModel(BaseModel):
+    """The base of every table of the configuration (config.py's and this module's):
+    unknown keys are errors, values are frozen, and a number is never a boolean, which
+    pydantic would read as 1 or 0 (``timeout_s = true`` would quietly mean one second)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
 
 
 def check_timezone(value: str) -> str:
@@ -25,10 +53,8 @@ EVERY_PATTERN = re.compile(r"^([1-9][0-9]{0,6})([smhd])$")
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
-class JobConfig(BaseModel):
+class JobConfig(ConfigModel):
     """A scheduled job; cron strings are checked where the scheduler builds its triggers."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: Annotated[str, Field(pattern=JOB_ID_PATTERN)]
     # Exactly one of: cron (5 fields, or 6 with seconds first), every ("90s", "15m", "2h"),

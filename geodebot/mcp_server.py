@@ -57,8 +57,6 @@ BudgetArg = Annotated[
 
 def resolve_budget(requested: float | None, budgets: BudgetConfig) -> float:
     """The turn's time budget: the headless default, capped at the headless maximum."""
-    if isinstance(requested, bool):
-        raise ValueError("time_budget_s must be a number of seconds, not a boolean")
     budget = budgets.headless_time_s if requested is None else requested
     # JSON from an MCP client can carry NaN or Infinity, and asyncio.timeout(nan) never fires.
     if not math.isfinite(budget) or budget <= 0:

@@ -26,7 +26,6 @@ def test_channel_and_key_name_one_binding() -> None:
     assert INDEX.by_key("slack:C2") is Y
     assert INDEX.find("slack", "-2001") is None
     assert INDEX.by_key("ops") is None
-    assert list(INDEX) == [X, Y, DEV, NESTED, SOLO]
 
 
 def test_a_session_names_every_binding_that_has_it_in_config_order() -> None:
@@ -38,16 +37,6 @@ def test_a_session_names_every_binding_that_has_it_in_config_order() -> None:
 
 
 def test_a_thread_session_belongs_to_its_thread_binding_only() -> None:
-    assert INDEX.owners("ops") == (X, Y)
-    # Only the thread-scope binding of "ops" has threads.
-    assert INDEX.owners("ops/171.2") == (Y,)
-    assert INDEX.owners("dev/171.2") == (DEV,)
-    assert INDEX.owners("dev") == (DEV,)
-    assert INDEX.owners("solo/1") == ()
-    # A session that contains "/" itself: every prefix is a candidate base.
-    assert INDEX.owners("team/a/9") == (NESTED,)
-    assert INDEX.owners("team/9") == ()
-    assert INDEX.owners("job:daily:20260101T000000Z-1a2b3c4d") == ()
     assert owns(Y, "ops/1")
     assert not owns(X, "ops/1")
     assert not owns(DEV, "devops/1")

@@ -240,6 +240,8 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
 async def test_a_catastrophic_search_pattern_never_stalls_the_daemon(world: World) -> None:
     latencies: list[float] = []
 
+    statuses: set[int] = set()
+
     async def probe() -> None:
         while True:
             started = time.monotonic()
@@ -248,7 +250,7 @@ async def test_a_catastrophic_search_pattern_never_stalls_the_daemon(world: Worl
             except TimeoutError:
                 status = 0
             latencies.append(time.monotonic() - started)
-            assert status in (200, 503)
+            statuses.add(status)
             await asyncio.sleep(0.05)
 
     prober = asyncio.create_task(probe())
@@ -264,6 +266,8 @@ async def test_a_catastrophic_search_pattern_never_stalls_the_daemon(world: Worl
         prober.cancel()
     assert latencies
     assert max(latencies) < 1.0, latencies
+    # Every probe got an answer (0: none within 5 s).
+    assert statuses <= {200, 503}
     assert other == "still here"
     assert answer == "search finished"
     [*_, last] = world.requests_with("search the logs")
@@ -310,8 +314,8 @@ async def test_a_replay_returns_what_the_hooks_let_the_model_see(world: World) -
     assert "already ran" in replay_write
     assert "already ran" in replay_edit
     assert "withheld" in replay_write
-    assert "wrote" not in replay_write.lower()
-    assert "bytes" not in replay_write
+    # What the write tool itself answered ("created secret.txt (6 bytes)") never reaches it.
+    assert "secret.txt" not in replay_write
     assert "reviewed by the edit hook" in replay_edit
     assert (world.workspace / "secret.txt").read_text() == "s3cr3t"
     assert (world.workspace / "notes.txt").read_text() == "new notes\n"

@@ -191,5 +191,11 @@ async def test_rows_written_before_the_binding_was_recorded_still_read(tmp_path:
         db.close()
     async with SQLiteStore(path) as store:
         job = await store.job_get("daily")
+        unnamed = await store.jobs_without_binding()
+        named = await store.job_set_delivery("daily", "telegram:-1", creator="binding:x")
+        after = await store.jobs_without_binding()
     assert job is not None
     assert (job.deliver_to, job.deliver_binding, job.creator) == ("ops", "", "binding:ops")
+    assert [j.id for j in unnamed] == ["daily"]
+    assert named
+    assert after == []

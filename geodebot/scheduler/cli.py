@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from geodebot.app import DB_FILE
-from geodebot.bindings import BindingIndex, binding_key
+from geodebot.bindings import BindingIndex
 from geodebot.config import Config, ConfigError
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
@@ -24,6 +24,7 @@ from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.job_config import JobConfig
 from geodebot.scheduler.definitions import (
     config_jobs,
+    delivery_key,
     delivery_problems,
     fresh_session,
     schedule_of,
@@ -131,7 +132,7 @@ async def _list(store: SQLiteStore) -> int:
     return EXIT_OK
 
 
-def _add_problems(config: Config, args: argparse.Namespace) -> list[str]:
+def _add_problems(config: Config, index: BindingIndex, args: argparse.Namespace) -> list[str]:
     fields: dict[str, Any] = {
         "id": args.id,
         "cron": args.cron,
@@ -152,7 +153,6 @@ def _add_problems(config: Config, args: argparse.Namespace) -> list[str]:
     except ValidationError as exc:
         return [f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors()]
     problems = []
-    index = BindingIndex(config.bindings)
     if not index.with_session(job.deliver_to):
         problems.append(f"--deliver-to: {job.deliver_to!r} is not the session of a binding")
     problems += delivery_problems(
@@ -170,7 +170,8 @@ def _add_problems(config: Config, args: argparse.Namespace) -> list[str]:
 
 
 async def _add(store: SQLiteStore, config: Config, args: argparse.Namespace) -> int:
-    problems = _add_problems(config, args)
+    index = BindingIndex(config.bindings)
+    problems = _add_problems(config, index, args)
     kind: ScheduleKind = "cron" if args.cron else "every" if args.every else "at"
     now = time.time()
     timezone = args.timezone or config.daemon.timezone
@@ -186,10 +187,8 @@ async def _add(store: SQLiteStore, config: Config, args: argparse.Namespace) -> 
         return EXIT_USAGE
     if await store.job_get(args.id) is not None:
         return _fail(f"a job {args.id!r} exists already")
-    # One binding has the session (checked above), unless --deliver-binding named it.
-    deliver_binding = args.deliver_binding or binding_key(
-        BindingIndex(config.bindings).with_session(args.deliver_to)[0]
-    )
+    # Checked above: the session has one binding, or --deliver-binding names it.
+    deliver_binding = delivery_key(args.deliver_to, args.deliver_binding, index)
     job = JobRecord(
         id=args.id,
         origin="cli",

@@ -66,9 +66,7 @@ async def name_delivery_bindings(store: JobStore, index: BindingIndex) -> int:
     session (a chat job's creator too), so that everything after this goes by key; rows
     whose session several bindings share are left alone, and their fires fail."""
     named = 0
-    for job in await store.job_list():
-        if job.deliver_binding:
-            continue
+    for job in await store.jobs_without_binding():
         binding = delivery_binding(job, index)
         if isinstance(binding, str):
             log.warning("job %s: %s", job.id, binding)
@@ -81,11 +79,13 @@ async def name_delivery_bindings(store: JobStore, index: BindingIndex) -> int:
     return named
 
 
-def _config_delivery(job: JobConfig, index: BindingIndex) -> str:
-    if job.deliver_binding is not None:
-        return job.deliver_binding
-    owners = index.with_session(job.deliver_to)
-    # Several: check_jobs refuses the config; a record made anyway fails its fires.
+def delivery_key(deliver_to: str, deliver_binding: str | None, index: BindingIndex) -> str:
+    """The key an operator's job (config file or CLI) records: the binding it names, else
+    the one binding of its session; "" when several share it (the config check and the CLI
+    refuse that, and a record made anyway fails its fires)."""
+    if deliver_binding is not None:
+        return deliver_binding
+    owners = index.with_session(deliver_to)
     return binding_key(owners[0]) if len(owners) == 1 else ""
 
 
@@ -155,7 +155,7 @@ def config_job(
         since_ms=int(moment * 1000),
         created_at=moment,
         updated_at=moment,
-        deliver_binding=_config_delivery(job, bindings),
+        deliver_binding=delivery_key(job.deliver_to, job.deliver_binding, bindings),
     )
 
 

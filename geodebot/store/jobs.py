@@ -135,6 +135,10 @@ class JobStore(Protocol):
     async def job_list(self) -> list[JobRecord]:
         """Every job, by id."""
 
+    async def jobs_without_binding(self) -> list[JobRecord]:
+        """The jobs whose rows name no binding yet (written before bindings were recorded),
+        by id; usually none, so a daemon start reads nothing more."""
+
     async def jobs_revision(self) -> str:
         """Changes whenever a job definition, pause state or run request changes, in any
         process; a daemon polls it to pick up changes made with the CLI."""

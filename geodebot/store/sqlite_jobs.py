@@ -138,6 +138,13 @@ class JobsAndFires:
             "listing jobs", lambda db: [job_from_row(row) for row in db.execute(sql).fetchall()]
         )
 
+    async def jobs_without_binding(self: Transactions) -> list[JobRecord]:
+        sql = f"SELECT {JOB_COLS} FROM scheduled_jobs WHERE deliver_binding = '' ORDER BY id"
+        return await self._query(
+            "listing jobs without a binding",
+            lambda db: [job_from_row(row) for row in db.execute(sql).fetchall()],
+        )
+
     async def jobs_revision(self: Transactions) -> str:
         def read(db: sqlite3.Connection) -> str:
             sql = "SELECT value FROM cursors WHERE name = ?"

@@ -56,10 +56,7 @@ class ArgumentSchema:
     __slots__ = ("_validator",)
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
-        try:
-            plain = _plain(schema)
-        except RecursionError:
-            raise SchemaError("nested too deeply") from None
+        plain = _plain(schema)  # bounded by MAX_SCHEMA_DEPTH, so it cannot recurse too far
         if not isinstance(plain, dict):
             raise SchemaError("a tool's input schema must be an object")
         import jsonschema_rs  # see the module docstring

@@ -24,7 +24,7 @@ import time
 # Runnable from a checkout without installing the package.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from geodebot.store.protocol import NewMessage
+from geodebot.store.records import NewMessage
 from geodebot.store.sqlite import SQLiteStore
 
 TARGET_RATIO = 1.3

@@ -1,3 +1,3 @@
-from geodebot.cli import main
+from geodebot.cli.main import main
 
 raise SystemExit(main())

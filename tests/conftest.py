@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from geodebot.app import App, build_app
-from geodebot.config import Config, parse_config
+from geodebot.app.build import App, build_app
+from geodebot.config.schema import Config, parse_config
 from geodebot.engine.session import Observer
 from geodebot.engine.tools import (
     GET_TIME,

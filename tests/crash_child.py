@@ -18,7 +18,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from geodebot.config import parse_config
+from geodebot.config.schema import parse_config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
 from tests.conftest import open_app

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geodebot.app import App
-from geodebot.channels.outbox import OutboxSender
-from geodebot.config import Config
+from geodebot.app.build import App
+from geodebot.chat.outbox import OutboxSender
+from geodebot.config.schema import Config
+from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.refusals import RefusalWatch
-from geodebot.scheduler.service import JobScheduler
-from geodebot.store.jobs import FireRecord
+from geodebot.store.records import FireRecord
 from geodebot.testing import MemoryChannel
 from tests.conftest import make_config, open_app, with_sections
 from tests.fakes.llm_server import FakeLLMServer

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from geodebot.channels.base import Inbound
-from geodebot.channels.outbox import OutboxSender
-from geodebot.channels.router import ChatRouter, refusal_note
 from geodebot.channels.slack import to_inbound as slack_inbound
-from geodebot.channels.throttle import UserRateLimiter, Verdict
-from geodebot.config import ConfigError, parse_config
+from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.router import ChatRouter, refusal_note
+from geodebot.chat.throttle import UserRateLimiter, Verdict
+from geodebot.config.schema import ConfigError, parse_config
 from geodebot.testing import MemoryChannel
 from tests.conftest import make_config, marker_lines, open_app, with_sections
 from tests.fakes.llm_server import Call, FakeLLMServer, Reply

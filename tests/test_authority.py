@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from geodebot.config import Config
+from geodebot.config.schema import Config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, create_session
 from tests.conftest import make_config, marker_lines, open_app, with_sections

@@ -12,8 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geodebot.config import BudgetConfig
-from geodebot.engine.executor import ToolExecutor
+from geodebot.config.schema import BudgetConfig
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.types import (
     LLMResponse,
@@ -25,8 +24,9 @@ from geodebot.engine.llm.types import (
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import EngineServices, SessionSpec, create_session
+from geodebot.engine.tools.authority import ToolExecutor
 from geodebot.engine.tools.catalog import ToolCatalog
-from geodebot.redact import Redactor
+from geodebot.logs.redact import Redactor
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import ScriptedLLM, text_reply
 from tests.conftest import marker_lines, tool_registry

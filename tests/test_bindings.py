@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from geodebot.bindings import BindingIndex, binding_key, owns
-from geodebot.config import BindingConfig
+from geodebot.chat.bindings import BindingIndex, binding_key, owns
+from geodebot.config.schema import BindingConfig
 
 
 def b(platform: str, channel: str, session: str, scope: str = "channel") -> BindingConfig:

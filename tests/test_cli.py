@@ -211,7 +211,7 @@ async def test_operator_switch_round_trip(tmp_path: Path) -> None:
 
 
 async def test_receipts_list_and_resolve(tmp_path: Path) -> None:
-    from geodebot.store.protocol import EffectReceipt
+    from geodebot.store.records import EffectReceipt
     from geodebot.store.sqlite import SQLiteStore
 
     config = str(write_config(tmp_path, ""))

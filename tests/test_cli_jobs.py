@@ -6,8 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from geodebot.app import DB_FILE
-from geodebot.store.jobs import JobRecord
+from geodebot.app.build import DB_FILE
+from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.test_cli import geodebot, write_config
 
@@ -171,5 +171,5 @@ async def test_a_config_job_on_a_shared_session_must_name_its_binding(tmp_path: 
     assert ok == 0, ok_err
     shown = json.loads(out)
     assert shown["deliver_binding"] == "slack:C7"
-    # A job of the file keeps "job:<id>" (see job_config.py).
+    # A job of the file keeps "job:<id>" (see config/jobs.py).
     assert shown["session"] == "job:nightly"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from geodebot.app import App, build_app
+from geodebot.app.build import App, build_app
 from geodebot.engine.compaction import IMAGE_DROPPED
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec

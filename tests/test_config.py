@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.config import ConfigError, config_path, load_config, parse_config, resolve_secret
+from geodebot.config.schema import (
+    ConfigError,
+    config_path,
+    load_config,
+    parse_config,
+    resolve_secret,
+)
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"
 

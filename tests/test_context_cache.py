@@ -16,7 +16,7 @@ from geodebot.engine.context_cache import ContextCache, item_size
 from geodebot.engine.llm.types import ImageData, Message, ToolResultBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
-from geodebot.store.protocol import NewMessage
+from geodebot.store.records import NewMessage
 from geodebot.store.sqlite import SQLiteStore
 from tests.conftest import make_config, open_app
 from tests.fakes.llm_server import FakeLLMServer, Reply

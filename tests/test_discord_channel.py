@@ -17,8 +17,8 @@ from geodebot.channels.base import (
     OutboundPart,
     SendUnknown,
 )
-from geodebot.channels.discord_channel import DiscordChannel, nonce_for
-from geodebot.config import DiscordConfig
+from geodebot.channels.discord import DiscordChannel, nonce_for
+from geodebot.config.schema import DiscordConfig
 from tests.fakes.discord_server import MESSAGE_CONTENT_INTENT, FakeDiscord
 
 TOKEN = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GfAkEx.fake-token-for-tests-0123456789abcdef"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.app import DB_FILE
-from geodebot.store.jobs import FireRecord
+from geodebot.app.build import DB_FILE
+from geodebot.store.records import FireRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from geodebot.app import DB_FILE
-from geodebot.store.jobs import FireRecord, JobRecord
+from geodebot.app.build import DB_FILE
+from geodebot.store.records import FireRecord, JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess

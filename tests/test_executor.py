@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from geodebot.engine.executor import ToolExecutor
 from geodebot.engine.llm.types import ToolUseBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools import BoundToolPlan, Effect, Safety, ToolCallContext, ToolSpec
+from geodebot.engine.tools.authority import ToolExecutor
 from geodebot.engine.tools.schema import SchemaError
 from geodebot.store.sqlite import SQLiteStore
 

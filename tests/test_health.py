@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from geodebot.config import ConfigError, parse_config
+from geodebot.config.schema import ConfigError, parse_config
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess, geodebot_status
 from tests.fakes.llm_server import FakeLLMServer, Reply

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from geodebot.app.daemon import ipc_handler
 from geodebot.channels.ipc import IPCClient
-from geodebot.daemon import ipc_handler
 from tests.conftest import make_config, marker_lines, open_app, with_sections
 from tests.fakes.llm_server import Call, FakeLLMServer, Reply
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from geodebot.logctx import current_context, log_context
-from geodebot.logs import setup_logging
-from geodebot.redact import Redactor
+from geodebot.logs.context import current_context, log_context
+from geodebot.logs.redact import Redactor
+from geodebot.logs.setup import setup_logging
 
 SECRET = "configured-secret-value-123"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from geodebot.app import DB_FILE
+from geodebot.app.build import DB_FILE
 from geodebot.engine.compaction import SUMMARY_PREFIX
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from geodebot.config import MCPServerConfig
-from geodebot.engine.mcp import Backoff, MCPServerPool
+from geodebot.config.schema import MCPServerConfig
+from geodebot.engine.mcp.client import Backoff, MCPServerPool
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools import Effect, Safety, ToolCallContext, ToolError, ToolSpec
 from tests.conftest import TEST_KEY_ENV

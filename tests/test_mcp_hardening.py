@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import pytest
 
-from geodebot.check import run_checks
-from geodebot.config import ConfigError, MCPServerConfig, parse_config
-from geodebot.engine.mcp import MCPServerPool
+from geodebot.cli.check import run_checks
+from geodebot.config.schema import ConfigError, MCPServerConfig, parse_config
+from geodebot.engine.mcp.client import MCPServerPool
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, create_session
 from geodebot.engine.tools import ToolCallContext, ToolError

@@ -16,8 +16,8 @@ from mcp import Client, StdioServerParameters, stdio_client
 from mcp.client.session import IncomingMessage
 from mcp.types import CallToolResult, TextContent
 
-from geodebot.config import BudgetConfig
-from geodebot.mcp_server import resolve_budget
+from geodebot.cli.mcp_server import resolve_budget
+from geodebot.config.schema import BudgetConfig
 from geodebot.store.sqlite import SQLiteStore
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.fakes.llm_server import Call, Error, FakeLLMServer, Hang, RecordedRequest, Reply

@@ -7,9 +7,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from geodebot.engine.mcp.trust import TrustStore
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, create_session
-from geodebot.trust import TrustStore
 from tests.conftest import make_config, open_app, with_sections
 from tests.fakes.llm_server import Call, FakeLLMServer, Reply
 

@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geodebot.redact import _PATTERNS, MASK, Redactor
+from geodebot.logs.redact import _PATTERNS, MASK, Redactor
 
 TOKENS = {  # text: the token in it
     "GET https://api.telegram.org/bot123456:AAAAAAAAAAAAAAAAAAAAAAAA/getMe":

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from geodebot.app import App
+from geodebot.app.build import App
 from geodebot.channels.base import ChannelError, Inbound, SendUnknown
-from geodebot.channels.outbox import OutboxSender
-from geodebot.channels.router import ChatRouter
-from geodebot.store.protocol import InboxRow, NewOutbound, OutboxRow, Store
+from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.router import ChatRouter
+from geodebot.store.protocol import Store
+from geodebot.store.records import InboxRow, NewOutbound, OutboxRow
 from geodebot.testing import MemoryChannel
 from tests.conftest import make_config, open_app, with_sections
 from tests.fakes.llm_server import Delay, FakeLLMServer, Reply

@@ -8,9 +8,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from geodebot.app import DB_FILE
+from geodebot.app.build import DB_FILE
 from geodebot.channels.base import ChannelError
-from geodebot.store.jobs import JobRecord
+from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
 from tests.scheduler_world import BINDINGS, job, scheduler_world

@@ -15,7 +15,7 @@ from geodebot.scheduler.schedule import (
     missed_between,
     upcoming,
 )
-from geodebot.store.jobs import JobRecord
+from geodebot.store.records import JobRecord
 
 # Monday 2026-11-30 10:00:00 UTC
 MONDAY_10 = int(datetime(2026, 11, 30, 10, tzinfo=UTC).timestamp() * 1000)

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from geodebot.app import App
-from geodebot.bindings import BindingIndex, binding_key
-from geodebot.config import BindingConfig
+from geodebot.app.build import App
+from geodebot.chat.bindings import BindingIndex, binding_key
+from geodebot.config.schema import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
 from geodebot.engine.tools.spec import ToolCallContext
-from geodebot.scheduler.tools import calling_binding
+from geodebot.scheduler.chat_tools import calling_binding
 from tests.conftest import make_config, open_app, with_sections
 from tests.fakes.llm_server import Call, FakeLLMServer, Reply
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.sdnotify import SystemdNotifier
+from geodebot.ops.sdnotify import SystemdNotifier
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess
 from tests.fakes.llm_server import FakeLLMServer

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from geodebot.service import render_unit
+from geodebot.ops.systemd_unit import render_unit
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "systemd" / "geodebot.service"

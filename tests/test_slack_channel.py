@@ -20,7 +20,7 @@ from geodebot.channels.base import (
     SentPart,
 )
 from geodebot.channels.slack import SlackChannel, to_inbound
-from geodebot.config import SlackConfig
+from geodebot.config.schema import SlackConfig
 from tests.fakes.slack_server import FakeSlack, Fault
 
 CHANNEL = "C0CHAN001"

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from geodebot.store import sqlite as sqlite_module
-from geodebot.store.protocol import MessageRecord, NewMessage, StoreError, ToolBatchRecord
+from geodebot.store.records import MessageRecord, NewMessage, StoreError, ToolBatchRecord
 from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
 
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 
 import pytest
 
-from geodebot.store import InboxEnding, InboxRow, NewMessage, NewOutbound, StoreError
+from geodebot.store.records import InboxEnding, InboxRow, NewMessage, NewOutbound, StoreError
 from geodebot.store.sqlite import SQLiteStore
 
 

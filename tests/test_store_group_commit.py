@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from geodebot.store.protocol import StoreError
+from geodebot.store.records import StoreError
 from geodebot.store.sqlite import SQLiteStore
 
 

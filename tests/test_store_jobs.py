@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.store.jobs import JobRecord
-from geodebot.store.protocol import NewOutbound, StoreError
+from geodebot.store.records import JobRecord, NewOutbound, StoreError
 from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
 
 

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from geodebot.store import EffectReceipt, NewMessage, OperatorSwitch, StoreError
 from geodebot.store import sqlite as sqlite_module
+from geodebot.store.records import EffectReceipt, NewMessage, OperatorSwitch, StoreError
 from geodebot.store.sqlite import SQLiteStore, load_migrations
 
 

@@ -23,9 +23,9 @@ from geodebot.channels.base import (
     SentPart,
 )
 from geodebot.channels.telegram import CURSOR_NAME, TelegramChannel, html_to_plain
-from geodebot.config import TelegramConfig
-from geodebot.logs import setup_logging
-from geodebot.redact import Redactor
+from geodebot.config.schema import TelegramConfig
+from geodebot.logs.redact import Redactor
+from geodebot.logs.setup import setup_logging
 from tests.fakes.telegram_server import FakeTelegram, html_visible
 
 GROUP = -1001234
@@ -470,7 +470,7 @@ async def test_a_failed_start_can_be_retried_on_the_same_channel(fake: FakeTeleg
 
 
 async def test_the_token_never_reaches_the_logs(fake: FakeTelegram, open_channel: OpenChannel):
-    """Through the daemon's own logging (geodebot.logs), with every SDK logger turned up."""
+    """Through the daemon's own logging (geodebot.logs.setup), with every SDK logger turned up."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
     names = ("telegram", "aiohttp")

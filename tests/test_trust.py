@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.config import ConfigError
-from geodebot.trust import TrustStore, load_project_servers
+from geodebot.config.schema import ConfigError
+from geodebot.engine.mcp.trust import TrustStore, load_project_servers
 
 PROJECT = """\
 [[servers]]

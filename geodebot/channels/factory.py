@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Mapping
 
 from geodebot.channels.base import Channel, ChannelError, InboundSink
-from geodebot.config import Config, ConfigError, resolve_secret
+from geodebot.config.schema import Config, ConfigError, resolve_secret
 from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def build_channels(config: Config, store: Store) -> dict[str, Channel]:
     if ch.discord is not None and ch.discord.enabled:
         token = _secret(problems, "channels.discord.token_env", ch.discord.token_env)
         if token:
-            from geodebot.channels.discord_channel import DiscordChannel
+            from geodebot.channels.discord import DiscordChannel
 
             bound = [b.channel for b in config.bindings if b.platform == "discord"]
             channels["discord"] = DiscordChannel(

@@ -16,8 +16,8 @@ from telegram import Bot
 
 from geodebot.channels.base import ChannelError
 from geodebot.channels.telegram_request import AiohttpRequest
-from geodebot.config import DiscordConfig, SlackConfig, TelegramConfig
-from geodebot.redact import Redactor
+from geodebot.config.schema import DiscordConfig, SlackConfig, TelegramConfig
+from geodebot.logs.redact import Redactor
 
 __all__ = ["discord_identity", "slack_identity", "telegram_identity"]
 

@@ -45,7 +45,7 @@ from geodebot.channels.base import (
     SentPart,
 )
 from geodebot.channels.render import render_for
-from geodebot.config import SlackConfig
+from geodebot.config.schema import SlackConfig
 
 log = logging.getLogger(__name__)
 

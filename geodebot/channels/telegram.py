@@ -41,9 +41,9 @@ from geodebot.channels.base import (
 )
 from geodebot.channels.render import render_for
 from geodebot.channels.telegram_request import AiohttpRequest, never_sent
-from geodebot.config import TelegramConfig
-from geodebot.redact import Redactor
-from geodebot.store.protocol import StoreError
+from geodebot.config.schema import TelegramConfig
+from geodebot.logs.redact import Redactor
+from geodebot.store.records import StoreError
 
 # PTB 22 warns (PTBDeprecationWarning) whenever an int-valued period is read, and RetryAfter's
 # own constructor reads one: every 429 warned. Opting in to the timedelta values PTB 23 will

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from geodebot.engine.compaction import ContextItem
 from geodebot.engine.llm.types import Message, ToolResultBlock
-from geodebot.store.protocol import NewMessage
+from geodebot.store.records import NewMessage
 
 __all__ = ["ContextCache", "item_size"]
 

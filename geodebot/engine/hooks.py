@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol
 
-from geodebot.config import HookConfig
+from geodebot.config.schema import HookConfig
 from geodebot.engine.verify import Verdict, VerifyContext
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from geodebot.engine.llm.types import canonical_json
-from geodebot.redact import Redactor
+from geodebot.logs.redact import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import Ending, Outcome, Session, TurnResult
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
-from geodebot.logctx import log_context
-from geodebot.store.protocol import (
+from geodebot.logs.context import log_context
+from geodebot.store.records import (
     BatchStatus,
     InboxEnding,
     InboxFinished,

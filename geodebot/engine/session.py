@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from geodebot.config import BudgetConfig
+from geodebot.config.schema import BudgetConfig
 from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.types import LLMAdapter, Usage
@@ -19,8 +19,9 @@ from geodebot.engine.tools.plan import BoundToolPlan
 from geodebot.engine.tools.runner import ToolRunner
 from geodebot.engine.tools.spec import Approver
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
-from geodebot.redact import Redactor
-from geodebot.store.protocol import InboxEnding, InboxFinished, OpenedSession, Store
+from geodebot.logs.redact import Redactor
+from geodebot.store.protocol import Store
+from geodebot.store.records import InboxEnding, InboxFinished, OpenedSession
 
 log = logging.getLogger(__name__)
 

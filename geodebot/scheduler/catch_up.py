@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from geodebot.scheduler.definitions import schedule_of
 from geodebot.scheduler.schedule import ScheduleError, format_fire, missed_between
-from geodebot.store.jobs import JobRecord
+from geodebot.store.records import JobRecord
 
 # catch_up = "all" runs at most this many of the newest missed fires, one after the other.
 MAX_CATCH_UP_RUNS = 5

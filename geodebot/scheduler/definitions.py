@@ -8,13 +8,14 @@ import secrets
 import time
 from collections.abc import Iterable
 
-from geodebot.bindings import BindingIndex, binding_key
-from geodebot.config import BindingConfig, Config, ConfigError
+from geodebot.chat.bindings import BindingIndex, binding_key
+from geodebot.config.jobs import JobConfig
+from geodebot.config.schema import BindingConfig, Config, ConfigError
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.plan import allowlist_problems
-from geodebot.job_config import JobConfig
 from geodebot.scheduler.schedule import Schedule, ScheduleError, ScheduleKind, check_schedule
-from geodebot.store.jobs import JobRecord, JobStore
+from geodebot.store.jobs import JobStore
+from geodebot.store.records import JobRecord
 
 log = logging.getLogger(__name__)
 

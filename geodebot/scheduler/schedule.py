@@ -18,7 +18,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from geodebot.job_config import EVERY_PATTERN
+from geodebot.config.jobs import EVERY_PATTERN
 
 ScheduleKind = Literal["cron", "every", "at"]
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

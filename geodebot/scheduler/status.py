@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from geodebot.scheduler.definitions import schedule_of
 from geodebot.scheduler.schedule import ScheduleError, format_fire, next_fire
-from geodebot.store.jobs import FireRecord, JobRecord, JobStore
+from geodebot.store.jobs import JobStore
+from geodebot.store.records import FireRecord, JobRecord
 
 
 @dataclass(frozen=True, slots=True)

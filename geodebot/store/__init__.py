@@ -1,6 +1,7 @@
 """Durable state behind one :class:`Store` protocol (SQLite now, PostgreSQL later)."""
 
-from geodebot.store.protocol import (
+from geodebot.store.protocol import Store
+from geodebot.store.records import (
     EffectReceipt,
     FinishStatus,
     InboxEnding,
@@ -19,7 +20,6 @@ from geodebot.store.protocol import (
     ReceiptStatus,
     Resolution,
     SessionRecord,
-    Store,
     StoreError,
     TimelineEvent,
     ToolBatchRecord,

@@ -1,4 +1,4 @@
-"""Job definitions and fire history: record types and the store methods for them.
+"""Job definitions and fire history: the store methods for them (records.py has the rows).
 
 A fire's row is its claim: it is written (unique per job and scheduled time) before the run
 starts, and the same row then records how the fire ended. ``outcome`` moves only forward:
@@ -12,100 +12,15 @@ starts, and the same row then records how the fire ended. ``outcome`` moves only
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    # Only for annotations: protocol.py builds its Store on JobStore, so it imports us.
-    from geodebot.store.protocol import NewOutbound
-
-JobOrigin = Literal["config", "chat", "cli"]
-CatchUp = Literal["latest", "skip", "all"]
-FireCause = Literal["schedule", "catch-up", "manual"]
-FireOutcome = Literal[
-    "requested",
-    "running",
-    "delivering",
-    "ok",
-    "failed",
-    "budget",
-    "skipped-overlap",
-    "skipped-missed",
-    "delivery-failed",
-]
-FireEnd = Literal["failed", "budget"]
-NoticeStatus = Literal["", "pending", "delivered", "delivery-failed"]
-# Outcomes that are final; "requested", "running" and "delivering" are not yet.
-FINAL_OUTCOMES: frozenset[str] = frozenset(
-    {"ok", "failed", "budget", "skipped-overlap", "skipped-missed", "delivery-failed"}
+from geodebot.store.records import (
+    FireCause,
+    FireEnd,
+    FireRecord,
+    JobRecord,
+    NewOutbound,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    id: str
-    origin: JobOrigin
-    schedule_kind: Literal["cron", "every", "at"]
-    schedule: str
-    timezone: str
-    anchor_ms: int
-    prompt: str
-    # The session of the binding it posts in; with ``deliver_binding`` informative only.
-    deliver_to: str
-    # The job's own session: unique to this job's life for chat- and CLI-made jobs.
-    session_id: str
-    tools: tuple[str, ...]
-    time_budget_s: float | None
-    catch_up: CatchUp
-    notify_on_failure: bool
-    # "" for config jobs; who made it otherwise: "binding:<platform>:<channel>" for a chat
-    # ("binding:<session>" in rows written before chats were named by key), "cli:<user>".
-    creator: str
-    paused: bool
-    since_ms: int
-    created_at: float
-    updated_at: float
-    # The key (``platform:channel``) of the binding it posts in: a session may be shared by
-    # several bindings, a key names one chat. "" in rows written before it was recorded:
-    # they post in the one binding whose session is ``deliver_to``, and fail if several
-    # share it (see scheduler/definitions.py, ``delivery_binding``).
-    deliver_binding: str = ""
-
-    def definition(self) -> tuple[object, ...]:
-        """What decides when and how the job runs (not its pause state or bookkeeping)."""
-        return (
-            self.schedule_kind,
-            self.schedule,
-            self.timezone,
-            self.anchor_ms,
-            self.prompt,
-            self.deliver_to,
-            self.session_id,
-            self.tools,
-            self.time_budget_s,
-            self.catch_up,
-            self.notify_on_failure,
-            self.deliver_binding,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class FireRecord:
-    id: int
-    job_id: str
-    scheduled_ms: int
-    cause: FireCause
-    outcome: FireOutcome
-    reason: str
-    claimed_at: float
-    started_at: float | None
-    ended_at: float | None
-    outbox_id: int | None
-    notice: NoticeStatus
-
-    @property
-    def final(self) -> bool:
-        return self.outcome in FINAL_OUTCOMES
 
 
 class JobStore(Protocol):

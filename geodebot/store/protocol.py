@@ -1,4 +1,4 @@
-"""The Store protocol and its record types.
+"""The Store protocol (its record types are in records.py).
 
 Rules every implementation keeps:
 
@@ -15,231 +15,30 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from geodebot.store.jobs import JobStore
-
-MessageKind = Literal["message", "summary"]
-BatchStatus = Literal["proposed", "done", "abandoned"]
-ReceiptStatus = Literal["admitted", "committed", "failed", "uncertain"]
-FinishStatus = Literal["committed", "failed", "uncertain"]
-Resolution = Literal["done", "failed"]
-InboxStatus = Literal["pending", "running", "done", "failed", "dropped"]
-InboxFinish = Literal["done", "failed", "dropped"]
-OutboxStatus = Literal["pending", "sent", "failed"]
-OutboxFinish = Literal["sent", "failed"]
-
-
-class StoreError(Exception):
-    """A store operation failed; nothing of that operation was written."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    id: str
-    mode: str
-    created_at: float
-    updated_at: float
-    # Bumped by reset; messages of an older generation are never loaded again.
-    generation: int
-    # Free-form cognitive state of the loop (token totals, last turn id, ...).
-    state: Mapping[str, Any] = field(default_factory=dict)
-    # Guard counters survive restarts (rounds, repairs, consecutive failures, ...).
-    guards: Mapping[str, Any] = field(default_factory=dict)
-    # The seq the next appended message gets: it changes with every append, so a copy of
-    # the context taken at one value is still the context while the value is unchanged.
-    next_seq: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A message to append. ``content`` is the JSON of an engine ``Message``."""
-
-    role: str
-    content: Mapping[str, Any]
-    turn_id: str
-    kind: MessageKind = "message"
-    # For summaries: the inclusive range of message seqs this summary replaces.
-    covers_from: int | None = None
-    covers_to: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MessageRecord:
-    session_id: str
-    seq: int  # strictly increasing per session, assigned by the store
-    generation: int
-    role: str
-    content: Mapping[str, Any]
-    turn_id: str
-    kind: MessageKind
-    covers_from: int | None
-    covers_to: int | None
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class ToolBatchRecord:
-    """A tool batch the model proposed, saved before any of its tools runs."""
-
-    id: str
-    session_id: str
-    turn_id: str
-    round: int
-    status: BatchStatus
-    # JSON of the proposed ToolUseBlocks, in order.
-    calls: Sequence[Mapping[str, Any]]
-    # JSON of the ToolResultBlocks once the batch is done; empty while proposed.
-    results: Sequence[Mapping[str, Any]]
-    created_at: float
-    finished_at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class TimelineEvent:
-    id: int  # strictly increasing over the whole store
-    session_id: str
-    turn_id: str | None
-    ts: float
-    kind: str
-    data: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class EffectReceipt:
-    """The durable trace of one effectful tool call, written before the call is dispatched.
-
-    ``admitted`` means the call may be running. A receipt still ``admitted`` when its call can
-    no longer be running (crash, deadline) becomes ``uncertain``: whether the effect happened is
-    unknown, so it is never re-run; an operator looks and records a ``resolution``. The status
-    stays ``uncertain`` after that, so the history keeps saying the outcome was once unknown.
-    """
-
-    id: str  # caller-assigned, unique
-    # Idempotency key, unique over the store: sha256 of (session, turn, tool, canonical
-    # arguments), computed by the caller.
-    key: str
-    session_id: str
-    turn_id: str
-    call_id: str  # the model's tool_use id
-    tool: str
-    effect: str  # "mutate" | "communicate" | "administrative"
-    arguments_sha256: str
-    status: ReceiptStatus
-    admitted_at: float
-    finished_at: float | None = None
-    # committed/failed: {"result": str, "is_error": bool}; uncertain: {"reason": str}.
-    outcome: Mapping[str, Any] = field(default_factory=dict)
-    resolution: Resolution | None = None
-    resolved_by: str | None = None
-    resolved_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OperatorSwitch:
-    """An operator-controlled feature switch (e.g. ``computer_use``) with who set it and when."""
-
-    name: str
-    enabled: bool
-    set_by: str
-    set_at: float
-    expires_at: float | None = None
-    reason: str = ""
-
-    def active(self, now: float) -> bool:
-        """Enabled and not yet expired at ``now``; an expired switch reads as off."""
-        return self.enabled and (self.expires_at is None or now < self.expires_at)
-
-
-@dataclass(frozen=True, slots=True)
-class OpenedSession:
-    """What a turn needs before it starts, read in one transaction (:meth:`Store.open_session`)."""
-
-    record: SessionRecord
-    switch: OperatorSwitch | None
-    pending: list[ToolBatchRecord]
-
-
-@dataclass(frozen=True, slots=True)
-class InboxRow:
-    """One accepted platform event, committed before the platform is acknowledged.
-
-    ``pending`` and ``running`` rows are what a restart must still answer; a ``running`` row
-    found after a restart had its turn cut short and is started again.
-    """
-
-    id: int  # store-assigned, increasing: arrival order
-    platform: str
-    event_id: str  # unique per platform; a redelivery carries the same id
-    session_id: str
-    channel: str
-    thread: str | None
-    user: str
-    text: str
-    message_id: str
-    received_at: float
-    status: InboxStatus
-    attempts: int  # how many times a turn was started for it
-    detail: str = ""
-    finished_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NewOutbound:
-    """A message to deliver: the reply to an inbox row, a job result or a notice."""
-
-    session_id: str
-    platform: str
-    channel: str
-    thread: str | None
-    reply_to: str | None
-    text: str  # the whole reply, markdown; split into parts only when sent
-    kind: str = "reply"  # reply | notice | job  (free text, for reports)
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    """A message written before it is sent, with the progress of its parts."""
-
-    id: int
-    inbox_id: int | None  # the inbox row this answers, if any; at most one reply per row
-    session_id: str
-    platform: str
-    channel: str
-    thread: str | None
-    reply_to: str | None
-    text: str
-    kind: str
-    status: OutboxStatus
-    # index -> platform message id, for parts already confirmed sent
-    sent_parts: Mapping[int, str]
-    # The part being sent when the outcome became unknown (crash, timeout), else None: its
-    # message may exist, so it is looked up before it is sent again.
-    in_flight: int | None
-    attempts: int  # send attempts over all parts
-    created_at: float
-    updated_at: float
-    error: str = ""
-    # Times an in-flight part the platform could not look up was sent again regardless; kept
-    # so that a crash loop cannot turn "resend at most once" into "resend on every restart".
-    blind_resends: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class InboxEnding:
-    """An inbox row's finish and reply, as :meth:`Store.inbox_finish` takes them, for
-    :meth:`Store.checkpoint_ending` to write with the last checkpoint of the row's turn."""
-
-    inbox_id: int
-    status: InboxFinish
-    detail: str = ""
-    reply: NewOutbound | None = None
-    begin_first_part: bool = False
-
-
-# What finishing an inbox row wrote: the finished row and its reply, if it has one.
-InboxFinished = tuple[InboxRow, OutboxRow | None]
+from geodebot.store.records import (
+    BatchStatus,
+    EffectReceipt,
+    FinishStatus,
+    InboxEnding,
+    InboxFinish,
+    InboxFinished,
+    InboxRow,
+    MessageRecord,
+    NewMessage,
+    NewOutbound,
+    OpenedSession,
+    OperatorSwitch,
+    OutboxFinish,
+    OutboxRow,
+    ReceiptStatus,
+    Resolution,
+    SessionRecord,
+    TimelineEvent,
+    ToolBatchRecord,
+)
 
 
 class Store(JobStore, Protocol):

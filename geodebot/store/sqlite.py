@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import aiosqlite
 
-from geodebot.store.protocol import (
+from geodebot.store.protocol import Store
+from geodebot.store.records import (
     BatchStatus,
     InboxEnding,
     InboxFinished,
@@ -34,7 +35,6 @@ from geodebot.store.protocol import (
     NewMessage,
     OpenedSession,
     SessionRecord,
-    Store,
     StoreError,
     TimelineEvent,
     ToolBatchRecord,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, get_args
 
-from geodebot.store.protocol import (
+from geodebot.store.records import (
     InboxEnding,
     InboxFinish,
     InboxFinished,

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from geodebot.store.protocol import StoreError
+from geodebot.store.records import StoreError
 
 __all__ = ["GroupCommit"]
 

@@ -12,8 +12,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from geodebot.store.jobs import FireCause, FireEnd, FireRecord, JobRecord
-from geodebot.store.protocol import NewOutbound, StoreError
+from geodebot.store.records import (
+    FireCause,
+    FireEnd,
+    FireRecord,
+    JobRecord,
+    NewOutbound,
+    StoreError,
+)
 from geodebot.store.sqlite_jobs_sql import (
     FIRE_COLS,
     INSERT_FIRE,

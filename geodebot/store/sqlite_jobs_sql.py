@@ -8,8 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from geodebot.store.jobs import FireRecord, JobRecord
-from geodebot.store.protocol import NewOutbound
+from geodebot.store.records import FireRecord, JobRecord, NewOutbound
 from geodebot.store.sqlite_rows import dumps
 
 REVISION_CURSOR = "jobs:revision"

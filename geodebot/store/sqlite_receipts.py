@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from geodebot.store.protocol import (
+from geodebot.store.records import (
     EffectReceipt,
     FinishStatus,
     OperatorSwitch,

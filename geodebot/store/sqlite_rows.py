@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from geodebot.store.protocol import StoreError
+from geodebot.store.records import StoreError
 
 __all__ = ["INSERT_EVENT", "Transactions", "dumps", "dumps_list", "encoding", "from_row", "paged"]
 

@@ -48,7 +48,7 @@ from geodebot.engine.llm.types import (
     Usage,
 )
 from geodebot.engine.llm.untrusted import clean_text, loads_response, tool_use
-from geodebot.redact import Redactor
+from geodebot.logs.redact import Redactor
 
 PROVIDER = "anthropic"
 DEFAULT_BASE_URL = "https://api.anthropic.com"

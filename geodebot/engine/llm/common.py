@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypedDict
 
-from geodebot.redact import Redactor
+from geodebot.logs.redact import Redactor
 
 MAX_DETAIL = 300
 

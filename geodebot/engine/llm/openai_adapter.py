@@ -54,7 +54,7 @@ from geodebot.engine.llm.types import (
     Usage,
 )
 from geodebot.engine.llm.untrusted import clean_text, loads_response, tool_use
-from geodebot.redact import Redactor
+from geodebot.logs.redact import Redactor
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 

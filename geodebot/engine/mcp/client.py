@@ -33,7 +33,7 @@ from mcp.client import Transport
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from geodebot.config import MCPServerConfig, MCPToolPolicy
+from geodebot.config.schema import MCPServerConfig, MCPToolPolicy
 from geodebot.engine.mcp.connection import (
     Connection,
     TransportFactory,

@@ -13,17 +13,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from geodebot.app import App
-from geodebot.bindings import BindingIndex
-from geodebot.config import BindingConfig
+from geodebot.app.build import App
+from geodebot.chat.bindings import BindingIndex
+from geodebot.config.schema import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
-from geodebot.logctx import log_context
+from geodebot.logs.context import log_context
 from geodebot.scheduler.definitions import delivery_binding
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.schedule import format_fire
-from geodebot.store.jobs import FireEnd, FireRecord, JobRecord
-from geodebot.store.protocol import NewOutbound, StoreError
+from geodebot.store.records import FireEnd, FireRecord, JobRecord, NewOutbound, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from geodebot.config import Config, secret_names
+from geodebot.config.schema import Config, secret_names
 
 __all__ = [
     "CREDENTIALS_DIR",

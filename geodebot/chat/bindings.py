@@ -4,7 +4,7 @@ all look bindings up here, so there is one rule for each direction.
 
 A binding is named by its **key**, ``platform:channel``, unique in a config. Its session is
 ``binding.session``; a ``scope = "thread"`` binding also owns every ``<session>/<thread>``
-(see :func:`geodebot.channels.gate.session_for`). Several bindings may share one session, so
+(see :func:`geodebot.chat.gate.session_for`). Several bindings may share one session, so
 a session names a set of bindings, never one chat: whatever acts for a chat (checks its
 tools, posts in it, says what it made) goes by key.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from geodebot.config import BindingConfig
+from geodebot.config.schema import BindingConfig
 
 
 def binding_key(binding: BindingConfig) -> str:

@@ -11,24 +11,24 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-from geodebot.app import App, build_app
+from geodebot.app.build import App, build_app
 from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
-from geodebot.channels.outbox import OutboxSender
-from geodebot.channels.router import ChatRouter
-from geodebot.config import Config, ConfigError, resolve_secret
+from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.router import ChatRouter
+from geodebot.config.schema import Config, ConfigError, resolve_secret
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
-from geodebot.procstat import process_figures
+from geodebot.ops.procstat import process_figures
+from geodebot.ops.sdnotify import SystemdNotifier
+from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.refusals import RefusalWatch
-from geodebot.scheduler.service import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
-from geodebot.sdnotify import SystemdNotifier
 
 if TYPE_CHECKING:
-    from geodebot.health import EngineMetrics, HealthServer
+    from geodebot.ops.health import EngineMetrics, HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def _metrics(config: Config) -> EngineMetrics | None:
     """
     if not config.daemon.http:
         return None
-    from geodebot.health import EngineMetrics
+    from geodebot.ops.health import EngineMetrics
 
     return EngineMetrics()
 
@@ -179,7 +179,7 @@ def _health_server(
     scheduler: JobScheduler,
     metrics: EngineMetrics,
 ) -> HealthServer:
-    from geodebot.health import HealthServer, Probe
+    from geodebot.ops.health import HealthServer, Probe
 
     token = None
     if config.daemon.http_token_env:

@@ -61,7 +61,7 @@ from geodebot.channels.base import (
     SentPart,
 )
 from geodebot.channels.render import render_for
-from geodebot.config import DiscordConfig
+from geodebot.config.schema import DiscordConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from geodebot.bindings import BindingIndex
 from geodebot.channels.base import Inbound
-from geodebot.config import BindingConfig
+from geodebot.chat.bindings import BindingIndex
+from geodebot.config.schema import BindingConfig
 
 DropReason = Literal["unbound", "self", "bot", "user_not_allowed", "no_mention", "empty"]
 

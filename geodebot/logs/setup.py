@@ -7,8 +7,8 @@ import logging
 import sys
 from typing import TextIO
 
-from geodebot.logctx import current_context
-from geodebot.redact import RedactingFilter, Redactor
+from geodebot.logs.context import current_context
+from geodebot.logs.redact import RedactingFilter, Redactor
 
 # These log every request URL at INFO, and a Telegram URL carries the bot token.
 _NOISY = (

@@ -21,17 +21,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
-from geodebot.app import App
-from geodebot.bindings import BindingIndex, binding_key
+from geodebot.app.build import App
 from geodebot.channels.base import Destination, Inbound, Platform, command_of, commands_help
-from geodebot.channels.gate import Accepted, decide
-from geodebot.channels.outbox import OutboxSender
-from geodebot.channels.throttle import UserRateLimiter, Verdict
-from geodebot.config import BindingConfig
+from geodebot.chat.bindings import BindingIndex, binding_key
+from geodebot.chat.gate import Accepted, decide
+from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.throttle import UserRateLimiter, Verdict
+from geodebot.config.schema import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult, time_budget
-from geodebot.logctx import log_context
-from geodebot.store.protocol import InboxEnding, InboxRow, NewOutbound, StoreError
+from geodebot.logs.context import log_context
+from geodebot.store.records import InboxEnding, InboxRow, NewOutbound, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class ChatRouter:
         self._enqueue(row, decision.binding)
 
     async def _throttled(self, inbound: Inbound, row: InboxRow) -> bool:
-        """Drop the message if its sender is over the rate limit (see channels/throttle.py:
+        """Drop the message if its sender is over the rate limit (see chat/throttle.py:
         dropped, not queued, so a flood costs no model calls), with one notice per window."""
         if self._limiter is None:
             return False

@@ -22,16 +22,15 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from geodebot.app import App
-from geodebot.bindings import BindingIndex
-from geodebot.config import BindingConfig
+from geodebot.app.build import App
+from geodebot.chat.bindings import BindingIndex
+from geodebot.config.schema import BindingConfig
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
 from geodebot.scheduler.definitions import config_jobs, name_delivery_bindings, schedule_of
+from geodebot.scheduler.fire_runner import FireRunner
 from geodebot.scheduler.refusals import RefusalWatch
-from geodebot.scheduler.runner import FireRunner
 from geodebot.scheduler.schedule import ScheduleError, build_trigger, from_ms, next_fire, to_ms
-from geodebot.store.jobs import FireCause, FireRecord, JobRecord
-from geodebot.store.protocol import StoreError
+from geodebot.store.records import FireCause, FireRecord, JobRecord, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -20,21 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from geodebot import __version__
-from geodebot.app import DB_FILE, SOCKET_FILE, TRUST_FILE, build_app, build_redactor
+from geodebot.app.build import DB_FILE, SOCKET_FILE, TRUST_FILE, build_app, build_redactor
+from geodebot.app.daemon import serve
 from geodebot.channels.ipc import IPCClient, IPCError
-from geodebot.check import format_rows, run_checks
-from geodebot.config import Config, ConfigError, config_path, load_config, secret_names
-from geodebot.daemon import serve
+from geodebot.cli.check import format_rows, run_checks
+from geodebot.cli.jobs import add_jobs_parser, jobs_command
+from geodebot.config.schema import Config, ConfigError, config_path, load_config, secret_names
 from geodebot.engine.loop import new_id
+from geodebot.engine.mcp.trust import TrustStore
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec
-from geodebot.logs import setup_logging
-from geodebot.redact import Redactor
-from geodebot.scheduler.cli import add_jobs_parser, jobs_command
-from geodebot.service import CREDENTIALS_DIR, DEFAULT_UNIT_PATH, layout_problems, unit_for
-from geodebot.store.protocol import StoreError
+from geodebot.logs.redact import Redactor
+from geodebot.logs.setup import setup_logging
+from geodebot.ops.systemd_unit import CREDENTIALS_DIR, DEFAULT_UNIT_PATH, layout_problems, unit_for
+from geodebot.store.records import StoreError
 from geodebot.store.sqlite import SQLiteStore
-from geodebot.trust import TrustStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -238,7 +238,7 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _desktop_agent(args: argparse.Namespace) -> int:
-    from geodebot.desktop_agent import DesktopAgent, DesktopError, serve_agent
+    from geodebot.desktop.agent import DesktopAgent, DesktopError, serve_agent
 
     setup_logging("info", Redactor())
     try:
@@ -478,7 +478,7 @@ async def _config(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _mcp(config: Config, args: argparse.Namespace) -> int:
-    from geodebot.mcp_server import serve_mcp
+    from geodebot.cli.mcp_server import serve_mcp
 
     await serve_mcp(config)
     return EXIT_OK

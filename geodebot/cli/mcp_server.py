@@ -21,12 +21,12 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import BeforeValidator, Field
 
 from geodebot import __version__
-from geodebot.app import App, build_app, build_redactor
-from geodebot.config import BudgetConfig, Config
+from geodebot.app.build import App, build_app, build_redactor
+from geodebot.config.schema import BudgetConfig, Config
 from geodebot.engine.loop import new_id
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
-from geodebot.logs import setup_logging
+from geodebot.logs.setup import setup_logging
 
 RUN_AGENT_DESCRIPTION = (
     "Run the geodebot agent once on a prompt, in a fresh session, and return its final answer. "

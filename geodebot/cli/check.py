@@ -14,9 +14,9 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from geodebot.app import build_adapter, open_mcp_pool
+from geodebot.app.build import build_adapter, open_mcp_pool
 from geodebot.channels.base import ChannelError
-from geodebot.config import Config, resolve_secret, secret_names
+from geodebot.config.schema import Config, resolve_secret, secret_names
 from geodebot.engine.llm.errors import LLMError
 
 __all__ = ["CheckRow", "format_rows", "run_checks"]

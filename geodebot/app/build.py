@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geodebot.bindings import BindingIndex
-from geodebot.config import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
+from geodebot.chat.bindings import BindingIndex
+from geodebot.config.schema import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
 from geodebot.engine.context_cache import ContextCache
-from geodebot.engine.executor import ToolExecutor
 from geodebot.engine.hooks import HookRegistry, hooks_from_config, hooks_from_entry_points
 from geodebot.engine.lanes import Lanes
 from geodebot.engine.ledger import EvidenceLedger
@@ -26,6 +25,7 @@ from geodebot.engine.llm.deferred import DeferredAdapter
 from geodebot.engine.llm.resilient import ResilientLLM
 from geodebot.engine.llm.types import LLMAdapter
 from geodebot.engine.loop import AgenticLoop
+from geodebot.engine.mcp.trust import TrustStore, load_project_servers
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import (
     Ending,
@@ -36,17 +36,17 @@ from geodebot.engine.session import (
     TurnResult,
     create_session,
 )
+from geodebot.engine.tools.authority import ToolExecutor
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.builtin.paths import ensure_workspace
 from geodebot.engine.tools.catalog import ToolCatalog, ToolSource
 from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
-from geodebot.redact import Redactor
+from geodebot.logs.redact import Redactor
+from geodebot.scheduler.chat_tools import JobTools
 from geodebot.scheduler.definitions import check_jobs
-from geodebot.scheduler.tools import JobTools
 from geodebot.store.sqlite import SQLiteStore
-from geodebot.trust import TrustStore, load_project_servers
 
 log = logging.getLogger(__name__)
 

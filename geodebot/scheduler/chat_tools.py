@@ -16,10 +16,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from geodebot.bindings import BindingIndex, binding_key, owns
-from geodebot.config import BindingConfig
+from geodebot.chat.bindings import BindingIndex, binding_key, owns
+from geodebot.config.jobs import JOB_ID_PATTERN
+from geodebot.config.schema import BindingConfig
 from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
-from geodebot.job_config import JOB_ID_PATTERN
 from geodebot.scheduler.definitions import chat_creator, fresh_session
 from geodebot.scheduler.schedule import (
     Schedule,
@@ -30,8 +30,8 @@ from geodebot.scheduler.schedule import (
     upcoming,
     zone,
 )
-from geodebot.store.jobs import JobRecord, JobStore
-from geodebot.store.protocol import StoreError
+from geodebot.store.jobs import JobStore
+from geodebot.store.records import JobRecord, StoreError
 
 SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB = "schedule_job", "list_jobs", "cancel_job"
 JOB_TOOL_NAMES = (SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB)

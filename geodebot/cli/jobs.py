@@ -15,13 +15,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from geodebot.app import DB_FILE
-from geodebot.bindings import BindingIndex
-from geodebot.config import Config, ConfigError
+from geodebot.app.build import DB_FILE
+from geodebot.chat.bindings import BindingIndex
+from geodebot.config.jobs import JobConfig
+from geodebot.config.schema import Config, ConfigError
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.plan import allowlist_problems
-from geodebot.job_config import JobConfig
+from geodebot.scheduler.chat_tools import JOB_TOOL_NAMES
 from geodebot.scheduler.definitions import (
     config_jobs,
     delivery_key,
@@ -39,8 +40,7 @@ from geodebot.scheduler.schedule import (
 )
 from geodebot.scheduler.schedule import upcoming as upcoming_fires
 from geodebot.scheduler.status import job_lines, next_fire_text
-from geodebot.scheduler.tools import JOB_TOOL_NAMES
-from geodebot.store.jobs import FireRecord, JobRecord
+from geodebot.store.records import FireRecord, JobRecord
 from geodebot.store.sqlite import SQLiteStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

@@ -1,6 +1,6 @@
 """The ``[[jobs]]`` table of the configuration: pure data, validated by pydantic.
 
-Its own module so that config.py stays one screenful per concern; config.py re-exports it.
+Its own module so that schema.py stays one screenful per concern; schema.py re-exports it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _is_number(annotation: Any) -> bool:
 
 
 class ConfigModel(BaseModel):
-    """The base of every table of the configuration (config.py's and this module's):
+    """The base of every table of the configuration (schema.py's and this module's):
     unknown keys are errors, values are frozen, and a number is never a boolean, which
     pydantic would read as 1 or 0 (``timeout_s = true`` would quietly mean one second)."""
 

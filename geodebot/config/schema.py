@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from geodebot.job_config import ConfigModel, JobConfig, check_timezone
+from geodebot.config.jobs import ConfigModel, JobConfig, check_timezone
 
 DEFAULT_CONFIG_PATH = Path("/etc/geodebot/config.toml")
 CONFIG_ENV = "GEODEBOT_CONFIG"
@@ -47,7 +47,7 @@ class ConfigError(Exception):
 
 
 # Every table's model: unknown keys are errors, values are frozen, and numbers are not
-# booleans (see job_config.ConfigModel, shared with the [[jobs]] table).
+# booleans (see config.jobs.ConfigModel, shared with the [[jobs]] table).
 _Strict = ConfigModel
 
 

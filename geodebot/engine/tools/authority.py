@@ -45,7 +45,8 @@ from geodebot.engine.tools.spec import (
     ToolOutput,
     ToolSpec,
 )
-from geodebot.store.protocol import EffectReceipt, Store
+from geodebot.store.protocol import Store
+from geodebot.store.records import EffectReceipt
 
 log = logging.getLogger(__name__)
 

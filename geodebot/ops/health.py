@@ -30,7 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from geodebot.channels.base import Channel
-from geodebot.config import split_host_port
+from geodebot.config.schema import split_host_port
 from geodebot.engine.tools.runner import REASON_CODES, OutcomeStatus
 from geodebot.store.protocol import Store
 

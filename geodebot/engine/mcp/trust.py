@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from geodebot.config import ConfigError, MCPConfig, MCPServerConfig, _describe
+from geodebot.config.schema import ConfigError, MCPConfig, MCPServerConfig, _describe
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from geodebot.channels.base import (
     Platform,
     SendUnknown,
 )
-from geodebot.store.protocol import OutboxRow, Store, StoreError
+from geodebot.store.protocol import Store
+from geodebot.store.records import OutboxRow, StoreError
 
 log = logging.getLogger(__name__)
 

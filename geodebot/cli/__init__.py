@@ -1,0 +1,1 @@
+"""The ``geodebot`` command line: one command group per module."""

@@ -1,0 +1,1 @@
+"""The desktop agent: its own process beside the display, for computer use."""

@@ -1,0 +1,1 @@
+"""Logging: setup, per-task context, and redaction of secrets."""

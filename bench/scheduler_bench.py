@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from geodebot.app.build import DB_FILE  # noqa: E402
+from geodebot.config.schema import DB_FILE  # noqa: E402
 from geodebot.store.sqlite import SQLiteStore  # noqa: E402
 from tests.daemon_proc import MODELS_MARK, DaemonProcess  # noqa: E402
 from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402

@@ -41,8 +41,8 @@ from telegram_bench import (  # noqa: E402
     stop_daemon,
 )
 
-from geodebot.app.build import SOCKET_FILE  # noqa: E402
 from geodebot.channels.ipc import IPCClient  # noqa: E402
+from geodebot.config.schema import SOCKET_FILE  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
 from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402

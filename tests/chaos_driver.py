@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from geodebot.app.build import DB_FILE
+from geodebot.config.schema import DB_FILE
 from tests.chaos_checks import ChaosReport, tally
 from tests.chaos_world import (
     DISCORD_TOKEN,

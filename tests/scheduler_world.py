@@ -14,8 +14,8 @@ from typing import Any
 from geodebot.app.build import App
 from geodebot.chat.outbox import OutboxSender
 from geodebot.config.schema import Config
+from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
-from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.store.records import FireRecord
 from geodebot.testing import MemoryChannel
 from tests.conftest import make_config, open_app, with_sections
@@ -38,7 +38,6 @@ class World:
     chat: MemoryChannel
     outbox: OutboxSender
     llm: FakeLLMServer
-    refusals: RefusalWatch
     schedulers: list[JobScheduler] = field(default_factory=list)
 
     @property
@@ -47,7 +46,12 @@ class World:
 
     async def start_scheduler(self) -> JobScheduler:
         scheduler = JobScheduler(
-            self.app, self.config.bindings, self.outbox.kick, poll_s=0.05, refusals=self.refusals
+            self.app.run_turn,
+            self.store,
+            self.config.bindings,
+            self.outbox.kick,
+            config_jobs=config_jobs(self.config),
+            poll_s=0.05,
         )
         await scheduler.start()
         self.schedulers.append(scheduler)
@@ -89,12 +93,11 @@ async def scheduler_world(
         make_config(tmp_path, llm, budgets=budgets), bindings=list(bindings), jobs=list(jobs)
     )
     async with AsyncExitStack() as stack:
-        refusals = RefusalWatch()
-        app = await open_app(config, stack, tmp_path / "marker", observers=(refusals,))
+        app = await open_app(config, stack, tmp_path / "marker")
         chat = MemoryChannel("telegram")
         outbox = OutboxSender(app.services.store, {"telegram": chat})
         sender = asyncio.create_task(outbox.run())
-        world = World(app, config, chat, outbox, llm, refusals)
+        world = World(app, config, chat, outbox, llm)
         try:
             yield world
         finally:

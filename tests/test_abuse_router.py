@@ -18,7 +18,8 @@ import pytest
 from geodebot.channels.base import Inbound
 from geodebot.channels.slack import to_inbound as slack_inbound
 from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.router import ChatRouter, refusal_note
+from geodebot.chat.replies import refusal_note
+from geodebot.chat.router import ChatRouter
 from geodebot.chat.throttle import UserRateLimiter, Verdict
 from geodebot.config.schema import ConfigError, parse_config
 from geodebot.testing import MemoryChannel
@@ -151,7 +152,16 @@ async def harness(
         app = await open_app(config, stack, tmp_path / "marker")
         chat = MemoryChannel("telegram")
         outbox = OutboxSender(app.services.store, {"telegram": chat})
-        router = ChatRouter(app, config.bindings, outbox, max_chars={"telegram": 100})
+        router = ChatRouter(
+            app.run_turn,
+            app.services.store,
+            config.bindings,
+            outbox,
+            daemon=config.daemon,
+            model=config.model,
+            budgets=config.budgets,
+            max_chars={"telegram": 100},
+        )
         await chat.start(router.accept)
         sender = asyncio.create_task(outbox.run())
         try:

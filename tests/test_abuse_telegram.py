@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.app.build import DB_FILE
+from geodebot.config.schema import DB_FILE
 from geodebot.store.sqlite import SQLiteStore
 from tests.abuse_support import daemon_and_model, free_port, metric, scrape
 from tests.daemon_proc import DaemonProcess, geodebot_status

@@ -24,7 +24,7 @@ from geodebot.engine.llm.types import (
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import EngineServices, SessionSpec, create_session
-from geodebot.engine.tools.authority import ToolExecutor
+from geodebot.engine.tools.authority import ToolAuthority
 from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.logs.redact import Redactor
 from geodebot.store.sqlite import SQLiteStore
@@ -80,7 +80,7 @@ async def run_batch(store: SQLiteStore, marker: Path, batch: list[tuple[str, Any
         store=store,
         llm=lambda on_event: llm,
         tools=ToolCatalog(tool_registry(marker)),
-        runner=ToolExecutor(store=store),
+        runner=ToolAuthority(store=store),
         ledger=EvidenceLedger(None, Redactor()),
         redactor=Redactor(),
         system_prompt="fuzz",

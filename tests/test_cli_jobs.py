@@ -6,7 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from geodebot.app.build import DB_FILE
+from geodebot.config.schema import DB_FILE
 from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.test_cli import geodebot, write_config

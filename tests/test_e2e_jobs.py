@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.app.build import DB_FILE
+from geodebot.config.schema import DB_FILE
 from geodebot.store.records import FireRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.conftest import TEST_KEY, TEST_KEY_ENV

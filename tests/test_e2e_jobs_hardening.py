@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from geodebot.app.build import DB_FILE
+from geodebot.config.schema import DB_FILE
 from geodebot.store.records import FireRecord, JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.conftest import TEST_KEY, TEST_KEY_ENV

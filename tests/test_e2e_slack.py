@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from geodebot.app.build import DB_FILE
+from geodebot.config.schema import DB_FILE
 from geodebot.store.sqlite import SQLiteStore
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess

@@ -13,7 +13,7 @@ import pytest
 from geodebot.engine.llm.types import ToolUseBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools import BoundToolPlan, Effect, Safety, ToolCallContext, ToolSpec
-from geodebot.engine.tools.authority import ToolExecutor
+from geodebot.engine.tools.authority import ToolAuthority
 from geodebot.engine.tools.schema import SchemaError
 from geodebot.store.sqlite import SQLiteStore
 
@@ -59,7 +59,7 @@ async def test_resource_keys_decide_concurrency(
     tools = rendezvous_tools(keys)
     plan = BoundToolPlan.project(tools, Mode.DAEMON, ["a", "b"])
     async with SQLiteStore(tmp_path / "db") as store:
-        executor = ToolExecutor(store=store)
+        executor = ToolAuthority(store=store)
         calls = [ToolUseBlock("1", "a", {}), ToolUseBlock("2", "b", {})]
         outcomes = await executor.run_batch(plan, calls, ToolCallContext("s", "t", Mode.DAEMON))
     # Results come back in proposal order whatever order the calls finished in.
@@ -107,7 +107,7 @@ async def test_a_schema_pattern_is_matched_in_linear_time(
     tool = echo_tool("t", schema)
     plan = BoundToolPlan.project({"t": tool}, Mode.DAEMON, ["t"])
     async with SQLiteStore(tmp_path / "db") as store:
-        executor = ToolExecutor(store=store)
+        executor = ToolAuthority(store=store)
         calls = [ToolUseBlock("1", "t", {"v": VALUE, VALUE: "not an integer"})]
         started = time.monotonic()
         [outcome] = await executor.run_batch(plan, calls, ToolCallContext("s", "t", Mode.DAEMON))
@@ -153,7 +153,7 @@ async def test_a_tool_whose_schema_cannot_be_compiled_is_refused_and_its_batch_g
     good = echo_tool("good", {"type": "object"})
     plan = BoundToolPlan.project({"bad": bad, "good": good}, Mode.DAEMON, ["bad", "good"])
     async with SQLiteStore(tmp_path / "db") as store:
-        executor = ToolExecutor(store=store)
+        executor = ToolAuthority(store=store)
         calls = [ToolUseBlock("1", "bad", {"a": 1}), ToolUseBlock("2", "good", {})]
         refused, ran = await executor.run_batch(plan, calls, ToolCallContext("s", "t", Mode.DAEMON))
     assert (refused.status, refused.reason) == ("refused", "schema_unusable")

@@ -37,7 +37,7 @@ async def test_terminal_user_answers_an_approval_request(
         server = ipc_handler(app)
         await server.start()
         stack.push_async_callback(server.close)
-        async with IPCClient(app.socket_path) as client:
+        async with IPCClient(app.config.socket_path) as client:
             reply = await asyncio.wait_for(client.turn("ipc:t", "write it", answer), 30)
         events = await app.services.store.timeline("ipc:t")
     assert reply["op"] == "reply"
@@ -69,7 +69,7 @@ async def test_unanswered_approval_times_out_as_no(
         server = ipc_handler(app)
         await server.start()
         stack.push_async_callback(server.close)
-        async with IPCClient(app.socket_path) as client:
+        async with IPCClient(app.config.socket_path) as client:
             await client.send({"op": "turn", "session": "ipc:t", "text": "go"})
             request = await asyncio.wait_for(client.receive(), 30)
             assert request["op"] == "approval_request"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from geodebot.app.build import DB_FILE, LEDGER_FILE
+from geodebot.config.schema import DB_FILE, LEDGER_FILE
 from tests.conftest import TEST_KEY, TEST_KEY_ENV
 from tests.daemon_proc import DaemonProcess
 from tests.fakes.llm_server import Error, FakeLLMServer, Reply

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from geodebot.app.build import DB_FILE
+from geodebot.config.schema import DB_FILE
 from geodebot.engine.compaction import SUMMARY_PREFIX
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode
@@ -413,3 +413,34 @@ async def test_concurrent_turns_in_one_session_run_one_at_a_time(
         context = await app.services.store.load_context("lane")
     # Strict alternation proves no two turns interleaved their checkpoints.
     assert [r.role for r in context] == ["user", "assistant"] * 5
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai-compatible"])
+async def test_the_result_carries_the_stop_reason_of_the_last_answer(
+    tmp_path: Path, llm_server: FakeLLMServer, provider: str
+) -> None:
+    # A refusal after a tool round is the turn's refusal; a refusal that the model then
+    # answered past (here: after a tool call it made anyway) is not.
+    llm_server.script(
+        Reply(tool_calls=[Call("write_marker", {"text": "one"})]),
+        Reply("I can't help with that.", stop="refusal"),
+        Reply("I won't.", tool_calls=[Call("write_marker", {"text": "two"})], stop="refusal"),
+        Reply("Done after all."),
+    )
+    config = make_config(tmp_path, llm_server, provider=provider)
+    async with AsyncExitStack() as stack:
+        app = await open_app(config, stack, tmp_path / "marker")
+        spec = SessionSpec("stops", tools=("write_marker",), preapproved=("write_marker",))
+        refused = await app.run_turn(Mode.DAEMON, spec, "write one")
+        assert (refused.ok, refused.stop_reason, refused.refused_by_model) == (
+            True,
+            "refusal",
+            True,
+        )
+        answered = await app.run_turn(Mode.DAEMON, spec, "write two")
+        assert (answered.ok, answered.stop_reason, answered.refused_by_model) == (
+            True,
+            "end_turn",
+            False,
+        )
+    assert marker_lines(tmp_path / "marker") == ["write_marker:one", "write_marker:two"]

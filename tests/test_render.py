@@ -43,6 +43,11 @@ class TelegramChecker(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag not in TELEGRAM_TAGS:
             self.errors.append(f"tag <{tag}> not allowed")
+        self._check_attributes(tag, attrs)
+        self._check_nesting(tag)
+        self.stack.append(tag)
+
+    def _check_attributes(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             if len(attrs) != 1 or attrs[0][0] != "href":
                 self.errors.append(f"<a> attributes {attrs}")
@@ -53,6 +58,8 @@ class TelegramChecker(HTMLParser):
                 self.errors.append(f"<code {attrs}> outside <pre>")
         elif attrs:
             self.errors.append(f"<{tag}> with attributes {attrs}")
+
+    def _check_nesting(self, tag: str) -> None:
         # Telegram: code and pre hold no other entity and are part of none (bar blockquote);
         # a text link cannot hold another link.
         inside = set(self.stack)
@@ -62,7 +69,6 @@ class TelegramChecker(HTMLParser):
             self.errors.append(f"<{tag}> inside {self.stack}")
         if tag == "blockquote" and "blockquote" in self.stack:
             self.errors.append("nested blockquote")
-        self.stack.append(tag)
 
     def handle_endtag(self, tag: str) -> None:
         if not self.stack or self.stack.pop() != tag:

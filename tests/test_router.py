@@ -105,9 +105,13 @@ async def harness(
         chat = MemoryChannel("telegram", limit=limit)
         outbox = OutboxSender(app.services.store, {"telegram": chat}, sleep=_fast_sleep)
         router = ChatRouter(
-            app,
+            app.run_turn,
+            app.services.store,
             config.bindings,
             outbox,
+            daemon=config.daemon,
+            model=config.model,
+            budgets=config.budgets,
             max_chars={"telegram": 500},
             typing=chat.typing,
             typing_after_s=typing_after_s,

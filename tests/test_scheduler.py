@@ -8,8 +8,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from geodebot.app.build import DB_FILE
 from geodebot.channels.base import ChannelError
+from geodebot.config.schema import DB_FILE
 from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, aclosing, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from geodebot.engine.session import (
     TurnResult,
     create_session,
 )
-from geodebot.engine.tools.authority import ToolExecutor
+from geodebot.engine.tools.authority import ToolAuthority
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.builtin.paths import ensure_workspace
 from geodebot.engine.tools.catalog import ToolCatalog, ToolSource
@@ -50,10 +50,6 @@ from geodebot.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
 
-DB_FILE = "geodebot.db"
-LEDGER_FILE = "ledger.jsonl"
-SOCKET_FILE = "geodebot.sock"
-TRUST_FILE = "trust.json"
 MCP_PREFIX = "mcp__"
 
 
@@ -156,7 +152,7 @@ async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> ToolSource | N
     servers = list(config.mcp.servers)
     project = config.project_mcp_config
     if project is not None:
-        extra, ignored = load_project_servers(project, TrustStore(config.state_dir / TRUST_FILE))
+        extra, ignored = load_project_servers(project, TrustStore(config.trust_path))
         if ignored is not None:
             log.warning("%s", ignored)
         names = {s.name for s in servers}
@@ -171,14 +167,14 @@ async def open_mcp_pool(config: Config, stack: AsyncExitStack) -> ToolSource | N
     from geodebot.engine.mcp.client import MCPServerPool
 
     # stdio servers run in the workspace, which must exist before the first one starts.
-    pool = MCPServerPool(
-        servers,
-        environ=os.environ,
-        cwd=ensure_workspace(config.workspace),
-        connect_grace_s=config.mcp.connect_grace_s,
+    return await stack.enter_async_context(
+        MCPServerPool(
+            servers,
+            environ=os.environ,
+            cwd=ensure_workspace(config.workspace),
+            connect_grace_s=config.mcp.connect_grace_s,
+        )
     )
-    stack.push_async_callback(pool.aclose)
-    return pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,10 +187,6 @@ class App:
     bindings: BindingIndex
     # The model adapters, whose SDKs load on first use or when load_models() is called.
     adapters: tuple[DeferredAdapter, ...] = ()
-
-    @property
-    def socket_path(self) -> Path:
-        return self.state_dir / SOCKET_FILE
 
     async def load_models(self) -> None:
         """Load the model SDKs now rather than at the first turn (each only once); a failure
@@ -237,17 +229,13 @@ async def build_app(
     system_prompt = load_system_prompt(config)
     redactor = build_redactor(config)
 
-    store = SQLiteStore(state_dir / DB_FILE)
-    await store.open()
-    stack.push_async_callback(store.close)
-
-    ledger = EvidenceLedger(state_dir / LEDGER_FILE, redactor)
-    stack.callback(ledger.close)
-
+    store = await stack.enter_async_context(SQLiteStore(config.db_path))
+    ledger = stack.enter_context(closing(EvidenceLedger(config.ledger_path, redactor)))
     endpoints = [config.model, *config.model.fallbacks]
-    chain = [build_deferred_adapter(endpoint, config) for endpoint in endpoints]
-    for adapter in chain:
-        stack.push_async_callback(adapter.aclose)
+    chain = [
+        await stack.enter_async_context(aclosing(build_deferred_adapter(endpoint, config)))
+        for endpoint in endpoints
+    ]
 
     settings = BuiltinSettings(
         workspace=config.workspace,
@@ -279,7 +267,7 @@ async def build_app(
             registry,
             {MCP_PREFIX: pool} if pool is not None else {},
         ),
-        runner=ToolExecutor(
+        runner=ToolAuthority(
             store=store, hooks=hooks, approval_timeout_s=config.tools.approval_timeout_s
         ),
         verifiers=tuple(verifiers),

@@ -7,8 +7,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, closing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from geodebot.app.build import App, build_app
@@ -18,14 +19,16 @@ from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import Config, ConfigError, resolve_secret
+from geodebot.engine.lanes import Grace
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
 from geodebot.ops.procstat import process_figures
 from geodebot.ops.sdnotify import SystemdNotifier
+from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
-from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.status import JobStatus, job_lines
+from geodebot.store.protocol import Store
 
 if TYPE_CHECKING:
     from geodebot.ops.health import EngineMetrics, HealthServer
@@ -35,19 +38,18 @@ log = logging.getLogger(__name__)
 
 def ipc_handler(app: App, on_status: StatusHandler | None = None) -> IPCServer:
     tools = app.config.tools.ipc_tools
+    run_turn = app.run_turn
 
     async def on_turn(session_id: str, text: str, approver: Approver) -> TurnResult:
         spec = SessionSpec(session_id, tools=tools, approver=approver)
-        return await app.run_turn(Mode.IPC, spec, text)
+        return await run_turn(Mode.IPC, spec, text)
 
-    return IPCServer(app.socket_path, on_turn, on_status)
+    return IPCServer(app.config.socket_path, on_turn, on_status)
 
 
-async def _sweep_receipts(app: App) -> None:
+async def _sweep_receipts(store: Store) -> None:
     # No call can still be running after a restart: what was admitted is uncertain.
-    uncertain = await app.services.store.mark_admitted_uncertain(
-        "geodebot restarted while the call ran"
-    )
+    uncertain = await store.mark_admitted_uncertain("geodebot restarted while the call ran")
     for receipt in uncertain:
         log.warning(
             "effect receipt %s (%s in session %s) is uncertain; reconcile it with "
@@ -59,6 +61,13 @@ async def _sweep_receipts(app: App) -> None:
 
 
 async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None:
+    """Run until SIGTERM or SIGINT.
+
+    Every part that owns I/O is entered on one stack in the order it depends on the others,
+    so leaving unwinds it backwards: the IPC socket closes, no new job fires and running
+    turns (jobs and chats alike) get ``shutdown_grace_s`` once, their replies go out, and only
+    then do the platform connections, the model clients and the store close.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -68,82 +77,107 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
     status = _Status()
     try:
         async with AsyncExitStack() as stack:
-            stack.callback(notifier.close)
+            stack.enter_context(closing(notifier))
             # From the start: systemd only counts pings once READY=1 was sent.
-            watchdog = asyncio.create_task(notifier.run_watchdog(status.line))
-            stack.push_async_callback(_stop_task, watchdog)
+            await stack.enter_async_context(_running(notifier.run_watchdog(status.line)))
             metrics = _metrics(config)
-            refusals = RefusalWatch()
-            observers = (refusals, metrics) if metrics else (refusals,)
-            app = await build_app(config, stack, observers=observers)
+            app = await build_app(config, stack, observers=(metrics,) if metrics else ())
             if metrics is not None:
                 metrics.known_tools = _known_tools(config, app)
-            await _sweep_receipts(app)
             store = app.services.store
-            channels = build_channels(config, store)
-
-            async def typing(destination: Destination) -> None:
-                await channels[destination.platform].typing(destination)
-
-            outbox = OutboxSender(store, channels)
-            max_chars = {
-                name: table.max_message_chars
-                for name, table in (
-                    ("telegram", config.channels.telegram),
-                    ("slack", config.channels.slack),
-                    ("discord", config.channels.discord),
-                )
-                if table is not None
-            }
-            router = ChatRouter(
-                app,
-                app.bindings,
-                outbox,
-                max_chars=max_chars,
-                typing=typing,
-                job_status=JobStatus(store).for_binding,
-            )
-            scheduler = JobScheduler(app, app.bindings, outbox.kick, refusals=refusals)
-            if metrics is not None:
-                health = _health_server(config, app, channels, router, scheduler, metrics)
-                await health.start()
-                stack.push_async_callback(health.stop)
-            recovered = await router.recover()
-            if recovered:
-                log.info("answering %s message(s) accepted before the restart", recovered)
-            sender = asyncio.create_task(outbox.run())
-            supervisor = ChannelSupervisor(channels, router.accept)
-            # Callbacks run last-pushed first: running turns drain, their replies go out,
-            # and only then do the platform connections close.
-            stack.push_async_callback(supervisor.stop)
-            stack.push_async_callback(_stop_task, sender)
-            stack.push_async_callback(outbox.stop, grace)
-            stack.push_async_callback(router.drain, grace)
-            # Pushed after the router's drain, so it runs before it: no new fires, running
-            # job turns get the grace, and their results still reach the outbox.
-            stack.push_async_callback(scheduler.stop, grace)
-            await supervisor.start()
-            status.supervisor, status.router = supervisor, router
-            # After the channels: a catch-up run's answer can go out as soon as it is ready.
-            await scheduler.start()
-
-            ipc = ipc_handler(app, _status_report(app, supervisor, router, channels))
-            await ipc.start()
-            stack.push_async_callback(ipc.close)
+            await _sweep_receipts(store)
+            daemon = await _enter_daemon(config, app, stack, metrics, Grace(grace))
+            status.supervisor, status.router = daemon.supervisor, daemon.router
+            ipc = ipc_handler(app, _status_report(app, daemon))
+            await stack.enter_async_context(ipc)
             log.info(
                 "geodebot serving: state in %s, chat socket %s, channels: %s",
                 app.state_dir,
-                app.socket_path,
-                ", ".join(channels) or "none",
+                config.socket_path,
+                ", ".join(daemon.channels) or "none",
             )
-            ready = asyncio.create_task(_ready_when_connected(notifier, supervisor, status, app))
-            stack.push_async_callback(_stop_task, ready)
+            ready = _ready_when_connected(notifier, daemon.supervisor, status, app)
+            await stack.enter_async_context(_running(ready))
             await stop.wait()
             log.info("shutting down (grace %s s)", grace)
             notifier.stopping(f"stopping: draining turns for up to {grace:g} s")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+@dataclass(frozen=True, slots=True)
+class _Daemon:
+    channels: Mapping[str, Channel]
+    supervisor: ChannelSupervisor
+    router: ChatRouter
+    scheduler: JobScheduler
+
+
+async def _enter_daemon(
+    config: Config,
+    app: App,
+    stack: AsyncExitStack,
+    metrics: EngineMetrics | None,
+    turns_grace: Grace,
+) -> _Daemon:
+    """Build the chat and job paths and enter them on ``stack``, connections first (so they
+    close last), then the outbox, the router and the scheduler."""
+    store = app.services.store
+    channels = build_channels(config, store)
+
+    async def typing(destination: Destination) -> None:
+        await channels[destination.platform].typing(destination)
+
+    # The outbox's window is its own: replies of turns that used the whole grace still go.
+    outbox = OutboxSender(store, channels, grace=Grace(turns_grace.seconds))
+    router = ChatRouter(
+        app.run_turn,
+        store,
+        app.bindings,
+        outbox,
+        daemon=config.daemon,
+        model=config.model,
+        budgets=config.budgets,
+        max_chars=_max_chars(config),
+        typing=typing,
+        job_status=JobStatus(store).for_binding,
+        grace=turns_grace,
+    )
+    scheduler = JobScheduler(
+        app.run_turn,
+        store,
+        app.bindings,
+        outbox.kick,
+        config_jobs=config_jobs(config),
+        grace=turns_grace,
+    )
+    supervisor = ChannelSupervisor(channels, router.accept)
+    daemon = _Daemon(channels, supervisor, router, scheduler)
+    if metrics is not None:
+        await stack.enter_async_context(_health_server(config, app, daemon, metrics))
+    await stack.enter_async_context(supervisor)
+    await stack.enter_async_context(outbox)
+    await stack.enter_async_context(router)
+    recovered = await router.recover()
+    if recovered:
+        log.info("answering %s message(s) accepted before the restart", recovered)
+    await supervisor.start()
+    # After the channels: a catch-up run's answer can go out as soon as it is ready.
+    await stack.enter_async_context(scheduler)
+    return daemon
+
+
+def _max_chars(config: Config) -> dict[str, int]:
+    return {
+        name: table.max_message_chars
+        for name, table in (
+            ("telegram", config.channels.telegram),
+            ("slack", config.channels.slack),
+            ("discord", config.channels.discord),
+        )
+        if table is not None
+    }
 
 
 def _metrics(config: Config) -> EngineMetrics | None:
@@ -172,12 +206,7 @@ def _known_tools(config: Config, app: App) -> frozenset[str]:
 
 
 def _health_server(
-    config: Config,
-    app: App,
-    channels: Mapping[str, Channel],
-    router: ChatRouter,
-    scheduler: JobScheduler,
-    metrics: EngineMetrics,
+    config: Config, app: App, daemon: _Daemon, metrics: EngineMetrics
 ) -> HealthServer:
     from geodebot.ops.health import HealthServer, Probe
 
@@ -202,12 +231,14 @@ def _health_server(
             "reason": switch.reason,
         }
 
+    scheduler, router = daemon.scheduler, daemon.router
+
     async def jobs() -> tuple[bool, dict[str, Any]]:
         return scheduler.running, {"jobs": scheduler.registered()}
 
     probe = Probe(
         store,
-        channels,
+        daemon.channels,
         router_counters=lambda: router.counters,
         load=router.load,
         fire_counts=store.fire_counts,
@@ -217,11 +248,10 @@ def _health_server(
     return HealthServer(config.daemon.http, probe, metrics, token=token)
 
 
-def _status_report(
-    app: App, supervisor: ChannelSupervisor, router: ChatRouter, channels: Mapping[str, Channel]
-) -> StatusHandler:
+def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
     started = time.time()
     store = app.services.store
+    supervisor, router, channels = daemon.supervisor, daemon.router, daemon.channels
 
     async def report() -> dict[str, Any]:
         running, queued = router.load()
@@ -288,6 +318,12 @@ async def _ready_when_connected(
     await app.load_models()
 
 
-async def _stop_task(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+@asynccontextmanager
+async def _running(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """``work`` as a task for as long as the context lasts."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

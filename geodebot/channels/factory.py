@@ -33,7 +33,7 @@ def _without(names: tuple[str, ...]) -> Iterator[None]:
     imported is left alone, and a later import outside works normally."""
     blocked = [name for name in names if name not in sys.modules]
     for name in blocked:
-        sys.modules[name] = None  # type: ignore[assignment]
+        sys.modules[name] = None  # type: ignore[assignment]  # None is the documented blocker
     try:
         yield
     finally:
@@ -95,13 +95,23 @@ def build_channels(config: Config, store: Store) -> dict[str, Channel]:
 
 class ChannelSupervisor:
     """Starts every channel; one that cannot connect is retried with backoff while the
-    others run. (Once connected, each SDK keeps its own connection alive.)"""
+    others run. (Once connected, each SDK keeps its own connection alive.)
+
+    ``async with`` it to own the connections: leaving closes them all. Entering connects
+    nothing; :meth:`start` does, once whatever must precede the first message is ready.
+    """
 
     def __init__(self, channels: Mapping[str, Channel], sink: InboundSink) -> None:
         self._channels = channels
         self._sink = sink
         self._tasks: list[asyncio.Task[None]] = []
         self.ready: dict[str, asyncio.Event] = {name: asyncio.Event() for name in channels}
+
+    async def __aenter__(self) -> ChannelSupervisor:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
 
     async def start(self, first_attempt_s: float = 30.0) -> None:
         """Start all channels; returns when each connected or its first attempt timed out."""

@@ -66,6 +66,13 @@ class IPCServer:
         self._clients: set[asyncio.Task[None]] = set()
         self._turns: set[asyncio.Task[None]] = set()
 
+    async def __aenter__(self) -> IPCServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     async def start(self) -> None:
         if len(os.fsencode(self._path)) > MAX_SOCKET_PATH:
             raise IPCError(f"socket path too long ({self._path}); choose a shorter state_dir")
@@ -156,6 +163,9 @@ class IPCServer:
             return None
         if op != "turn":
             return {"op": "error", "message": f"unknown op {op!r}"}
+        return self._start_turn(frame, conn)
+
+    def _start_turn(self, frame: dict[str, Any], conn: _Connection) -> dict[str, Any] | None:
         session, text = frame.get("session"), frame.get("text")
         if not isinstance(session, str) or not session or len(session) > 200:
             return {"op": "error", "message": "session must be a non-empty string"}

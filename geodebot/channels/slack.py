@@ -217,7 +217,7 @@ class SlackChannel:
             # connect() would retry it forever.
             self._handler.client.wss_uri = await self._handler.client.issue_new_wss_url()
             async with asyncio.timeout(self._connect_timeout):
-                await self._handler.connect_async()  # type: ignore[no-untyped-call]
+                await self._handler.connect_async()  # type: ignore[no-untyped-call]  # slack-bolt
         except BaseException as exc:
             await self._close()
             if isinstance(exc, TimeoutError):
@@ -330,7 +330,7 @@ class SlackChannel:
     async def _close(self) -> None:
         handler, self._handler = self._handler, None
         if handler is not None:
-            await handler.close_async()  # type: ignore[no-untyped-call]
+            await handler.close_async()  # type: ignore[no-untyped-call]  # slack-bolt lacks a hint
             sm = handler.client
             # close() only cancels the client's tasks; awaiting them keeps teardown quiet.
             tasks = [t for t in (sm.message_processor, sm.current_session_monitor) if t]

@@ -26,6 +26,7 @@ from geodebot.channels.base import (
     Platform,
     SendUnknown,
 )
+from geodebot.engine.lanes import Grace
 from geodebot.store.protocol import Store
 from geodebot.store.records import OutboxRow, StoreError
 
@@ -58,8 +59,11 @@ class OutboxSender:
         channels: Mapping[str, Channel],
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        grace: Grace | None = None,
     ) -> None:
         self._store = store
+        self._grace = grace if grace is not None else Grace(0.0)
+        self._sender: asyncio.Task[None] | None = None
         self._channels = channels
         self._sleep = sleep
         self._wake = asyncio.Event()
@@ -76,8 +80,18 @@ class OutboxSender:
         self._scans: list[set[int]] = []
         self._stopping = False
         self._store_pause = STORE_RETRY_FIRST_S
-        self.sent_parts = 0
-        self.failed_rows = 0
+
+    async def __aenter__(self) -> OutboxSender:
+        """Deliver pending rows (:meth:`run`) until left; leaving sends what is pending for
+        the ``grace`` (its own window: the replies of turns that used all of theirs)."""
+        self._sender = asyncio.create_task(self.run())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop(self._grace.left())
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
 
     def kick(self) -> None:
         """Look for pending rows now (rows written by someone who cannot hand them over)."""
@@ -218,7 +232,6 @@ class OutboxSender:
                     await self._store.outbox_finish(
                         row.id, "failed", error="delivery outcome unknown; not resent again"
                     )
-                    self.failed_rows += 1
                     return
                 row = await self._store.outbox_note_blind_resend(row.id)
             row = await self._send_part(channel, row, part, last=last)
@@ -264,7 +277,6 @@ class OutboxSender:
             except ChannelError as exc:
                 if exc.permanent:
                     log.error("outbox %s: %s gave up: %s", row.id, row.platform, exc)
-                    self.failed_rows += 1
                     return await self._store.outbox_finish(row.id, "failed", error=str(exc)[:300])
                 if exc.retry_after is not None:
                     # A rate limit says nothing about the message; it was not sent.
@@ -282,7 +294,6 @@ class OutboxSender:
                 )
                 await self._sleep(pause)
                 continue
-            self.sent_parts += 1
             return await self._note_sent(row, part, sent.message_id, last=last)
 
     async def _note_sent(

@@ -15,7 +15,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from geodebot.app.build import DB_FILE
 from geodebot.chat.bindings import BindingIndex
 from geodebot.config.jobs import JobConfig
 from geodebot.config.schema import Config, ConfigError
@@ -88,7 +87,7 @@ async def jobs_command(config: Config, args: argparse.Namespace) -> int:
     problems = schedule_problems(config)
     if problems:
         raise ConfigError(str(config.source or "<config>"), problems)
-    store = SQLiteStore(config.state_dir / DB_FILE)
+    store = SQLiteStore(config.db_path)
     await store.open()
     try:
         # Only the daemon removes config jobs: this CLI may have been given another file.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from geodebot import __version__
-from geodebot.app.build import DB_FILE, SOCKET_FILE, TRUST_FILE, build_app, build_redactor
+from geodebot.app.build import build_app, build_redactor
 from geodebot.app.daemon import serve
 from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.cli.check import format_rows, run_checks
@@ -195,7 +195,7 @@ async def _check(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _status(config: Config, args: argparse.Namespace) -> int:
-    async with IPCClient(config.state_dir / SOCKET_FILE) as client:
+    async with IPCClient(config.socket_path) as client:
         answer = await client.request({"op": "status"})
     if answer.get("op") != "status":
         raise IPCError(str(answer.get("message", answer)))
@@ -298,7 +298,7 @@ async def _serve(config: Config, args: argparse.Namespace) -> int:
 async def _chat(config: Config, args: argparse.Namespace) -> int:
     session = args.session or f"ipc:{getpass.getuser()}"
     interactive = sys.stdin.isatty()
-    async with IPCClient(config.state_dir / SOCKET_FILE) as client:
+    async with IPCClient(config.socket_path) as client:
         pong = await client.request({"op": "ping"})
         if pong.get("op") != "pong":
             raise IPCError("the daemon did not answer the ping")
@@ -342,7 +342,7 @@ def _read_line(prompt: str) -> str | None:
 
 
 async def _open_store(config: Config, *, create: bool = False) -> SQLiteStore:
-    path = config.state_dir / DB_FILE
+    path = config.db_path
     if not create and not path.exists():
         raise StoreError(f"no geodebot state at {path} (has the daemon run with this config?)")
     store = SQLiteStore(path)
@@ -471,7 +471,7 @@ async def _receipts(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _config(config: Config, args: argparse.Namespace) -> int:
-    trust = TrustStore(config.state_dir / TRUST_FILE)
+    trust = TrustStore(config.trust_path)
     entry = trust.trust(Path(args.path), by=getpass.getuser())
     print(f"trusted {entry.path} (sha256 {entry.sha256[:16]}…); re-run after every change")
     return EXIT_OK

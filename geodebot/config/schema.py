@@ -27,6 +27,10 @@ from geodebot.config.jobs import ConfigModel, JobConfig, check_timezone
 
 DEFAULT_CONFIG_PATH = Path("/etc/geodebot/config.toml")
 CONFIG_ENV = "GEODEBOT_CONFIG"
+DB_FILE = "geodebot.db"
+LEDGER_FILE = "ledger.jsonl"
+SOCKET_FILE = "geodebot.sock"
+TRUST_FILE = "trust.json"
 
 Provider = Literal["anthropic", "openai", "openai-compatible"]
 
@@ -361,6 +365,25 @@ class Config(_Strict):
         if path.is_absolute() or self.source is None:
             return path
         return self.source.parent / path
+
+    # The files the daemon keeps in its state directory.
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / DB_FILE
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.state_dir / LEDGER_FILE
+
+    @property
+    def socket_path(self) -> Path:
+        """The local chat socket of ``geodebot chat`` and ``geodebot status``."""
+        return self.state_dir / SOCKET_FILE
+
+    @property
+    def trust_path(self) -> Path:
+        """Which project MCP files the operator trusted (``geodebot mcp trust``)."""
+        return self.state_dir / TRUST_FILE
 
     def prompt_file(self, path: Path) -> Path:
         return self._relative(path)

@@ -58,45 +58,62 @@ class DesktopAgent:
 
     async def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
         op = request.get("op")
-        if op == "screenshot":
-            return await asyncio.to_thread(self._screenshot)
-        if op == "cursor_position":
-            out = await self._run("getmouselocation", "--shell")
-            fields = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-            return {"x": int(fields["X"]), "y": int(fields["Y"])}
-        if op == "click":
-            x, y = await self._point(request)
-            button = _BUTTONS.get(str(request.get("button", "left")))
-            if button is None:
-                raise DesktopError(f"button must be one of {sorted(_BUTTONS)}")
-            repeat = ["--repeat", "2"] if request.get("double") is True else []
-            await self._run("mousemove", "--sync", str(x), str(y), "click", *repeat, button)
-            return {}
-        if op == "type":
-            text = request.get("text")
-            if not isinstance(text, str) or not text or len(text) > MAX_TEXT_CHARS:
-                raise DesktopError(f"text must be 1 to {MAX_TEXT_CHARS} characters")
-            await self._run("type", "--delay", "1", "--", text)
-            return {}
-        if op == "key":
-            keys = request.get("keys")
-            if not isinstance(keys, str) or not _KEYS.fullmatch(keys):
-                raise DesktopError("keys must be xdotool key names such as 'Return' or 'ctrl+c'")
-            await self._run("key", "--", *keys.split(" "))
-            return {}
-        if op == "scroll":
-            x, y = await self._point(request)
-            button = _WHEEL.get(str(request.get("direction", "down")))
-            amount = request.get("amount", 3)
-            if button is None:
-                raise DesktopError(f"direction must be one of {sorted(_WHEEL)}")
-            if not _is_int(amount) or not 0 < amount <= MAX_SCROLL:
-                raise DesktopError(f"amount must be 1 to {MAX_SCROLL}")
-            await self._run(
-                "mousemove", "--sync", str(x), str(y), "click", "--repeat", str(amount), button
-            )
-            return {}
-        raise DesktopError(f"unknown op {op!r}")
+        ops = {
+            "screenshot": self._screenshot_op,
+            "cursor_position": self._cursor_position,
+            "click": self._click,
+            "type": self._type,
+            "key": self._key,
+            "scroll": self._scroll,
+        }
+        handler = ops.get(op) if isinstance(op, str) else None
+        if handler is None:
+            raise DesktopError(f"unknown op {op!r}")
+        return await handler(request)
+
+    async def _screenshot_op(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._screenshot)
+
+    async def _cursor_position(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        out = await self._run("getmouselocation", "--shell")
+        fields = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        return {"x": int(fields["X"]), "y": int(fields["Y"])}
+
+    async def _click(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        x, y = await self._point(request)
+        button = _BUTTONS.get(str(request.get("button", "left")))
+        if button is None:
+            raise DesktopError(f"button must be one of {sorted(_BUTTONS)}")
+        repeat = ["--repeat", "2"] if request.get("double") is True else []
+        await self._run("mousemove", "--sync", str(x), str(y), "click", *repeat, button)
+        return {}
+
+    async def _type(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        text = request.get("text")
+        if not isinstance(text, str) or not text or len(text) > MAX_TEXT_CHARS:
+            raise DesktopError(f"text must be 1 to {MAX_TEXT_CHARS} characters")
+        await self._run("type", "--delay", "1", "--", text)
+        return {}
+
+    async def _key(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        keys = request.get("keys")
+        if not isinstance(keys, str) or not _KEYS.fullmatch(keys):
+            raise DesktopError("keys must be xdotool key names such as 'Return' or 'ctrl+c'")
+        await self._run("key", "--", *keys.split(" "))
+        return {}
+
+    async def _scroll(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        x, y = await self._point(request)
+        button = _WHEEL.get(str(request.get("direction", "down")))
+        amount = request.get("amount", 3)
+        if button is None:
+            raise DesktopError(f"direction must be one of {sorted(_WHEEL)}")
+        if not _is_int(amount) or not 0 < amount <= MAX_SCROLL:
+            raise DesktopError(f"amount must be 1 to {MAX_SCROLL}")
+        await self._run(
+            "mousemove", "--sync", str(x), str(y), "click", "--repeat", str(amount), button
+        )
+        return {}
 
     async def _point(self, request: Mapping[str, Any]) -> tuple[int, int]:
         x, y = request.get("x"), request.get("y")

@@ -65,7 +65,6 @@ class ContextCache:
         self._max_bytes = max_bytes
         self._size = 0
         self.hits = 0
-        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -79,7 +78,6 @@ class ContextCache:
         """A copy of the context, if the entry is still the session's current context."""
         entry = self._entries.get(session_id)
         if entry is None or (entry.generation, entry.next_seq) != (generation, next_seq):
-            self.misses += 1
             return None
         self.hits += 1
         self._entries.move_to_end(session_id)

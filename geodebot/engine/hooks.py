@@ -32,10 +32,6 @@ HookEvent = Literal["PreToolUse", "PostToolUse", "Stop"]
 ENTRY_POINT_GROUP = "geodebot.hooks"
 MAX_HOOK_OUTPUT = 64 * 1024
 
-PreAction = Literal["allow", "block", "rewrite", "ask"]
-PostAction = Literal["allow", "add_context", "withhold"]
-StopAction = Literal["accept", "repair", "reject"]
-
 
 @dataclass(frozen=True, slots=True)
 class HookDecision:

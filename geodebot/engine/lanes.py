@@ -1,9 +1,11 @@
-"""Lanes: one turn at a time per session, and a global cap on turns running at once."""
+"""Lanes: one turn at a time per session, and a global cap on turns running at once; and
+the one grace period running turns get when the daemon stops."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 
@@ -13,7 +15,6 @@ class Lanes:
         # Locks are dropped when nobody holds or waits for them, so a daemon that has seen
         # millions of session ids does not keep a lock for each.
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._max = max_concurrent
 
     @asynccontextmanager
     async def slot(self, session_id: str) -> AsyncIterator[None]:
@@ -29,5 +30,18 @@ class Lanes:
             else:
                 self._locks[session_id] = (lock, users - 1)
 
-    def busy_sessions(self) -> int:
-        return len(self._locks)
+
+class Grace:
+    """A grace period shared by whoever drains turns at shutdown (the job scheduler, then the
+    chat router): its clock starts at the first ask, so together they get it once."""
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self._deadline: float | None = None
+
+    def left(self) -> float:
+        now = self._clock()
+        if self._deadline is None:
+            self._deadline = now + self.seconds
+        return max(0.0, self._deadline - now)

@@ -37,6 +37,7 @@ from geodebot.engine.llm.types import (
     LLMRequest,
     LLMResponse,
     Message,
+    StopReason,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
@@ -98,6 +99,8 @@ class _Turn:
     unsaved: tuple[_Append, list[ContextItem], ContextItem] | None = None
     # What the caller writes with the turn's last checkpoint (see arun).
     ending: Ending | None = None
+    # The stop reason of the turn's latest model answer ("end_turn", "refusal", ...).
+    stop_reason: StopReason | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +372,7 @@ class AgenticLoop:
             raise
         elapsed = round((time.monotonic() - started) * 1000)
         turn.usage = turn.usage + response.usage
+        turn.stop_reason = response.stop_reason
         info = {
             "provider": response.provider,
             "model": response.model,
@@ -619,6 +623,7 @@ class AgenticLoop:
             turn.usage,
             error,
             refused_tools=tuple(dict.fromkeys(turn.refused)),
+            stop_reason=turn.stop_reason,
         )
 
     def _report(self, turn: _Turn, result: TurnResult) -> TurnResult:

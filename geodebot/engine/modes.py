@@ -23,7 +23,3 @@ def denied_tools(mode: Mode) -> frozenset[str]:
     if mode is Mode.IPC:
         return frozenset()
     return UNATTENDED_DENY
-
-
-def has_approver(mode: Mode) -> bool:
-    return mode is Mode.IPC

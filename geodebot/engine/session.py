@@ -7,12 +7,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from geodebot.config.schema import BudgetConfig
 from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.ledger import EvidenceLedger
-from geodebot.engine.llm.types import LLMAdapter, Usage
+from geodebot.engine.llm.types import LLMAdapter, StopReason, Usage
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.engine.tools.plan import BoundToolPlan
@@ -42,6 +42,23 @@ Observer = Callable[[str, Mapping[str, Any]], None]
 # What a turn's caller writes with the turn's last checkpoint, in the same commit: the inbox
 # row it answers and the reply, built from the result the turn is about to return.
 Ending = Callable[["TurnResult"], InboxEnding]
+
+
+class TurnRunner(Protocol):
+    """Runs one turn of a session: what the chat router, the job scheduler and the IPC
+    server are given instead of the composition root (see ``App.run_turn``)."""
+
+    async def __call__(
+        self,
+        mode: Mode,
+        spec: SessionSpec,
+        text: str,
+        *,
+        turn_id: str | None = None,
+        ending: Ending | None = None,
+    ) -> TurnResult: ...
+
+
 # Builds the model client for one turn; ``on_event`` receives retry/fallback notices.
 LLMFactory = Callable[[Callable[[str, dict[str, Any]], None]], LLMAdapter]
 
@@ -112,10 +129,19 @@ class TurnResult:
     # The inbox row's finish and reply, when the turn's last commit wrote them (see Ending);
     # None: the caller records the result itself.
     ended: InboxFinished | None = None
+    # Why the model's last answer of the turn stopped, as its adapter reports it
+    # ("end_turn", "max_tokens", "refusal", ...); None when no model answered.
+    stop_reason: StopReason | None = None
 
     @property
     def ok(self) -> bool:
         return self.outcome == "completed"
+
+    @property
+    def refused_by_model(self) -> bool:
+        """A completed turn whose last answer is the model declining: only that answer
+        counts, so a refusal followed by an answer is not one."""
+        return self.ok and self.stop_reason == "refusal"
 
 
 def time_budget(mode: Mode, spec: SessionSpec, budgets: BudgetConfig) -> float:

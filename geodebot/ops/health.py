@@ -202,6 +202,13 @@ class HealthServer:
         self._runner: web.AppRunner | None = None
         self.port = 0
 
+    async def __aenter__(self) -> HealthServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
     async def start(self) -> None:
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/healthz", self._healthz)

@@ -106,7 +106,7 @@ SystemCallErrorNumber=EPERM
 
 [Install]
 WantedBy=multi-user.target
-"""  # noqa: E501
+"""  # noqa: E501  # unit directives are one line each, however long
 
 
 def current_executable() -> list[str]:

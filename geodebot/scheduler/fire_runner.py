@@ -13,15 +13,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from geodebot.app.build import App
 from geodebot.chat.bindings import BindingIndex
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import SessionSpec, TurnResult
+from geodebot.engine.session import SessionSpec, TurnResult, TurnRunner
 from geodebot.logs.context import log_context
 from geodebot.scheduler.definitions import delivery_binding
-from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.schedule import format_fire
+from geodebot.store.protocol import Store
 from geodebot.store.records import FireEnd, FireRecord, JobRecord, NewOutbound, StoreError
 
 log = logging.getLogger(__name__)
@@ -55,14 +54,13 @@ def _failure(result: TurnResult) -> tuple[FireEnd, str]:
 class FireRunner:
     def __init__(
         self,
-        app: App,
+        run_turn: TurnRunner,
+        store: Store,
         bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
-        refusals: RefusalWatch | None = None,
     ) -> None:
-        self._app = app
-        self._refusals = refusals
-        self._store = app.services.store
+        self._run_turn = run_turn
+        self._store = store
         self._index = BindingIndex.of(bindings)
         self._kick = kick
 
@@ -88,10 +86,10 @@ class FireRunner:
                     preapproved=_preapproved(job, target, tools),
                     time_budget_s=job.time_budget_s,
                 )
-                result = await self._app.run_turn(Mode.DAEMON, spec, job.prompt)
+                result = await self._run_turn(Mode.DAEMON, spec, job.prompt)
                 if not result.ok:
                     failure = _failure(result)
-                elif self._refusals is not None and self._refusals.refused(result.turn_id):
+                elif result.refused_by_model:
                     failure = ("failed", f"the model refused: {result.text}"[:MAX_REASON])
         except asyncio.CancelledError:
             # Shut down mid-run: the fire stays claimed and says so; it is never re-run.

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 from apscheduler.executors.base import BaseExecutor
@@ -22,14 +23,15 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from geodebot.app.build import App
 from geodebot.chat.bindings import BindingIndex
 from geodebot.config.schema import BindingConfig
+from geodebot.engine.lanes import Grace
+from geodebot.engine.session import TurnRunner
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
-from geodebot.scheduler.definitions import config_jobs, name_delivery_bindings, schedule_of
+from geodebot.scheduler.definitions import name_delivery_bindings, schedule_of
 from geodebot.scheduler.fire_runner import FireRunner
-from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.scheduler.schedule import ScheduleError, build_trigger, from_ms, next_fire, to_ms
+from geodebot.store.protocol import Store
 from geodebot.store.records import FireCause, FireRecord, JobRecord, StoreError
 
 log = logging.getLogger(__name__)
@@ -60,19 +62,25 @@ def _never_called() -> None:
 
 
 class JobScheduler:
+    """``async with`` it: entering syncs and schedules, leaving stops new fires and gives the
+    running ones what is left of ``grace``."""
+
     def __init__(
         self,
-        app: App,
+        run_turn: TurnRunner,
+        store: Store,
         bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
         *,
+        config_jobs: Sequence[JobRecord] = (),
+        grace: Grace | None = None,
         poll_s: float = POLL_S,
-        refusals: RefusalWatch | None = None,
     ) -> None:
-        self._app = app
-        self._store = app.services.store
+        self._store = store
         self._index = BindingIndex.of(bindings)
-        self._runner = FireRunner(app, self._index, kick, refusals)
+        self._config_jobs = tuple(config_jobs)
+        self._grace = grace if grace is not None else Grace(0.0)
+        self._runner = FireRunner(run_turn, store, self._index, kick)
         self._poll_s = poll_s
         self._jobs: dict[str, JobRecord] = {}
         self._revision: str | None = None
@@ -89,7 +97,7 @@ class JobScheduler:
         named = await name_delivery_bindings(self._store, self._index)
         if named:
             log.info("scheduler: %d older jobs now name the binding they post in", named)
-        await self._store.jobs_sync_config(config_jobs(self._app.config))
+        await self._store.jobs_sync_config(self._config_jobs)
         # Nothing of a previous process can still run: its claimed fires are not re-run.
         for fire in await self._store.fires_interrupted("the daemon stopped during the run"):
             log.warning("job %s: fire %s was cut short by a restart", fire.job_id, fire.id)
@@ -104,6 +112,18 @@ class JobScheduler:
         self._aps.start()
         await self._refresh()
         self._poller = asyncio.create_task(self._poll())
+
+    async def __aenter__(self) -> JobScheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop(self._grace.left())
 
     async def stop(self, grace_s: float) -> None:
         """No new fires; running ones get ``grace_s``, then are cancelled (and say so)."""

@@ -265,7 +265,7 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
             await asyncio.gather(self._checkpointing, return_exceptions=True)
         db, self._db = self._db, None
         if db is None:  # closed by another caller meanwhile
-            return  # type: ignore[unreachable]
+            return  # type: ignore[unreachable]  # mypy cannot see the other closer
         try:
             await db.close()
         except sqlite3.Error as exc:
@@ -316,7 +316,7 @@ class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
         # aiosqlite has no public call for this; ``_execute`` is the queue its own methods go
         # through, so ordering with them is kept.
         db = self._connection("using the store")
-        result: _T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
+        result: _T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]  # private, untyped
         return result
 
     async def _query(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:

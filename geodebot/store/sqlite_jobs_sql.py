@@ -107,7 +107,7 @@ def job_from_row(row: sqlite3.Row) -> JobRecord:
 
 
 def fire_from_row(row: sqlite3.Row) -> FireRecord:
-    return FireRecord(**{name: row[name] for name in row.keys()})  # noqa: SIM118
+    return FireRecord(**{name: row[name] for name in row.keys()})  # noqa: SIM118  # a Row iterates values
 
 
 def job_params(job: JobRecord) -> tuple[Any, ...]:

@@ -110,20 +110,23 @@ class Tools:
         if method == "tools/list":
             return _result(rid, {"tools": self.tools})
         if method == "tools/call":
-            name = params.get("name")
-            self.calls.append(str(name))
-            arguments = params.get("arguments") or {}
-            if name == "echo":
-                text = str(arguments.get("text", ""))
-                if text.startswith("env:"):
-                    text = os.environ.get(text.removeprefix("env:"), "unset")
-                return _result(rid, {"content": [{"type": "text", "text": text}]})
-            if name == "pid":
-                return _result(rid, {"content": [{"type": "text", "text": str(os.getpid())}]})
-            if any(tool["name"] == name for tool in self.tools):
-                return _result(rid, {"content": [{"type": "text", "text": f"{name} ran"}]})
-            return _error(rid, -32602, f"unknown tool {name!r}")
+            return self._call(rid, params)
         return _error(rid, -32601, f"method not found: {method}")
+
+    def _call(self, rid: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+        name = params.get("name")
+        self.calls.append(str(name))
+        arguments = params.get("arguments") or {}
+        if name == "echo":
+            text = str(arguments.get("text", ""))
+            if text.startswith("env:"):
+                text = os.environ.get(text.removeprefix("env:"), "unset")
+            return _result(rid, {"content": [{"type": "text", "text": text}]})
+        if name == "pid":
+            return _result(rid, {"content": [{"type": "text", "text": str(os.getpid())}]})
+        if any(tool["name"] == name for tool in self.tools):
+            return _result(rid, {"content": [{"type": "text", "text": f"{name} ran"}]})
+        return _error(rid, -32602, f"unknown tool {name!r}")
 
 
 def _result(rid: Any, result: dict[str, Any]) -> dict[str, Any]:

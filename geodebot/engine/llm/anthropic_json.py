@@ -257,6 +257,7 @@ def _block_param(block: Block) -> _BlockParam:
                 "type": "image",
                 "source": {
                     "type": "base64",
+                    # A plain str here; the computer tool only returns PNG screenshots.
                     "media_type": image.media_type,  # type: ignore[typeddict-item]
                     "data": image.data,
                 },

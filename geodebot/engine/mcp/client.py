@@ -226,21 +226,44 @@ class MCPServerPool:
             raise ToolError(f"{tool} is not a declared tool of MCP server {server}")
         if timeout_s is None:
             timeout_s = policy.timeout_s
+        conn, left = await self._ready(slot, server, tool, timeout_s)
+        result = await self._call_tool(conn, server, tool, arguments, left, timeout_s)
+        slot.failures = 0
+        text = _render(result)
+        if result.is_error:
+            raise ToolError(text or f"{tool} failed without saying why")
+        return text
+
+    async def _ready(
+        self, slot: _Slot, server: str, tool: str, timeout_s: float
+    ) -> tuple[Connection, float]:
+        """The server's connection, up within ``timeout_s``, and the time left for the call."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             conn = await self._connect(slot, within=timeout_s)
         except _NotUp as exc:
             raise ToolError(f"{exc}; {tool} was not run") from None
-        client = conn.client
-        if client is None:
+        if conn.client is None:
             raise ToolError(f"MCP server {server} stopped before the call could be sent")
         left = timeout_s - (loop.time() - started)
         if left <= 0:
             raise ToolError(f"MCP server {server} came up too late; {tool} was not run")
+        return conn, left
+
+    async def _call_tool(
+        self,
+        conn: Connection,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        left: float,
+        timeout_s: float,
+    ) -> mt.CallToolResult:
+        assert conn.client is not None
         try:
             async with asyncio.timeout(left):
-                result = await client.call_tool(tool, dict(arguments))
+                return await conn.client.call_tool(tool, dict(arguments))
         except TimeoutError:
             conn.probe()
             raise ToolOutcomeUnknown(
@@ -263,11 +286,6 @@ class MCPServerPool:
                 f"MCP server {server} failed during the call ({describe(exc)}); it is "
                 "restarted on the next call"
             ) from None
-        slot.failures = 0
-        text = _render(result)
-        if result.is_error:
-            raise ToolError(text or f"{tool} failed without saying why")
-        return text
 
     async def status(self) -> dict[str, dict[str, Any]]:
         now = self._clock()

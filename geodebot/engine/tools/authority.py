@@ -1,20 +1,19 @@
 """The tool authority pipeline: a model's proposal is not a permission.
 
-Per call, in this order (each step a small method; a refusal in steps 1-5 returns an error
+Per call, in this order (each step a small method; a refusal in steps 1-4 returns an error
 result and nothing is dispatched):
 
-1. scope: the tool is in the session's BoundToolPlan;
-2. request middleware may rewrite arguments; a rewrite that makes the call riskier (higher
-   safety level or data class) is refused;
-3. policy (mode deny list, malformed arguments) and JSON-schema validation;
-4. PreToolUse hooks: block, rewrite (then 2-3 run again on the new arguments), or ask;
-5. approval: IPC asks the terminal user; DAEMON and HEADLESS have nobody to ask, so a call
+1. scope: the tool is in the session's BoundToolPlan, and not denied by the mode;
+2. policy (malformed arguments) and JSON-schema validation;
+3. PreToolUse hooks: block, rewrite (a rewrite that makes the call riskier, a higher safety
+   level or data class, is refused; step 2 runs again on the new arguments), or ask;
+4. approval: IPC asks the terminal user; DAEMON and HEADLESS have nobody to ask, so a call
    that needs approval is refused unless the operator pre-authorised the tool;
-6. effect receipt for effectful tools, admitted before dispatch; a repeated identical call in
+5. effect receipt for effectful tools, admitted before dispatch; a repeated identical call in
    the same turn is a replay and is not run again; an uncertain one is never re-run;
-7. resource locks, then dispatch under the tool's deadline;
-8. PostToolUse hooks may add context or withhold the result;
-9. the outcome (result, refusal or error) goes back to the loop, which puts it on the timeline.
+6. resource locks, then dispatch under the tool's deadline;
+7. PostToolUse hooks may add context or withhold the result;
+8. the outcome (result, refusal or error) goes back to the loop, which puts it on the timeline.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -56,9 +55,6 @@ MAX_IMAGES = 2
 MAX_IMAGE_B64_CHARS = 5_000_000
 MAX_REWRITES = 3
 _UNSEEN = "its result was not passed on: the turn ended before the result hooks decided"
-
-# Rewrites the arguments of a call before policy sees them (e.g. normalising paths).
-Middleware = Callable[[ToolSpec, Mapping[str, Any], ToolCallContext], Mapping[str, Any]]
 
 
 class _Refused(Exception):
@@ -102,18 +98,16 @@ def receipt_key(
     return hashlib.sha256(canonical_json(parts).encode()).hexdigest()
 
 
-class ToolExecutor:
+class ToolAuthority:
     def __init__(
         self,
         *,
         store: Store,
         hooks: HookRegistry | None = None,
-        middlewares: Sequence[Middleware] = (),
         approval_timeout_s: float = 120.0,
     ) -> None:
         self._store = store
         self._hooks = hooks if hooks is not None else HookRegistry()
-        self._middlewares = tuple(middlewares)
         self._approval_timeout_s = approval_timeout_s
         self._locks = ResourceLocks()
 
@@ -152,7 +146,7 @@ class ToolExecutor:
             outcomes[index] = _replay(calls[index], first.result, first.receipt_id)
         return [o for o in outcomes if o is not None]
 
-    # -- steps 1-5 --------------------------------------------------------------------------
+    # -- steps 1-4 --------------------------------------------------------------------------
     async def _authorise(
         self, plan: BoundToolPlan, call: ToolUseBlock, ctx: ToolCallContext
     ) -> _Admitted:
@@ -160,9 +154,8 @@ class ToolExecutor:
         if call.arguments_error is not None:
             raise _Refused("invalid_arguments", f"invalid arguments: {call.arguments_error}")
         original = self._classify(spec, call.arguments)
-        arguments = self._middleware(spec, call.arguments, ctx, original)
-        self._validate(spec, arguments)
-        arguments, ask = await self._pre_hooks(spec, arguments, ctx, original)
+        self._validate(spec, call.arguments)
+        arguments, ask = await self._pre_hooks(spec, call.arguments, ctx, original)
         approved = await self._approval(plan, spec, arguments, ctx, ask)
         return _Admitted(spec, replace(call, arguments=dict(arguments)), None, approved)
 
@@ -185,20 +178,6 @@ class ToolExecutor:
             return spec.call_class(arguments)
         except Exception as exc:
             raise _Refused("invalid_arguments", f"arguments cannot be classified: {exc}") from exc
-
-    def _middleware(
-        self,
-        spec: ToolSpec,
-        arguments: Mapping[str, Any],
-        ctx: ToolCallContext,
-        original: CallClass,
-    ) -> Mapping[str, Any]:
-        for middleware in self._middlewares:
-            rewritten = middleware(spec, arguments, ctx)
-            if rewritten != arguments:
-                self._check_rewrite(spec, rewritten, original, "middleware")
-                arguments = rewritten
-        return arguments
 
     def _check_rewrite(
         self, spec: ToolSpec, arguments: Mapping[str, Any], original: CallClass, by: str
@@ -278,7 +257,7 @@ class ToolExecutor:
             + (f" ({ask})" if ask else "; an operator can pre-authorise it on the binding or job"),
         )
 
-    # -- step 6 -----------------------------------------------------------------------------
+    # -- step 5 -----------------------------------------------------------------------------
     async def _admit(
         self, grant: _Admitted, ctx: ToolCallContext, this_batch: Mapping[str, int]
     ) -> tuple[ToolOutcome | None, _Admitted]:
@@ -327,7 +306,7 @@ class ToolExecutor:
             grant,
         )
 
-    # -- steps 7-8 --------------------------------------------------------------------------
+    # -- steps 6-7 --------------------------------------------------------------------------
     async def _dispatch(self, grant: _Admitted, ctx: ToolCallContext) -> ToolOutcome:
         spec, call, receipt = grant.spec, grant.call, grant.receipt
         status: OutcomeStatus = "ok"

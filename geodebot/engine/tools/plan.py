@@ -59,10 +59,6 @@ class BoundToolPlan:
         digest = hashlib.sha256(canonical_json(fingerprint).encode()).hexdigest()
         return BoundToolPlan(mode, MappingProxyType(chosen), approved, generation, digest)
 
-    @staticmethod
-    def empty(mode: Mode = Mode.DAEMON) -> BoundToolPlan:
-        return BoundToolPlan.project({}, mode, ())
-
     def schemas(self) -> tuple[ToolSchema, ...]:
         return tuple(spec.schema() for spec in self.tools.values())
 

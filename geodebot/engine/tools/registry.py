@@ -9,7 +9,6 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -42,9 +41,6 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._specs)
-
-    def as_mapping(self) -> Mapping[str, ToolSpec]:
-        return MappingProxyType(self._specs)
 
 
 async def _get_time(arguments: Mapping[str, Any], ctx: ToolCallContext) -> str:

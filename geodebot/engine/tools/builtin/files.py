@@ -10,7 +10,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -162,33 +162,35 @@ def _search(
     found: list[str] = []
     skipped = 0
     stop_note = ""
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = sorted(d for d in dirnames if d != ".git")
-        for name in sorted(filenames):
-            if len(found) >= MAX_MATCHES or time.monotonic() > deadline:
-                stop_note = (
-                    f"[stopped at {MAX_MATCHES} matches]"
-                    if len(found) >= MAX_MATCHES
-                    else f"[search stopped after {SEARCH_BUDGET_S:g} s; results are partial]"
-                )
-                break
-            path = Path(dirpath) / name
-            where = path.relative_to(root).as_posix()
-            if glob and not PurePosixPath(where).match(glob):
-                continue
-            hits = _search_one(root, path, matcher, MAX_MATCHES - len(found))
-            if hits is None:
-                skipped += 1
-            else:
-                found.extend(f"{where}:{n}: {text}" for n, text in hits)
-        if stop_note:
+    for path in _walk(base):
+        if len(found) >= MAX_MATCHES:
+            stop_note = f"[stopped at {MAX_MATCHES} matches]"
             break
+        if time.monotonic() > deadline:
+            stop_note = f"[search stopped after {SEARCH_BUDGET_S:g} s; results are partial]"
+            break
+        where = path.relative_to(root).as_posix()
+        if glob and not PurePosixPath(where).match(glob):
+            continue
+        hits = _search_one(root, path, matcher, MAX_MATCHES - len(found))
+        if hits is None:
+            skipped += 1
+        else:
+            found.extend(f"{where}:{n}: {text}" for n, text in hits)
     lines = found or ["no matches"]
     if skipped:
         lines.append(f"[skipped {skipped} files: binary, not UTF-8, over 2 MB, or unreadable]")
     if stop_note:
         lines.append(stop_note)
     return "\n".join(lines)
+
+
+def _walk(base: Path) -> Iterator[Path]:
+    """Every file under ``base`` in name order, directory by directory, skipping ``.git``."""
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if d != ".git")
+        for name in sorted(filenames):
+            yield Path(dirpath) / name
 
 
 def _matcher(pattern: str, regex: bool, ignore_case: bool) -> Any:

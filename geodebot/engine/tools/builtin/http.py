@@ -135,6 +135,17 @@ class _PinnedResolver(AbstractResolver):
 
 
 async def _vet(url: URL, settings: BuiltinSettings) -> tuple[str, list[IPAddress]]:
+    host = _vet_url(url, settings)
+    addrs = await _addresses(host, url.port or 0)
+    if not settings.http_allow_private:
+        for addr in addrs:
+            if not address_is_public(addr):
+                raise ToolError(f"{host} resolves to a non-public address ({addr}); refused")
+    return host, addrs
+
+
+def _vet_url(url: URL, settings: BuiltinSettings) -> str:
+    """The URL's host, once the scheme, credentials and allowlist say it may be asked."""
     if url.scheme not in ("http", "https"):
         raise ToolError(f"only http and https URLs are allowed, not {url.scheme or 'none'!r}")
     if not url.raw_host:
@@ -144,22 +155,21 @@ async def _vet(url: URL, settings: BuiltinSettings) -> tuple[str, list[IPAddress
     host = normalize_host(url.raw_host)
     if not host_allowed(host, settings.http_allow_hosts):
         raise ToolError(f"host {host} is not on the http allowlist")
+    return host
+
+
+async def _addresses(host: str, port: int) -> list[IPAddress]:
     literal = _literal(host)
     if literal is not None:
-        addrs = [literal]
-    else:
-        try:
-            found = await resolve_host(host, url.port or 0)
-        except OSError as exc:
-            raise ToolError(f"cannot resolve {host}: {exc}") from None
-        addrs = [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]
+        return [literal]
+    try:
+        found = await resolve_host(host, port)
+    except OSError as exc:
+        raise ToolError(f"cannot resolve {host}: {exc}") from None
+    addrs = [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]
     if not addrs:
         raise ToolError(f"{host} resolved to no address")
-    if not settings.http_allow_private:
-        for addr in addrs:
-            if not address_is_public(addr):
-                raise ToolError(f"{host} resolves to a non-public address ({addr}); refused")
-    return host, addrs
+    return addrs
 
 
 def _is_text(content_type: str) -> bool:

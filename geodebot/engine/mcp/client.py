@@ -271,7 +271,7 @@ class MCPServerPool:
                 "it may have acted before it was stopped"
             ) from None
         except asyncio.CancelledError:
-            # Whoever gave up (usually the executor's own deadline) may be looking at a
+            # Whoever gave up (usually the authority pipeline's own deadline) may be looking at a
             # wedged server.
             conn.probe()
             raise

@@ -1,8 +1,8 @@
 """run_bash: one shell command in the workspace, in its own session, with a scrubbed environment.
 
 The command runs as the leader of a new process group. Whatever happens (normal exit, its own
-timeout, or the executor cancelling the handler) the whole group is signalled and the shell is
-awaited, so no background child outlives the call and no zombie is left behind.
+timeout, or the authority pipeline cancelling the handler) the whole group is signalled and
+the shell is awaited, so no background child outlives the call and no zombie is left behind.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 carried out by ``geodebot desktop-agent`` beside an X display and reached over its unix socket.
 
 The daemon itself never touches a display (its service keeps its hardening); without a
-configured agent socket every call is refused. Whether a call may run at all is the executor's
-business: DAEMON needs the operator switch, the binding listing ``computer`` and pre-approval.
+configured agent socket every call is refused. Whether a call may run at all is the authority
+pipeline's business: DAEMON needs the operator switch, the binding listing ``computer`` and
+pre-approval.
 
 The action is a nested object discriminated by ``type`` because providers reject oneOf at
 the top level of a tool's input schema.

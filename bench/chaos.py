@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.chaos_driver import ChaosPlan, run_chaos  # noqa: E402
+from tests.support.chaos.driver import ChaosPlan, run_chaos  # noqa: E402
 
 
 def main() -> int:

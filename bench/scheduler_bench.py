@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from geodebot.app.build import DB_FILE  # noqa: E402
 from geodebot.store.sqlite import SQLiteStore  # noqa: E402
-from tests.daemon_proc import MODELS_MARK, DaemonProcess  # noqa: E402
-from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
+from tests.support.daemon import MODELS_MARK, DaemonProcess  # noqa: E402
+from tests.support.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
 
 KEY_ENV = "GEODEBOT_BENCH_API_KEY"
 TARGET_P99_MS = 50.0

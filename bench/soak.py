@@ -43,9 +43,9 @@ from telegram_bench import (  # noqa: E402
 
 from geodebot.app.build import SOCKET_FILE  # noqa: E402
 from geodebot.channels.ipc import IPCClient  # noqa: E402
-from tests.daemon_proc import DaemonProcess  # noqa: E402
-from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
-from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+from tests.support.daemon import DaemonProcess  # noqa: E402
+from tests.support.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
+from tests.support.fakes.telegram_server import FakeTelegram  # noqa: E402
 
 SLOPE_MAX_KB_PER_TURN = 1.0
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.abuse_support import daemon_and_model, free_port, metric, scrape
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.discord_server import FakeDiscord, Json
-from tests.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.abuse import daemon_and_model, free_port, metric, scrape
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.discord_server import FakeDiscord, Json
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 TOKEN = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GfAkEx.abuse-discord-LeakCanary-0123456789"
 TOKEN_ENV = "ABUSE_DISCORD_TOKEN"

@@ -22,8 +22,10 @@ from geodebot.chat.router import ChatRouter, refusal_note
 from geodebot.chat.throttle import UserRateLimiter, Verdict
 from geodebot.config.schema import ConfigError, parse_config
 from geodebot.testing import MemoryChannel
-from tests.conftest import make_config, marker_lines, open_app, with_sections
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.tools import marker_lines
 
 ids = itertools.count(1)
 NOTICE = "faster than I take them"

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.abuse_support import daemon_and_model, free_port, metric, scrape
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.slack_server import FakeSlack, Posted, _Envelope
+from tests.support.abuse import daemon_and_model, free_port, metric, scrape
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.fakes.slack_server import FakeSlack, Posted, _Envelope
 
 OPS = "C0OPS0001"
 ALICE, BOB = "UALICE001", "UBOB00001"

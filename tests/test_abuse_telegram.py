@@ -19,10 +19,10 @@ import pytest
 
 from geodebot.app.build import DB_FILE
 from geodebot.store.sqlite import SQLiteStore
-from tests.abuse_support import daemon_and_model, free_port, metric, scrape
-from tests.daemon_proc import DaemonProcess, geodebot_status
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.abuse import daemon_and_model, free_port, metric, scrape
+from tests.support.daemon import DaemonProcess, geodebot_status
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 GROUP, OTHER_GROUP, UNBOUND = -1001, -1002, -1999
 ALICE, BOB, OTHER_BOT = 4242, 4343, 777

@@ -21,7 +21,7 @@ from geodebot.engine.llm.types import (
     ToolSchema,
     ToolUseBlock,
 )
-from tests.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 KEY = "sk-ant-test-0123456789abcdef"
 SCHEMA = ToolSchema("lookup", "Looks a word up.", {"type": "object"})

@@ -14,8 +14,10 @@ import pytest
 from geodebot.config.schema import Config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, create_session
-from tests.conftest import make_config, marker_lines, open_app, with_sections
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.tools import marker_lines
 
 
 def hook_script(tmp_path: Path, name: str, body: str) -> list[str]:

@@ -29,7 +29,7 @@ from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.logs.redact import Redactor
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import ScriptedLLM, text_reply
-from tests.conftest import marker_lines, tool_registry
+from tests.support.tools import marker_lines, tool_registry
 
 PLAN = ("get_time", "lookup")
 KNOWN = ("get_time", "lookup", "write_marker", "run_bash", "computer", "wait_forever")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos_driver import ChaosPlan, run_chaos
+from tests.support.chaos.driver import ChaosPlan, run_chaos
 
 SEED = int(os.environ.get("GEODEBOT_CHAOS_SEED", "20261201"))
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.fakes.discord_server import FakeDiscord
-from tests.fakes.llm_server import FakeLLMServer
-from tests.fakes.slack_server import FakeSlack
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.fakes.discord_server import FakeDiscord
+from tests.support.fakes.llm_server import FakeLLMServer
+from tests.support.fakes.slack_server import FakeSlack
+from tests.support.fakes.telegram_server import FakeTelegram
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ async def fakes(llm_server: FakeLLMServer) -> AsyncIterator[Fakes]:
 
 
 def write_config(tmp_path: Path, fakes: Fakes, *, mcp_command: str = "") -> Path:
-    command = mcp_command or f"[{sys.executable!r}, '-m', 'tests.fakes.mcp_tools_server']"
+    command = mcp_command or f"[{sys.executable!r}, '-m', 'tests.support.fakes.mcp_tools_server']"
     config = tmp_path / "config.toml"
     config.write_text(
         f'[daemon]\nstate_dir = "{tmp_path / "var"}"\n'

@@ -12,43 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.cli import geodebot, model_table, write_config
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def write_config(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "config.toml"
-    path.write_text(f'[daemon]\nstate_dir = "{tmp_path / "var"}"\n{body}')
-    return path
-
-
-def model_table(server: FakeLLMServer, provider: str) -> str:
-    base_url = server.url if provider == "anthropic" else server.openai_base_url
-    return (
-        f'[model]\nprovider = "{provider}"\nname = "cli-model-7"\n'
-        f'base_url = "{base_url}"\napi_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
-    )
-
-
-async def geodebot(
-    *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
-) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "geodebot",
-        *args,
-        cwd=ROOT,
-        env=env if env is not None else dict(os.environ),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai-compatible"])
@@ -262,7 +230,7 @@ async def test_config_trust_pins_the_file(tmp_path: Path) -> None:
 async def test_chat_asks_at_the_terminal_before_a_write(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
-    from tests.fakes.llm_server import Call
+    from tests.support.fakes.llm_server import Call
 
     body = model_table(llm_server, "anthropic") + (
         f'[tools]\nworkspace = "{tmp_path / "ws"}"\nipc_tools = ["write_file"]\n'

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
-from tests.test_cli import geodebot, model_table, write_config
+from tests.support.cli import geodebot, model_table, write_config
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 
 
 def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from geodebot.app.build import DB_FILE
 from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
-from tests.test_cli import geodebot, write_config
+from tests.support.cli import geodebot, write_config
 
 BINDING = '[[bindings]]\nplatform = "telegram"\nchannel = "-100"\nsession = "ops"\n'
 CONFIG_JOB = (

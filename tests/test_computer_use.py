@@ -17,9 +17,9 @@ from geodebot.app.build import App, build_app
 from geodebot.engine.compaction import IMAGE_DROPPED
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec
-from tests.conftest import make_config, with_sections
-from tests.desktop import Desktop, running_desktop
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.config import make_config, with_sections
+from tests.support.desktop import Desktop, running_desktop
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 
 ALLOWED = SessionSpec("desk", tools=("computer",), preapproved=("computer",))
 

@@ -18,8 +18,9 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
 from geodebot.store.records import NewMessage
 from geodebot.store.sqlite import SQLiteStore
-from tests.conftest import make_config, open_app
-from tests.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 SID = "s"
 

@@ -12,8 +12,10 @@ from pathlib import Path
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, create_session
-from tests.conftest import make_config, marker_lines, open_app
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.tools import marker_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +33,7 @@ async def crash_child(
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.crash_child",
+        "tests.support.crash_child",
         config_json,
         str(marker),
         event,

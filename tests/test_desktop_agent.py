@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.desktop import HEIGHT, WIDTH, Desktop, running_desktop
+from tests.support.desktop import HEIGHT, WIDTH, Desktop, running_desktop
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from geodebot.channels.base import (
 )
 from geodebot.channels.discord import DiscordChannel, nonce_for
 from geodebot.config.schema import DiscordConfig
-from tests.fakes.discord_server import MESSAGE_CONTENT_INTENT, FakeDiscord
+from tests.support.fakes.discord_server import MESSAGE_CONTENT_INTENT, FakeDiscord
 
 TOKEN = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GfAkEx.fake-token-for-tests-0123456789abcdef"
 USER = "700000000000000001"

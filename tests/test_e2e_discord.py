@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 import pytest
 from aiohttp import web
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.discord_server import FakeDiscord, Json
-from tests.fakes.llm_server import Delay, FakeLLMServer, Reply
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.discord_server import FakeDiscord, Json
+from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 
 TOKEN = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GfAkEx.e2e-discord-token-0123456789abcdef"
 TOKEN_ENV = "E2E_DISCORD_TOKEN"

@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.abuse_support import free_port, metric
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import Call, FakeLLMServer, Item, Raw, Reply
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.abuse import free_port, metric
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Item, Raw, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -15,11 +15,11 @@ import pytest
 from geodebot.app.build import DB_FILE
 from geodebot.store.records import FireRecord
 from geodebot.store.sqlite import SQLiteStore
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.telegram_server import FakeTelegram
-from tests.test_cli import geodebot
+from tests.support.cli import geodebot
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 GROUP, ALICE = -1001, 4242
 

@@ -25,10 +25,10 @@ import pytest_asyncio
 from geodebot.app.build import DB_FILE
 from geodebot.store.records import FireRecord, JobRecord
 from geodebot.store.sqlite import SQLiteStore
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import Call, FakeLLMServer, Item, Reply
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Item, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

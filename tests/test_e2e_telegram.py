@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import Delay, FakeLLMServer, Reply
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 GROUP, OTHER_GROUP, UNBOUND = -1001, -1002, -1999
 ALICE, MALLORY, OTHER_BOT = 4242, 666, 777

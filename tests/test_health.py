@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 
 from geodebot.config.schema import ConfigError, parse_config
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess, geodebot_status
-from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess, geodebot_status
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 GROUP, UNBOUND, ALICE = -1001, -1999, 4242
 TOKEN = "health-bearer-token-0123456789"

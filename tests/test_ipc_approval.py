@@ -11,8 +11,10 @@ import pytest
 
 from geodebot.app.daemon import ipc_handler
 from geodebot.channels.ipc import IPCClient
-from tests.conftest import make_config, marker_lines, open_app, with_sections
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.tools import marker_lines
 
 
 @pytest.mark.parametrize("approve", [True, False], ids=["yes", "no"])

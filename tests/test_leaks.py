@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 
 from geodebot.app.build import DB_FILE, LEDGER_FILE
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import Error, FakeLLMServer, Reply
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import Error, FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 GROUP, ALICE = -1001, 4242
 HTTP_TOKEN = "leak-test-bearer-0123456789abcdef"

@@ -42,7 +42,7 @@ from geodebot.engine.llm.types import (
     ToolUseBlock,
     Usage,
 )
-from tests.fakes.llm_server import Call, Error, FakeLLMServer, Hang, Item, Raw, Reply
+from tests.support.fakes.llm_server import Call, Error, FakeLLMServer, Hang, Item, Raw, Reply
 
 KEY = "sk-adaptertest-5b0c9e1d7f3a4b2c8d6e0f1a2b3c4d5e"
 KEY_ENV = "GEODEBOT_ADAPTER_TEST_KEY"

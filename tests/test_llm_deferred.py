@@ -14,7 +14,7 @@ import pytest
 from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
 from geodebot.engine.llm.deferred import DeferredAdapter
 from geodebot.engine.llm.types import LLMAdapter, LLMRequest, Message
-from tests.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 REQUEST = LLMRequest(system="", messages=(Message.user_text("hi"),), max_tokens=64)
 MODULE = "tests.slow_sdk_module_for_deferred"

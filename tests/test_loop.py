@@ -17,8 +17,10 @@ from geodebot.engine.compaction import SUMMARY_PREFIX
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, create_session
-from tests.conftest import make_config, marker_lines, open_app
-from tests.fakes.llm_server import Call, Error, FakeLLMServer, Hang, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config
+from tests.support.fakes.llm_server import Call, Error, FakeLLMServer, Hang, Reply
+from tests.support.tools import marker_lines
 
 
 def sent_messages(server: FakeLLMServer, index: int = -1) -> list[dict[str, Any]]:
@@ -383,7 +385,7 @@ async def test_compaction_replaces_old_history_with_a_summary(
 async def test_secrets_stay_out_of_ledger_timeline_and_logs(
     tmp_path: Path, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.conftest import TEST_KEY
+    from tests.support.config import TEST_KEY
 
     llm_server.script(Error(401, "authentication_error", f"invalid x-api-key: {TEST_KEY}"))
     async with AsyncExitStack() as stack:

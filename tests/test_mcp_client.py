@@ -1,4 +1,5 @@
-"""MCPServerPool against a real MCP server (tests/fakes/mcp_tools_server.py) over stdio and HTTP."""
+"""MCPServerPool against a real MCP server (tests/support/fakes/mcp_tools_server.py) over stdio
+and HTTP."""
 
 from __future__ import annotations
 
@@ -18,11 +19,9 @@ from geodebot.config.schema import MCPServerConfig
 from geodebot.engine.mcp.client import Backoff, MCPServerPool
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools import Effect, Safety, ToolCallContext, ToolError, ToolSpec
-from tests.conftest import TEST_KEY_ENV
+from tests.support.config import TEST_KEY_ENV
+from tests.support.mcp import FAKE, ROOT, alive, children, wait_for_state
 
-ROOT = Path(__file__).resolve().parent.parent
-# Run by path rather than with -m: importing the tests.fakes package costs a second per start.
-FAKE = ROOT / "tests" / "fakes" / "mcp_tools_server.py"
 CTX = ToolCallContext(session_id="s1", turn_id="t1", mode=Mode.DAEMON)
 
 READ: dict[str, Any] = {"safety": "read", "effect": "none"}
@@ -52,34 +51,11 @@ def make_pool(*servers: MCPServerConfig, **kwargs: Any) -> MCPServerPool:
     return MCPServerPool(servers, cwd=ROOT, **kwargs)
 
 
-def children() -> set[int]:
-    """Live (not yet reaped) child processes of this test process."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid():
-            found.add(int(entry.name))
-    return found
-
-
 @pytest.fixture
 def spawned() -> Callable[[], set[int]]:
     """Children started during the test, whatever earlier tests may have left behind."""
     before = children()
     return lambda: children() - before
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def server_pid(pool: MCPServerPool, server: str = "fake") -> int:
@@ -92,14 +68,6 @@ async def until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the condition never held")
-
-
-async def wait_for_state(pool: MCPServerPool, state: str, server: str = "fake") -> None:
-    for _ in range(100):
-        if (await pool.status())[server]["state"] == state:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{server} never reached {state}: {await pool.status()}")
 
 
 def by_name(specs: list[ToolSpec]) -> dict[str, ToolSpec]:

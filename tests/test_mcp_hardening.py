@@ -1,5 +1,5 @@
-"""MCP servers that misbehave (tests/fakes/mcp_misbehaving_server.py) cost no more than their
-own calls: a bad input schema, a server hung at initialize, an HTTP server that forgot our
+"""MCP servers that misbehave (tests/support/fakes/mcp_misbehaving_server.py) cost no more than
+their own calls: a bad input schema, a server hung at initialize, an HTTP server that forgot our
 session; plus the environment a stdio server gets, and run_agent's own hardening."""
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, create_session
 from geodebot.engine.tools import ToolCallContext, ToolError
 from geodebot.store.sqlite import SQLiteStore
-from tests.conftest import TEST_KEY_ENV, make_config, open_app, with_sections
-from tests.fakes.llm_server import Call, FakeLLMServer, Hang, RecordedRequest, Reply
-from tests.fakes.mcp_misbehaving_server import FakeMCPHTTP
-from tests.test_mcp_client import FAKE, alive, children, wait_for_state
-from tests.test_mcp_server import serving
+from tests.support.app import open_app
+from tests.support.config import TEST_KEY_ENV, make_config, with_sections
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Hang, RecordedRequest, Reply
+from tests.support.fakes.mcp_misbehaving_server import FakeMCPHTTP
+from tests.support.mcp import FAKE, MISBEHAVING, alive, children, serving, wait_for_state
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run by path, like the other fakes: importing the tests package costs time at each start.
-MISBEHAVING = ROOT / "tests" / "fakes" / "mcp_misbehaving_server.py"
 READ: dict[str, Any] = {"safety": "read", "effect": "none"}
 CTX = ToolCallContext(session_id="s1", turn_id="t1", mode=Mode.HEADLESS)
 BAD_TOOLS = ("bad_type", "bad_pattern", "bad_ref")

@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client, StdioServerParameters, stdio_client
-from mcp.client.session import IncomingMessage
-from mcp.types import CallToolResult, TextContent
 
 from geodebot.cli.mcp_server import resolve_budget
 from geodebot.config.schema import BudgetConfig
 from geodebot.store.sqlite import SQLiteStore
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.fakes.llm_server import Call, Error, FakeLLMServer, Hang, RecordedRequest, Reply
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.fakes.llm_server import Call, Error, FakeLLMServer, Hang, RecordedRequest, Reply
+from tests.support.mcp import serving
 
-ROOT = Path(__file__).resolve().parent.parent
 UNATTENDED_DENY = {"run_bash", "computer", "delegate_task"}
 
 
@@ -38,52 +31,6 @@ def write_config(tmp_path: Path, server: FakeLLMServer, budgets: str = "") -> Pa
         '[tools]\nheadless_tools = ["get_time"]\n'
     )
     return path
-
-
-@dataclass
-class Served:
-    client: Client
-    results: list[CallToolResult] = field(default_factory=list)
-
-    async def run_agent(self, **arguments: Any) -> tuple[bool, str]:
-        result = await self.client.call_tool("run_agent", arguments)
-        self.results.append(result)
-        texts = [block.text for block in result.content if isinstance(block, TextContent)]
-        assert len(texts) == 1, result
-        return bool(result.is_error), texts[0]
-
-
-@asynccontextmanager
-async def serving(tmp_path: Path, config: Path) -> AsyncIterator[Served]:
-    faults: list[Exception] = []
-
-    async def on_message(message: IncomingMessage) -> None:
-        # Anything on stdout that is not a JSON-RPC message arrives here as an exception.
-        if isinstance(message, Exception):
-            faults.append(message)
-
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "geodebot", "mcp", "serve", "--config", str(config)],
-        cwd=ROOT,
-        env={TEST_KEY_ENV: TEST_KEY},
-    )
-    stderr = tmp_path / "server-stderr.log"
-    with stderr.open("w") as errlog:
-        client = Client(
-            stdio_client(params, errlog=errlog),
-            read_timeout_seconds=30,
-            message_handler=on_message,
-        )
-        async with client:
-            served = Served(client)
-            yield served
-    log = stderr.read_text()
-    assert faults == []
-    assert "Traceback" not in log, log
-    assert TEST_KEY not in log
-    for result in served.results:
-        assert TEST_KEY not in result.model_dump_json()
 
 
 def tool_results(request: RecordedRequest) -> list[dict[str, Any]]:

@@ -10,8 +10,9 @@ from typing import Any
 from geodebot.engine.mcp.trust import TrustStore
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, create_session
-from tests.conftest import make_config, open_app, with_sections
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +21,7 @@ def fake_server(name: str, *, declared: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": name,
         "transport": "stdio",
-        "command": [sys.executable, "-m", "tests.fakes.mcp_tools_server"],
+        "command": [sys.executable, "-m", "tests.support.fakes.mcp_tools_server"],
         "env": ["PYTHONPATH"],
         "tools": declared,
     }
@@ -31,7 +32,7 @@ def project_file(tmp_path: Path) -> Path:
     path.write_text(
         "[[servers]]\n"
         'name = "proj"\n'
-        f"command = [{sys.executable!r}, '-m', 'tests.fakes.mcp_tools_server']\n"
+        f"command = [{sys.executable!r}, '-m', 'tests.support.fakes.mcp_tools_server']\n"
         'env = ["PYTHONPATH"]\n'
         "[servers.tools.echo]\n"
         'safety = "read"\n'

@@ -25,8 +25,9 @@ from geodebot.chat.router import ChatRouter
 from geodebot.store.protocol import Store
 from geodebot.store.records import InboxRow, NewOutbound, OutboxRow
 from geodebot.testing import MemoryChannel
-from tests.conftest import make_config, open_app, with_sections
-from tests.fakes.llm_server import Delay, FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 
 ids = itertools.count(1000)
 

@@ -12,8 +12,8 @@ from geodebot.app.build import DB_FILE
 from geodebot.channels.base import ChannelError
 from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
-from tests.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
-from tests.scheduler_world import BINDINGS, job, scheduler_world
+from tests.support.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
+from tests.support.scheduler_world import BINDINGS, job, scheduler_world
 
 
 async def test_interval_job_posts_its_result_and_records_ok(

@@ -18,8 +18,9 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.scheduler.chat_tools import calling_binding
-from tests.conftest import make_config, open_app, with_sections
-from tests.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 
 JOB_TOOLS = ["schedule_job", "list_jobs", "cancel_job"]
 BINDINGS = [

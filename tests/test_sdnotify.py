@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from geodebot.ops.sdnotify import SystemdNotifier
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import FakeLLMServer
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import FakeLLMServer
+from tests.support.fakes.telegram_server import FakeTelegram
 
 
 class NotifySocket:

@@ -21,7 +21,7 @@ from geodebot.channels.base import (
 )
 from geodebot.channels.slack import SlackChannel, to_inbound
 from geodebot.config.schema import SlackConfig
-from tests.fakes.slack_server import FakeSlack, Fault
+from tests.support.fakes.slack_server import FakeSlack, Fault
 
 CHANNEL = "C0CHAN001"
 DM = "D0DM00001"

@@ -26,7 +26,7 @@ from geodebot.channels.telegram import CURSOR_NAME, TelegramChannel, html_to_pla
 from geodebot.config.schema import TelegramConfig
 from geodebot.logs.redact import Redactor
 from geodebot.logs.setup import setup_logging
-from tests.fakes.telegram_server import FakeTelegram, html_visible
+from tests.support.fakes.telegram_server import FakeTelegram, html_visible
 
 GROUP = -1001234
 OpenChannel = Callable[..., Awaitable[TelegramChannel]]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.fakes.llm_server import Error, Hang, Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
+from tests.support.fakes.llm_server import Error, Hang, Reply
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 RETRYING = "max_retries = 1\nmax_retry_wait_s = 1\nrequest_timeout_s = 1\n"
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from tests.fakes.llm_server import Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
-from tests.test_e2e_slack import OPS, Rig, TimedCalls, assert_clean_log
+from tests.support.fakes.llm_server import Reply
+from tests.support.slack_world import OPS, Rig, TimedCalls, assert_clean_log
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 # How long the first pause after a 5xx lasts at least (outbox: 2 s less 20 % jitter).
 FIRST_BACKOFF_S = 1.5

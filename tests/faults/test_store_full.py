@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import resource
 
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import Delay, Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import Delay, Reply
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 
 def disk_full(daemon: DaemonProcess, full: bool) -> None:

@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.llm_server import Call, Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
+from tests.support.fakes.llm_server import Call, Reply
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 ROOT = Path(__file__).resolve().parents[2]
 MCP_TOOLS = ("crash", "hang", "freeze", "echo")
 MCP_SERVER = (
     '[[mcp.servers]]\nname = "fake"\n'
-    f"command = [{sys.executable!r}, '-m', 'tests.fakes.mcp_tools_server']\n"
+    f"command = [{sys.executable!r}, '-m', 'tests.support.fakes.mcp_tools_server']\n"
     'env = ["PYTHONPATH"]\nprobe_timeout_s = 1\n'
     + "".join(
         f'[mcp.servers.tools.{tool}]\nsafety = "read"\neffect = "none"\n'

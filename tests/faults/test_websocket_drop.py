@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.discord_server import FakeDiscord
-from tests.fakes.llm_server import Dialect, FakeLLMServer, Item, Reply
-from tests.fakes.slack_server import FakeSlack
-from tests.faults.telegram_world import shut_down
-from tests.test_e2e_slack import APP_TOKEN_ENV, BOT_TOKEN_ENV, eventually, new_ts
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.discord_server import FakeDiscord
+from tests.support.fakes.llm_server import Dialect, FakeLLMServer, Item, Reply
+from tests.support.fakes.slack_server import FakeSlack
+from tests.support.slack_world import APP_TOKEN_ENV, BOT_TOKEN_ENV, eventually, new_ts
+from tests.support.telegram_world import shut_down
 
 SLACK_OPS = "C0OPS0001"
 ALICE_SLACK = "UALICE001"

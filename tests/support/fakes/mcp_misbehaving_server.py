@@ -2,7 +2,7 @@
 
 It speaks the handshake-era protocol (``initialize``, then ``tools/list`` and ``tools/call``)
 and answers the SDK client's ``server/discover`` probe with "method not found", like a legacy
-server. Over stdio (``python tests/fakes/mcp_misbehaving_server.py [options]``):
+server. Over stdio (``python tests/support/fakes/mcp_misbehaving_server.py [options]``):
 
 * ``--hang-initialize``: never answers ``initialize``; it reads on, and exits at end of input,
   like a server wedged in its start-up.

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.conftest import TEST_KEY_ENV
-from tests.fakes.discord_server import FakeDiscord, Json
-from tests.fakes.llm_server import Call, Delay, Item, Reply
-from tests.fakes.slack_server import FakeSlack
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY_ENV
+from tests.support.fakes.discord_server import FakeDiscord, Json
+from tests.support.fakes.llm_server import Call, Delay, Item, Reply
+from tests.support.fakes.slack_server import FakeSlack
+from tests.support.fakes.telegram_server import FakeTelegram
 
 Platform = Literal["telegram", "slack", "discord"]
 PLATFORMS: tuple[Platform, ...] = ("telegram", "slack", "discord")

@@ -1,6 +1,6 @@
 """Runs one DAEMON turn and SIGKILLs its own process at a chosen lifecycle event.
 
-Used by the crash tests as ``python -m tests.crash_child CONFIG_JSON MARKER EVENT TOOL
+Used by the crash tests as ``python -m tests.support.crash_child CONFIG_JSON MARKER EVENT TOOL
 [TURN_ID]``: the kill is a real ``kill -9`` of the whole process, so nothing after that point
 runs, not even ``finally`` blocks. EVENT "none" leaves the killing to the tool itself
 (``write_and_die``). TURN_ID names the turn, as the chat router names an inbox row's.
@@ -21,7 +21,7 @@ from typing import Any
 from geodebot.config.schema import parse_config
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
-from tests.conftest import open_app
+from tests.support.app import open_app
 
 
 async def main(

@@ -1,7 +1,7 @@
 """A real MCP server (the SDK's MCPServer) with tools that misbehave on request.
 
-Run as ``python -m tests.fakes.mcp_tools_server`` (stdio) or with ``--http PORT`` (streamable
-HTTP on 127.0.0.1, endpoint ``/mcp``). Tools:
+Run as ``python -m tests.support.fakes.mcp_tools_server`` (stdio) or with ``--http PORT``
+(streamable HTTP on 127.0.0.1, endpoint ``/mcp``). Tools:
 
 * ``echo(text)``: the text back; ``env:NAME`` answers the variable's value or ``unset``, and
   ``env:*`` the names of all variables, so tests can see exactly which environment reached

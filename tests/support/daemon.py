@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 READY_MARK = "geodebot serving"
 # Logged once every enabled channel is connected, with READY=1 to systemd.
 CONNECTED_MARK = "ready: every enabled channel is connected"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from geodebot.scheduler.schedule import format_fire
-from tests.chaos_world import END, JOB_ID, JOB_SESSION, Fakes, Sent, chats
+from tests.support.chaos.world import END, JOB_ID, JOB_SESSION, Fakes, Sent, chats
 
 Key = tuple[str, str, str | None]  # platform, channel, the message a bot message answers
 

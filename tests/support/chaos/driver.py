@@ -8,7 +8,7 @@ kill points (after which message, how long after it, how long the daemon stays d
 fakes whether or not the daemon is up (the fakes redeliver what it never acknowledged, as the
 platforms do), a killer task kills and restarts the daemon on the same state directory. After
 the last restart the daemon gets a quiet period to drain, is stopped with SIGTERM, and
-:func:`tests.chaos_checks.tally` counts what happened.
+:func:`tests.support.chaos.checks.tally` counts what happened.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from functools import partial
 from pathlib import Path
 
 from geodebot.app.build import DB_FILE
-from tests.chaos_checks import ChaosReport, tally
-from tests.chaos_world import (
+from tests.support.chaos.checks import ChaosReport, tally
+from tests.support.chaos.world import (
     DISCORD_TOKEN,
     USER_DISCORD,
     USER_SLACK,
@@ -39,11 +39,11 @@ from tests.chaos_world import (
     chats,
     write_config,
 )
-from tests.conftest import TEST_KEY
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import FakeLLMServer
-from tests.fakes.slack_server import FakeSlack
-from tests.fakes.telegram_server import FakeTelegram
+from tests.support.config import TEST_KEY
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import FakeLLMServer
+from tests.support.fakes.slack_server import FakeSlack
+from tests.support.fakes.telegram_server import FakeTelegram
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.refusals import RefusalWatch
 from geodebot.store.records import FireRecord
 from geodebot.testing import MemoryChannel
-from tests.conftest import make_config, open_app, with_sections
-from tests.fakes.llm_server import FakeLLMServer
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import FakeLLMServer
 
 BINDINGS = [
     {"platform": "telegram", "channel": "c1", "session": "ops", "allowed_users": ["*"]},

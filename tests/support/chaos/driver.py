@@ -1,7 +1,7 @@
 """The chaos run: ``geodebot serve`` on Telegram, Slack and Discord at once, SIGKILLed and
 restarted at seeded points while messages keep arriving, then counted.
 
-Shared by ``tests/test_chaos.py`` (a short run in CI) and ``bench/chaos.py`` (any length).
+Shared by ``tests/e2e/test_chaos.py`` (a short run in CI) and ``bench/chaos.py`` (any length).
 :func:`schedule` turns a :class:`ChaosPlan` into the messages (chat, pause before each) and the
 kill points (after which message, how long after it, how long the daemon stays down), all from
 ``random.Random(seed)``. :func:`run_chaos` plays it: a sender task pushes the messages on the

@@ -191,7 +191,7 @@ def write_config(path: Path, fakes: Fakes, bound: list[Chat], job_every_s: int) 
         "session_queue = 500",
         "shutdown_grace_s = 5",
         # One sender per platform sends hundreds of messages here: flood control would drop
-        # them by design, and the run is about crashes, not floods (tests/test_abuse_*.py).
+        # them by design, and the run is about crashes, not floods (tests/e2e/test_abuse_*.py).
         "user_rate_per_min = 0",
         "[model]",
         'provider = "anthropic"',

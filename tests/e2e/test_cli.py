@@ -16,7 +16,7 @@ from tests.support.cli import geodebot, model_table, write_config
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai-compatible"])

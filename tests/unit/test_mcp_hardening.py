@@ -30,7 +30,7 @@ from tests.support.fakes.llm_server import Call, FakeLLMServer, Hang, RecordedRe
 from tests.support.fakes.mcp_misbehaving_server import FakeMCPHTTP
 from tests.support.mcp import FAKE, MISBEHAVING, alive, children, serving, wait_for_state
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 READ: dict[str, Any] = {"safety": "read", "effect": "none"}
 CTX = ToolCallContext(session_id="s1", turn_id="t1", mode=Mode.HEADLESS)
 BAD_TOOLS = ("bad_type", "bad_pattern", "bad_ref")

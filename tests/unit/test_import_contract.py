@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "geodebot"
+PACKAGE = Path(__file__).resolve().parents[2] / "geodebot"
 PLATFORM_SDKS = {"slack_bolt", "slack_sdk", "discord", "telegram"}
 MODEL_SDKS = {"anthropic", "openai"}
 

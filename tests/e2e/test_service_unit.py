@@ -11,7 +11,7 @@ from pathlib import Path
 
 from geodebot.ops.systemd_unit import render_unit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "geodebot.service"
 EXPOSURE_MAX = 1.5
 

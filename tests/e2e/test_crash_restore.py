@@ -17,7 +17,7 @@ from tests.support.config import make_config
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.support.tools import marker_lines
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def crash_child(

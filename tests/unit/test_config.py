@@ -12,7 +12,7 @@ from geodebot.config.schema import (
     resolve_secret,
 )
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
 
 
 def problems_of(text: str, tmp_path: Path) -> list[str]:

@@ -14,7 +14,7 @@ from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_server(name: str, *, declared: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from tests.support.fakes.llm_server import FakeLLMServer
 from tests.support.fakes.slack_server import FakeSlack
 from tests.support.fakes.telegram_server import FakeTelegram
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

@@ -46,7 +46,7 @@ def make_pool(*servers: MCPServerConfig, **kwargs: Any) -> MCPServerPool:
     kwargs.setdefault("environ", dict(os.environ))
     kwargs.setdefault("probe_timeout_s", 1.0)
     # Long enough for a fake to start on a busy machine: these tests are about the servers,
-    # not about a session's short wait for them (tests/test_mcp_hardening.py).
+    # not about a session's short wait for them (tests/unit/test_mcp_hardening.py).
     kwargs.setdefault("connect_grace_s", 30.0)
     return MCPServerPool(servers, cwd=ROOT, **kwargs)
 

@@ -24,6 +24,13 @@ from geodebot.config.schema import ConfigError, parse_config
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
+from tests.support.control import (
+    CONTROL,
+    CONTROL_ANSWER,
+    answer_controls,
+    asks_control,
+    until_answered,
+)
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.support.tools import marker_lines
 
@@ -139,6 +146,13 @@ class Harness:
         async with asyncio.timeout(20):
             return await self.chat.wait_sent(n)
 
+    async def control(self, llm: FakeLLMServer, user: str) -> list[str]:
+        """A control message from ``user`` in c1 (tests/support/control.py) and its answer;
+        then every text sent so far."""
+        answer_controls(llm)
+        await self.chat.deliver(message(CONTROL, user=user))
+        return await until_answered(self.chat.texts)
+
 
 @asynccontextmanager
 async def harness(
@@ -174,16 +188,17 @@ async def test_a_flood_costs_no_model_calls_and_gets_one_notice(
             await h.chat.deliver(message(f"spam {i}", user="flooder"))
         await h.chat.deliver(message("a fair question", user="neighbour"))
         texts = await h.replies(4)
-        await asyncio.sleep(0.3)
-        texts = h.chat.texts()
+        # A third user's message is answered after anything the flood could still cause.
+        *texts, control = await h.control(llm_server, user="third")
         counters = dict(h.router.counters)
+    assert control == CONTROL_ANSWER
     assert sum(NOTICE in t for t in texts) == 1
     assert texts.count("answered") == 3
     assert len(texts) == 4
-    assert len(llm_server.requests) == 3
+    assert [asks_control(r) for r in llm_server.requests] == [False] * 3 + [True]
     assert counters["throttled"] == 18
     assert counters["throttle_notices"] == 1
-    assert counters["accepted"] == 3
+    assert counters["accepted"] == 3 + 1  # and the control
 
 
 async def test_redeliveries_cost_the_sender_nothing(
@@ -213,14 +228,15 @@ async def test_oversized_messages_and_commands_count_against_the_limit_too(
         for _ in range(5):
             await h.chat.deliver(message("/help"))
         await h.replies(3)
-        await asyncio.sleep(0.3)
-        texts = h.chat.texts()
+        # Another user's message is answered after anything the ten could still cause.
+        *texts, control = await h.control(llm_server, user="other")
         counters = dict(h.router.counters)
+    assert control == CONTROL_ANSWER
     assert (counters["too_large"], counters["throttled"]) == (2, 8)
     assert sum("limit here is 100" in t for t in texts) == 2
     assert sum(NOTICE in t for t in texts) == 1
     assert len(texts) == 3
-    assert llm_server.requests == []
+    assert [asks_control(r) for r in llm_server.requests] == [True]
 
 
 async def test_no_limit_when_switched_off(tmp_path: Path, llm_server: FakeLLMServer) -> None:

@@ -27,6 +27,13 @@ from geodebot.store.records import InboxRow, NewOutbound, OutboxRow
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
+from tests.support.control import (
+    CONTROL,
+    CONTROL_ANSWER,
+    answer_controls,
+    asks_control,
+    until_answered,
+)
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 
 ids = itertools.count(1000)
@@ -72,6 +79,13 @@ class Harness:
     async def replies(self, n: int, channel: str | None = None) -> list[str]:
         async with asyncio.timeout(20):
             return await self.chat.wait_sent(n, channel)
+
+    async def control(self) -> list[str]:
+        """A control message in c1 (tests/support/control.py) and its answer; then every text
+        sent so far."""
+        answer_controls(self.llm)
+        await self.chat.deliver(message(CONTROL))
+        return await until_answered(self.chat.texts)
 
 
 @asynccontextmanager
@@ -185,11 +199,11 @@ async def test_gate_drops_without_a_model_call(
 ) -> None:
     async with harness(tmp_path, llm_server) as h:
         await h.chat.deliver(inbound)
-        await asyncio.sleep(0.2)
         assert h.router.counters[f"dropped:{reason}"] == 1
         assert sum((await h.app.services.store.inbox_counts()).values()) == 0
-    assert llm_server.requests == []
-    assert h.chat.sent == []
+        await h.control()
+    assert [asks_control(r) for r in llm_server.requests] == [True]
+    assert h.chat.texts() == [CONTROL_ANSWER]
 
 
 async def test_mention_and_dm_pass_the_mention_rule(
@@ -210,10 +224,9 @@ async def test_redelivered_event_is_answered_once(
         await h.chat.deliver(inbound)
         await h.chat.deliver(inbound)
         await h.replies(1)
-        await asyncio.sleep(0.3)
-        assert h.chat.texts() == ["once"]
+        assert await h.control() == ["once", CONTROL_ANSWER]
         assert h.router.counters["duplicate"] == 1
-    assert len(llm_server.requests) == 1
+    assert [asks_control(r) for r in llm_server.requests] == [False, True]
 
 
 async def test_queued_messages_are_answered_in_order(
@@ -246,10 +259,10 @@ async def test_full_session_queue_answers_busy(tmp_path: Path, llm_server: FakeL
         for text in ("a", "b", "c"):
             await h.chat.deliver(message(text))
         texts = await h.replies(3)
-        await asyncio.sleep(0.3)
+        assert await h.control() == [*texts, CONTROL_ANSWER]
     assert sum("still working" in t for t in texts) == 1
     assert texts.count("slow") == 2
-    assert len(h.chat.texts()) == 3
+    assert len(h.chat.texts()) == 4
 
 
 async def test_too_long_message_gets_a_refusal_and_no_model_call(
@@ -301,8 +314,8 @@ async def test_rate_limited_send_is_retried_and_arrives_once(
         h.chat.fail_next(ChannelError("429", retry_after=1.0))
         await h.chat.deliver(message("hi"))
         assert await h.replies(1) == ["after the pause"]
-        await asyncio.sleep(0.2)
-        assert h.chat.texts() == ["after the pause"]
+        await h.control()
+        assert h.chat.texts() == ["after the pause", CONTROL_ANSWER]
 
 
 async def test_unknown_send_outcome_is_reconciled_not_resent(
@@ -314,10 +327,12 @@ async def test_unknown_send_outcome_is_reconciled_not_resent(
         await h.chat.deliver(message("hi"))
         await h.replies(1)
         h.outbox.kick()
-        await asyncio.sleep(0.5)
+        await h.outbox._schedule()  # what the kick runs, awaited: the row is queued again
+        await h.control()  # queued behind it, in the same chat
         rows = await h.app.services.store.outbox_pending()
-    assert h.chat.texts() == ["exactly once"]
-    assert rows == []
+    assert h.chat.texts() == ["exactly once", CONTROL_ANSWER]
+    # The control's own row may not be marked sent yet; the reconciled one is.
+    assert [r for r in rows if r.text != CONTROL_ANSWER] == []
 
 
 async def test_a_reply_is_begun_by_the_commit_that_writes_it(
@@ -327,7 +342,8 @@ async def test_a_reply_is_begun_by_the_commit_that_writes_it(
     async with harness(tmp_path, llm_server) as h:
         await h.chat.deliver(message("hi"))
         assert await h.replies(1) == ["one begin"]
-        await asyncio.sleep(0.1)
+        # Delivered after the first row is done with, marked sent included.
+        assert await h.control() == ["one begin", CONTROL_ANSWER]
         row = await h.app.services.store.get_outbox(1)
     assert row is not None
     assert (row.status, row.attempts, row.blind_resends) == ("sent", 1, 0)
@@ -423,9 +439,9 @@ async def test_a_scan_that_read_a_row_before_its_delivery_finished_leaves_it_alo
         release.set()
         if second is not None:
             await second
-        await asyncio.sleep(0.3)
+        await h.control()
         final = await store.get_outbox(out.id)
-    assert h.chat.texts() == ["just once"]
+    assert h.chat.texts() == ["just once", CONTROL_ANSWER]
     assert final is not None
     assert (final.status, final.attempts, final.blind_resends) == ("sent", 1, 0)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -442,9 +458,9 @@ async def test_a_begun_part_left_by_a_crash_counts_as_perhaps_sent(
         h.chat.lookups_supported = lookups
         h.outbox.kick()  # a restart's scan finds it; it was never handed over in this life
         assert await h.replies(1) == ["after the crash"]
-        await asyncio.sleep(0.2)
+        await h.control()
         final = await store.get_outbox(out.id)
-    assert h.chat.texts() == ["after the crash"]
+    assert h.chat.texts() == ["after the crash", CONTROL_ANSWER]
     assert final is not None
     assert final.status == "sent"
     # Not found by a lookup, or not looked up: sent again once, as any open outcome is.
@@ -461,10 +477,10 @@ async def test_unknown_outcome_without_lookup_is_resent_at_most_once(
         await h.chat.deliver(message("hi"))
         await h.replies(2)
         for _ in range(3):
-            h.outbox.kick()
-            await asyncio.sleep(0.3)
+            await h.outbox._schedule()  # what a kick runs, awaited: a pass over pending rows
+        await h.control()
         counts = await h.app.services.store.outbox_counts()
-    assert h.chat.texts() == ["maybe twice", "maybe twice"]
+    assert h.chat.texts() == ["maybe twice", "maybe twice", CONTROL_ANSWER]
     assert counts.get("failed") == 1
 
 

@@ -208,7 +208,10 @@ async def test_pause_stops_fires_and_resume_owes_nothing_for_the_pause(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
     llm_server.default = Reply("tick")
-    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+    # A control job on the same schedule that nobody pauses: its fires show the fire times
+    # the paused job lets pass.
+    jobs = [job(every="1s"), job("control", every="1s")]
+    async with scheduler_world(tmp_path, llm_server, jobs) as world:
         scheduler = await world.start_scheduler()
         await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
         paused_at = time.time()
@@ -216,12 +219,17 @@ async def test_pause_stops_fires_and_resume_owes_nothing_for_the_pause(
         async with asyncio.timeout(5):
             # The scheduler shows it took the pause by dropping the job from APScheduler.
             while True:
-                if not scheduler.registered():
+                if scheduler.registered() == 1:  # the control's is left
                     break
                 await asyncio.sleep(0.02)
         await scheduler.wait_idle()
-        # Nothing is due while paused: let fire times pass, then look.
-        await asyncio.sleep(1.3)
+        # Nothing is due while paused: let two of the control's fire times pass, then look.
+        await world.wait_history(
+            lambda rows: (
+                sum(r.scheduled_ms / 1000 > paused_at + 0.1 and r.final for r in rows) >= 2
+            ),
+            job_id="control",
+        )
         during = [r for r in await world.history() if r.scheduled_ms / 1000 > paused_at + 0.1]
         resumed_at = time.time()
         await world.store.job_set_paused("digest", False, since_ms=int(resumed_at * 1000))

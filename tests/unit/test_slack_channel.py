@@ -208,9 +208,10 @@ async def test_failing_sink_is_not_acked_and_the_redelivery_arrives(
     first = await fake.push_event(event, event_id="Ev0REDELIVER")
     async with asyncio.timeout(5):
         await sink.entered.wait()
-    await asyncio.sleep(0.3)
     assert not fake.acked(first)
     assert sink.inbound == []
+    # The redelivery is the control: acked once committed, after the first envelope was
+    # handled; the first stays unacked (checked again below).
     await deliver(fake, event, event_id="Ev0REDELIVER", retry_attempt=1)
     [got] = await sink.wait_for(1)
     assert (got.event_id, got.text) == ("Ev0REDELIVER", "commit me")
@@ -461,5 +462,7 @@ async def test_a_failed_commit_leaves_the_command_unacked(
     sink.fail_next = 1
     envelope = await fake.push_command("/help", channel=CHANNEL, user=ALICE)
     await sink.failed.wait()
-    await asyncio.sleep(0.2)
+    # A control: the next command is committed and acked, after the first was handled.
+    control = await fake.push_command("/status", channel=CHANNEL, user=ALICE)
+    await fake.wait_for_ack(control)
     assert not fake.acked(envelope)

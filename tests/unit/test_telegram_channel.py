@@ -232,8 +232,11 @@ async def test_a_restart_resumes_after_the_committed_updates(
     second_run = Recorder()
     await open_channel(second_run, cursors=cursors)
     await second_run.wait(1)
-    await asyncio.sleep(0.2)
-    assert second_run.ids() == [str(fresh)]
+    # A control update after them: delivered in update order, so once it arrived anything
+    # the restart (wrongly) delivered again would have arrived too.
+    control = fake.push_message(GROUP, "control", user_id=42)
+    await second_run.wait(2)
+    assert second_run.ids() == [str(fresh), str(control)]
 
 
 async def test_a_batch_keeps_each_chats_order_and_confirms_only_what_was_taken(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.abuse import daemon_and_model, free_port, metric, scrape
+from tests.support.abuse import daemon_and_model, free_port, metric, scrape, scrape_until
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.discord_server import FakeDiscord, Json
@@ -110,9 +110,9 @@ async def test_malformed_dispatches_and_an_oversized_message_leave_the_gateway_w
         fake._dispatch("NOT_A_REAL_EVENT", {"what": "ever"})
         oversized = fake.push_message(world.ops, "z" * 1800, author_id=ALICE)
         await world.until_replies(1, daemon)
+        # The good one, last, is the control: the gateway's dispatches are handled in order.
         good = fake.push_message(world.ops, "the good one", author_id=ALICE)
         await world.until_replies(2, daemon)
-        await asyncio.sleep(0.5)
         scraped = await scrape(world.http_port)
     finally:
         await stop_cleanly(daemon)
@@ -160,8 +160,10 @@ async def test_other_bots_and_webhooks_answering_every_message_get_no_answer(
                 world.dispatch_raw(msg)
         fake.push_message(world.ops, "control", author_id=ALICE)
         await world.until_replies(2, daemon)
-        await asyncio.sleep(0.5)
-        scraped = await scrape(world.http_port)
+        # geodebot's own second answer comes back over the gateway after it was posted.
+        scraped = await scrape_until(
+            world.http_port, "geodebot_messages_total", 2, event="dropped:self"
+        )
     finally:
         await stop_cleanly(daemon)
     assert [r["content"] for r in world.replies()] == ["hello human", "hello human"]

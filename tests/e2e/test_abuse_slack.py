@@ -158,22 +158,29 @@ async def test_other_bots_answering_every_message_get_no_answer(world: World) ->
         await world.say("start")
         await world.until_posts(1, daemon)
         mention = f"<@{slack.bot_user_id}> thanks, and what else?"
+        envelopes: list[str] = []
         for i in range(3):
             answer = world.posts()[0]
             # An app's bot user (user and bot_id), a classic integration (bot_message, no
             # user), and a reply in geodebot's thread; all mention it.
-            await world.say(f"{mention} {i}", user="UOTHERBOT", bot_id="BOTHER001")
-            await world.say(f"{mention} {i}", user="", bot_id="BOTHER002", subtype="bot_message")
-            await world.say(
+            _, own = await world.say(f"{mention} {i}", user="UOTHERBOT", bot_id="BOTHER001")
+            _, classic = await world.say(
+                f"{mention} {i}", user="", bot_id="BOTHER002", subtype="bot_message"
+            )
+            _, threaded = await world.say(
                 f"{mention} {i}", user="UOTHERBOT", bot_id="BOTHER001", thread_ts=answer.ts
             )
-            await slack.push_event(
+            mentioned = await slack.push_event(
                 {"type": "app_mention", "channel": OPS, "user": "UOTHERBOT", "text": mention}
                 | {"bot_id": "BOTHER001", "ts": world.new_ts()}
             )
+            envelopes += [own, classic, threaded, mentioned]
+        # Socket Mode hands envelopes over concurrently: the control goes once every bot
+        # message was decided (acked), so its answer comes after anything they caused.
+        for envelope in envelopes:
+            await slack.wait_for_ack(envelope, timeout=15)
         await world.say("control", user=BOB)
         await world.until_posts(2, daemon)
-        await asyncio.sleep(0.5)
         scraped = await scrape(world.http_port)
     finally:
         await stop_cleanly(world, daemon)

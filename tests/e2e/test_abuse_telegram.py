@@ -8,7 +8,6 @@ injection asks for. What the tests prove is what geodebot itself lets happen.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -212,9 +211,10 @@ async def test_malformed_and_oversized_updates_are_counted_and_the_next_is_answe
         tg.push_update({"edited_message": {"message_id": 2, "date": 0, "chat": chat, "text": "e"}})
         tg.push_update({"message": {"message_id": 3, "date": 0, "chat": chat, "text": "no from"}})
         tg.push_message(GROUP, "y" * 5000, user_id=ALICE)
-        tg.push_message(GROUP, "the good one", user_id=ALICE)
+        good = tg.push_message(GROUP, "the good one", user_id=ALICE)
         sent = await tg.wait_for_sent(GROUP, 2, timeout=30)
-        await asyncio.sleep(0.5)
+        # The good one, last, is the control: the chat is answered in order.
+        await tg.wait_for_reply_to(good, timeout=30)
         scraped = await world.metrics()
     finally:
         assert await daemon.stop() == 0, daemon.text()[-3000:]
@@ -240,9 +240,11 @@ async def test_a_flood_is_throttled_with_one_notice_and_others_are_unaffected(
     try:
         for i in range(12):
             world.telegram.push_message(GROUP, f"spam {i}", user_id=ALICE)
-        world.telegram.push_message(GROUP, "a fair question", user_id=BOB)
+        fair = world.telegram.push_message(GROUP, "a fair question", user_id=BOB)
         await world.telegram.wait_for_sent(GROUP, 4, timeout=30)
-        await asyncio.sleep(0.5)  # time for any further (wrong) notice or answer
+        # Bob's, last, is the control: the chat is answered in order, so once his message is,
+        # any further (wrong) notice or answer has been sent.
+        await world.telegram.wait_for_reply_to(fair, timeout=30)
         scraped = await world.metrics()
         code, status, err = await geodebot_status(daemon.config)
         assert code == 0, err
@@ -280,9 +282,9 @@ async def test_another_bot_replying_to_every_message_gets_no_answer(world: World
                 reply_to=first.message_id,
             )
         # A person last: once answered, every bot message before it was decided.
-        tg.push_message(GROUP, "control", user_id=BOB)
+        control = tg.push_message(GROUP, "control", user_id=BOB)
         await tg.wait_for_sent(GROUP, 2, timeout=30)
-        await asyncio.sleep(0.5)
+        await tg.wait_for_reply_to(control, timeout=30)
         scraped = await world.metrics()
     finally:
         await stop_cleanly(daemon)

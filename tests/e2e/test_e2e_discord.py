@@ -16,6 +16,13 @@ import pytest
 from aiohttp import web
 
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.control import (
+    CONTROL,
+    CONTROL_ANSWER,
+    answer_controls,
+    asks_control,
+    until_answered,
+)
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.discord_server import FakeDiscord, Json
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
@@ -83,6 +90,13 @@ class World:
         """The message each reply in ``channel`` answers, in posting order."""
         return [(p["message_reference"] or {}).get("message_id") for p in self.replies(channel)]
 
+    async def control(self) -> str:
+        """A control message in ops (tests/support/control.py), once answered; its id."""
+        answer_controls(self.llm)
+        mid = self.say(self.ops, CONTROL)
+        await until_answered(lambda: [p["content"] for p in self.replies(self.ops)])
+        return mid
+
 
 def write_config(tmp_path: Path, discord: FakeDiscord, llm: FakeLLMServer, log_level: str) -> Path:
     config = tmp_path / "config.toml"
@@ -129,11 +143,6 @@ async def until(
         await asyncio.sleep(0.02)
 
 
-async def settle(seconds: float = 0.75) -> None:
-    """Time for anything wrong (a duplicate, a late answer) to show up before asserting."""
-    await asyncio.sleep(seconds)
-
-
 async def shut_down(daemon: DaemonProcess) -> None:
     code = await daemon.stop()
     text = daemon.text()
@@ -154,17 +163,19 @@ async def test_bound_message_is_answered_once_as_a_reply(world: World) -> None:
     try:
         mid = world.say(world.ops, "status of the fleet?")
         await until(lambda: len(world.replies(world.ops)) == 1, "the reply", daemon)
-        await settle()
+        control = await world.control()
     finally:
         await shut_down(daemon)
-    [reply] = world.all_posted()
+    reply, answer = world.all_posted()
+    assert answer["content"] == CONTROL_ANSWER
+    assert answer["message_reference"]["message_id"] == control
     assert reply["content"] == "All systems nominal, Alice."
     assert reply["message_reference"]["message_id"] == mid
     assert reply["message_reference"]["channel_id"] == world.ops
     assert isinstance(reply["nonce"], str)
     assert 0 < len(reply["nonce"]) <= 25
-    assert world.discord.create_attempts == [world.ops]
-    assert len(world.llm.requests) == 1
+    assert world.discord.create_attempts == [world.ops, world.ops]  # and the control's
+    assert [asks_control(r) for r in world.llm.requests] == [False, True]
     assert "status of the fleet?" in asked(world, 0)
     assert world.llm.requests[0].json["model"] == "e2e-model"
 
@@ -181,12 +192,13 @@ async def test_gate_drops_cost_no_model_call_and_post_nothing(world: World) -> N
         # Controls, last in the same channels: when they are answered, the drops were decided.
         ops_ok = world.say(world.ops, "control ops")
         dev_ok = world.say(DEV, world.mention("control dev"), mentions_bot=True)
+        # Each channel's messages are decided in order: once the controls are answered,
+        # whatever the drops (wrongly) caused has arrived.
         await until(
-            lambda: len(world.all_posted()) >= 2 and len(world.llm.requests) >= 2,
+            lambda: ops_ok in world.answered(world.ops) and dev_ok in world.answered(DEV),
             "both control replies",
             daemon,
         )
-        await settle(1.0)
     finally:
         await shut_down(daemon)
     assert world.answered(world.ops) == [ops_ok]
@@ -214,18 +226,20 @@ async def test_long_answer_arrives_split_complete_and_in_order(world: World) -> 
             "the last part",
             daemon,
         )
-        await settle()
+        control = await world.control()
     finally:
         await shut_down(daemon)
-    parts = [p["content"] for p in world.replies(world.ops)]
+    *parts, last = [p["content"] for p in world.replies(world.ops)]
+    assert last == CONTROL_ANSWER
+    assert world.answered(world.ops)[-1] == control
     assert len(parts) >= 5
     assert all(len(p) <= 2000 for p in parts)
     assert " ".join(parts).split() == answer.split()  # complete, in order, nothing twice
     posted = world.replies(world.ops)
     assert posted[0]["message_reference"]["message_id"] == mid
     assert len({p["nonce"] for p in posted}) == len(posted)
-    assert len(world.discord.create_attempts) == len(parts)
-    assert len(world.llm.requests) == 1
+    assert len(world.discord.create_attempts) == len(parts) + 1  # and the control's
+    assert [asks_control(r) for r in world.llm.requests] == [False, True]
 
 
 async def test_rate_limited_reply_arrives_exactly_once(world: World) -> None:
@@ -235,12 +249,13 @@ async def test_rate_limited_reply_arrives_exactly_once(world: World) -> None:
     try:
         mid = world.say(world.ops, "hello?")
         await until(lambda: len(world.replies(world.ops)) == 1, "the reply", daemon)
-        await settle(1.5)
+        control = await world.control()
     finally:
         await shut_down(daemon)
-    assert [p["content"] for p in world.all_posted()] == ["worth the wait"]
-    assert world.answered(world.ops) == [mid]
-    assert world.discord.create_attempts == [world.ops, world.ops]  # the 429, then the message
+    assert [p["content"] for p in world.all_posted()] == ["worth the wait", CONTROL_ANSWER]
+    assert world.answered(world.ops) == [mid, control]
+    # The 429, then the message; then the control's.
+    assert world.discord.create_attempts == [world.ops, world.ops, world.ops]
 
 
 async def test_sigkill_mid_turn_restart_answers_once_and_catches_up(world: World) -> None:
@@ -261,17 +276,18 @@ async def test_sigkill_mid_turn_restart_answers_once_and_catches_up(world: World
     restarted = await world.daemon().start()
     try:
         await until(lambda: len(world.replies(world.ops)) >= 4, "three more replies", restarted)
-        await settle(1.5)
+        control = await world.control()
     finally:
         await shut_down(restarted)
-    assert world.answered(world.ops) == [m0, m1, m2, m3]
+    assert world.answered(world.ops) == [m0, m1, m2, m3, control]
     # A new process identifies afresh (no RESUME replay): m2 and m3 came from history.
     assert (world.discord.identify_count, world.discord.resume_count) == (2, 0)
     contents = [p["content"] for p in world.replies(world.ops)]
-    assert contents == ["answer zero", "answer one", "answer two", "answer three"]
-    assert len(world.all_posted()) == 4
-    # m0 once, m1 twice (the killed attempt and the retry), then m2 and m3 once each.
-    assert len(world.llm.requests) == 5
+    assert contents == ["answer zero", "answer one", "answer two", "answer three", CONTROL_ANSWER]
+    assert len(world.all_posted()) == 5
+    # m0 once, m1 twice (the killed attempt and the retry), then m2 and m3 once each; the
+    # control.
+    assert [asks_control(r) for r in world.llm.requests] == [False] * 5 + [True]
     assert "question one" in asked(world, 2)
     assert "asked while down" in asked(world, 3)
     assert "also asked while down" in asked(world, 4)
@@ -287,13 +303,13 @@ async def test_one_session_answers_in_order_while_busy(world: World) -> None:
         m3 = world.say(world.ops, "third")
         assert not world.all_posted()  # they arrived while the first turn was running
         await until(lambda: len(world.replies(world.ops)) == 3, "three replies", daemon)
-        await settle()
+        control = await world.control()
     finally:
         await shut_down(daemon)
-    assert world.answered(world.ops) == [m1, m2, m3]
+    assert world.answered(world.ops) == [m1, m2, m3, control]
     contents = [p["content"] for p in world.replies(world.ops)]
-    assert contents == ["answer one", "answer two", "answer three"]
-    assert len(world.llm.requests) == 3
+    assert contents == ["answer one", "answer two", "answer three", CONTROL_ANSWER]
+    assert [asks_control(r) for r in world.llm.requests] == [False] * 3 + [True]
     # One turn after the other: each saw the previous exchange in its context.
     assert "answer one" in asked(world, 1)
     assert "second" in asked(world, 1)
@@ -315,8 +331,13 @@ async def test_sigterm_mid_turn_exits_cleanly_and_keeps_secrets(world: World) ->
     # Nothing was left half done: the next start neither answers again nor asks the model.
     restarted = await world.daemon().start()
     try:
-        await settle(1.5)
+        # Answered after whatever the restart (wrongly) found to redo in the session.
+        control = await world.control()
     finally:
         await shut_down(restarted)
-    assert [p["content"] for p in world.all_posted()] == ["finished in the grace period"]
-    assert len(world.llm.requests) == 1
+    assert [p["content"] for p in world.all_posted()] == [
+        "finished in the grace period",
+        CONTROL_ANSWER,
+    ]
+    assert world.answered(world.ops) == [mid, control]
+    assert [asks_control(r) for r in world.llm.requests] == [False, True]

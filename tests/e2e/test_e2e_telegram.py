@@ -13,6 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.control import (
+    CONTROL,
+    CONTROL_ANSWER,
+    answer_controls,
+    asks_control,
+    until_answered,
+)
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
@@ -58,6 +65,14 @@ def texts(world: World, chat: int) -> list[str]:
     return [m.text for m in world.telegram.sent[chat]]
 
 
+async def control(world: World) -> list[str]:
+    """A control message in GROUP (tests/support/control.py) and its answer; then every text
+    GROUP got."""
+    answer_controls(world.llm)
+    world.telegram.push_message(GROUP, CONTROL, user_id=ALICE)
+    return await until_answered(lambda: texts(world, GROUP))
+
+
 async def test_bound_message_is_answered_in_its_chat_once(world: World) -> None:
     world.llm.script(Reply("**Hello** Alice"))
     daemon = await world.daemon().start()
@@ -89,11 +104,12 @@ async def test_gate_drops_cost_no_model_call(world: World) -> None:
         world.telegram.push_message(GROUP, "echo", user_id=world.telegram.bot_id, is_bot=True)
         last = world.telegram.push_message(OTHER_GROUP, "no mention here", user_id=ALICE)
         await world.telegram.wait_for_confirmed(last + 1, timeout=20)
-        await asyncio.sleep(0.5)
+        await control(world)
     finally:
         await daemon.stop()
-    assert world.llm.requests == []
-    assert all(not messages for messages in world.telegram.sent.values())
+    assert [asks_control(r) for r in world.llm.requests] == [True]
+    assert texts(world, GROUP) == [CONTROL_ANSWER]
+    assert all(not messages for chat, messages in world.telegram.sent.items() if chat != GROUP)
 
 
 async def test_long_answer_arrives_split_complete_and_in_order(world: World) -> None:
@@ -105,10 +121,11 @@ async def test_long_answer_arrives_split_complete_and_in_order(world: World) -> 
     try:
         world.telegram.push_message(GROUP, "tell me everything", user_id=ALICE)
         await world.telegram.wait_for_sent(GROUP, 3, timeout=20)
-        await asyncio.sleep(1.0)
+        await control(world)  # sent after every part of the answer
     finally:
         await daemon.stop()
-    parts = texts(world, GROUP)
+    *parts, last = texts(world, GROUP)
+    assert last == CONTROL_ANSWER
     assert all(len(p) <= 4096 for p in parts)
     joined = " ".join(parts).split()
     assert joined == answer.split()
@@ -121,11 +138,11 @@ async def test_rate_limited_reply_arrives_once_after_the_pause(world: World) -> 
     try:
         world.telegram.push_message(GROUP, "hi", user_id=ALICE)
         await world.telegram.wait_for_sent(GROUP, 1, timeout=20)
-        await asyncio.sleep(1.0)
+        await control(world)
     finally:
         await daemon.stop()
-    assert texts(world, GROUP) == ["worth the wait"]
-    assert world.telegram.count("sendMessage") == 2
+    assert texts(world, GROUP) == ["worth the wait", CONTROL_ANSWER]
+    assert world.telegram.count("sendMessage") == 2 + 1  # the 429, the reply; the control's
 
 
 async def test_sigkill_mid_turn_then_restart_gives_exactly_one_reply(world: World) -> None:
@@ -144,11 +161,12 @@ async def test_sigkill_mid_turn_then_restart_gives_exactly_one_reply(world: Worl
         # Telegram redelivers the same update (e.g. a lost confirmation): not answered again.
         world.telegram.push_message(GROUP, "important question", user_id=ALICE, update_id=update)
         await world.telegram.wait_for_confirmed(update + 1, timeout=10)
-        await asyncio.sleep(1.0)
+        await control(world)
     finally:
         await restarted.stop()
-    assert texts(world, GROUP) == ["the one answer"]
-    assert len(world.llm.requests) == 2  # the killed attempt and the one after the restart
+    assert texts(world, GROUP) == ["the one answer", CONTROL_ANSWER]
+    # The killed attempt and the one after the restart; the control's.
+    assert [asks_control(r) for r in world.llm.requests] == [False, False, True]
 
 
 async def test_messages_of_one_chat_are_answered_in_order_while_busy(world: World) -> None:

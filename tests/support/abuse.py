@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 from pathlib import Path
@@ -33,6 +34,23 @@ async def scrape(port: int) -> str:
     url = f"http://127.0.0.1:{port}/metrics"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         return await response.text()
+
+
+async def scrape_until(
+    port: int,
+    name: str,
+    at_least: float,
+    *,
+    timeout: float = 30.0,  # noqa: ASYNC109
+    **labels: str,
+) -> str:
+    """Scrape until ``name`` (with ``labels``) reaches ``at_least``; that scrape's text."""
+    async with asyncio.timeout(timeout):
+        while True:
+            text = await scrape(port)
+            if metric(text, name, **labels) >= at_least:
+                return text
+            await asyncio.sleep(0.05)
 
 
 def metric(text: str, name: str, **labels: str) -> float:

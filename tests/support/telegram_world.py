@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.control import CONTROL, answer_controls, until_answered
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.llm_server import FakeLLMServer
 from tests.support.fakes.telegram_server import FakeTelegram
@@ -81,6 +82,13 @@ class TelegramWorld:
 
     def texts(self) -> list[str]:
         return [m.text for m in self.telegram.sent[GROUP]]
+
+    async def control(self, limit_s: float = 30.0) -> list[str]:
+        """A control message (tests/support/control.py) and its answer; then every text the
+        chat got."""
+        answer_controls(self.llm)
+        self.ask(CONTROL)
+        return await until_answered(self.texts, timeout=limit_s)
 
 
 async def shut_down(daemon: DaemonProcess) -> None:

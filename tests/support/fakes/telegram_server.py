@@ -298,6 +298,21 @@ class FakeTelegram:
     async def wait_for_confirmed(self, offset: int, timeout: float = 5.0) -> None:  # noqa: ASYNC109
         await self._wait(lambda: self.confirmed_offset >= offset, timeout)
 
+    async def wait_for_reply_to(self, update_id: int, timeout: float = 5.0) -> SentMessage:  # noqa: ASYNC109
+        """Until a message sent to the chat of update ``update_id`` replies to its message;
+        that reply (a control message's answer, say: see tests/support/control.py)."""
+        message = self.pushed[update_id]["message"]
+        chat_id, message_id = int(message["chat"]["id"]), int(message["message_id"])
+
+        def reply() -> SentMessage | None:
+            found = [m for m in self.sent[chat_id] if m.reply_to_message_id == message_id]
+            return found[0] if found else None
+
+        await self._wait(lambda: reply() is not None, timeout)
+        answer = reply()
+        assert answer is not None
+        return answer
+
     async def wait_for_request(
         self,
         method: str,

@@ -3,7 +3,7 @@
 ``geodebot serve`` against fake Telegram, Slack and Discord and a fake model, with a scheduled
 job, SIGKILLed and restarted at seeded points while messages arrive; then exact counts of
 replies, tool effects, job fires and the store's integrity. Exit status 1 if any promise was
-broken. The driver is ``tests/chaos_driver.py``, shared with ``tests/test_chaos.py``.
+broken. The driver is ``tests/support/chaos/driver.py``, shared with ``tests/e2e/test_chaos.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.chaos_driver import ChaosPlan, run_chaos  # noqa: E402
+from tests.support.chaos.driver import ChaosPlan, run_chaos
 
 
 def main() -> int:

@@ -38,7 +38,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build(args: argparse.Namespace) -> Application:  # type: ignore[type-arg]
+def build(args: argparse.Namespace) -> Application:  # type: ignore[type-arg]  # PTB's generic Application
     llm = anthropic.AsyncAnthropic(base_url=args.llm_url, api_key=args.api_key, max_retries=0)
 
     async def answer(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -53,10 +53,10 @@ def build(args: argparse.Namespace) -> Application:  # type: ignore[type-arg]
         text = "".join(block.text for block in response.content if block.type == "text")
         await message.reply_text(text or "(empty answer)")
 
-    async def ready(app: Application) -> None:  # type: ignore[type-arg]
+    async def ready(app: Application) -> None:  # type: ignore[type-arg]  # PTB's generic Application
         print(READY_MARK, file=sys.stderr, flush=True)
 
-    async def closed(app: Application) -> None:  # type: ignore[type-arg]
+    async def closed(app: Application) -> None:  # type: ignore[type-arg]  # PTB's generic Application
         await llm.close()
 
     concurrent: bool | int = args.concurrent_updates if args.concurrent_updates > 1 else False

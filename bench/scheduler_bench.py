@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from geodebot.config.schema import DB_FILE  # noqa: E402
-from geodebot.store.sqlite import SQLiteStore  # noqa: E402
-from tests.daemon_proc import MODELS_MARK, DaemonProcess  # noqa: E402
-from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
+from geodebot.config.schema import DB_FILE
+from geodebot.store.sqlite import SQLiteStore
+from tests.support.daemon import MODELS_MARK, DaemonProcess
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 KEY_ENV = "GEODEBOT_BENCH_API_KEY"
 TARGET_P99_MS = 50.0

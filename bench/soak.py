@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from telegram_bench import (  # noqa: E402
+from telegram_bench import (
     ANSWER,
     LOOP_CHAT_BASE,
     geodebot_config,
@@ -41,11 +41,11 @@ from telegram_bench import (  # noqa: E402
     stop_daemon,
 )
 
-from geodebot.channels.ipc import IPCClient  # noqa: E402
-from geodebot.config.schema import SOCKET_FILE  # noqa: E402
-from tests.daemon_proc import DaemonProcess  # noqa: E402
-from tests.fakes.llm_server import FakeLLMServer, Reply  # noqa: E402
-from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+from geodebot.channels.ipc import IPCClient
+from geodebot.config.schema import SOCKET_FILE
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
 
 SLOPE_MAX_KB_PER_TURN = 1.0
 
@@ -147,11 +147,11 @@ def report(samples: list[Sample]) -> bool:
             print(f"{name}: not reported by the daemon: FAIL")
             ok = False
             continue
-        flat = max(after) <= max(before)  # type: ignore[type-var]
+        flat = max(after) <= max(before)  # type: ignore[type-var]  # figures of one kind per name
         ok = ok and flat
         print(
-            f"{name}: first half {min(before)}..{max(before)}, second half "  # type: ignore[type-var]
-            f"{min(after)}..{max(after)}: {'PASS' if flat else 'FAIL'}"  # type: ignore[type-var]
+            f"{name}: first half {min(before)}..{max(before)}, second half "  # type: ignore[type-var]  # figures of one kind per name
+            f"{min(after)}..{max(after)}: {'PASS' if flat else 'FAIL'}"  # type: ignore[type-var]  # figures of one kind per name
         )
     rate = end.turns / end.seconds
     print(

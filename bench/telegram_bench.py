@@ -1,6 +1,6 @@
 """Telegram turn latency, throughput and memory: ``geodebot serve`` vs a bare PTB bot.
 
-Both systems run as subprocesses against the same in-process fakes (``tests.fakes``): the
+Both systems run as subprocesses against the same in-process fakes (``tests.support.fakes``): the
 Telegram Bot API fake and the Anthropic fake answering every request at once (or after a fixed
 delay for the concurrency figure). The reference (``bench/reference_bot.py``) is
 python-telegram-bot polling plus one ``AsyncAnthropic.messages.create`` per message: no
@@ -52,11 +52,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.daemon_proc import CONNECTED_MARK, MODELS_MARK, DaemonProcess  # noqa: E402
-from tests.fakes.discord_server import FakeDiscord  # noqa: E402
-from tests.fakes.llm_server import Delay, FakeLLMServer, Reply  # noqa: E402
-from tests.fakes.slack_server import FakeSlack  # noqa: E402
-from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+from tests.support.daemon import CONNECTED_MARK, MODELS_MARK, DaemonProcess
+from tests.support.fakes.discord_server import FakeDiscord
+from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
+from tests.support.fakes.slack_server import FakeSlack
+from tests.support.fakes.telegram_server import FakeTelegram
 
 KEY_ENV = "BENCH_ANTHROPIC_KEY"
 KEY = "sk-bench-0123456789abcdef"

@@ -1,4 +1,5 @@
-"""Fixtures of the fault suite: a Telegram daemon world, and the Slack one of the e2e tests."""
+"""Fixtures of the fault suite: a Telegram daemon world. The Slack one, ``rig``, is shared with
+the end-to-end tests (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.fakes.llm_server import FakeLLMServer
-from tests.faults.telegram_world import TOKEN_ENV, StampedTelegram, TelegramWorld
-
-# The Slack world of the end-to-end tests, shared rather than copied.
-from tests.test_e2e_slack import rig  # noqa: F401
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.fakes.llm_server import FakeLLMServer
+from tests.support.telegram_world import TOKEN_ENV, StampedTelegram, TelegramWorld
 
 
 @pytest.fixture

@@ -6,10 +6,9 @@ every accepted message gets exactly one reply."""
 
 from __future__ import annotations
 
-import asyncio
-
-from tests.fakes.llm_server import Error, Hang, Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
+from tests.support.control import CONTROL_ANSWER
+from tests.support.fakes.llm_server import Error, Hang, Reply
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 RETRYING = "max_retries = 1\nmax_retry_wait_s = 1\nrequest_timeout_s = 1\n"
 
@@ -29,10 +28,11 @@ async def test_hung_then_overloaded_model_is_retried_reported_and_the_next_messa
         for n in range(1, 6):
             tg.ask(f"question {n}")
             await tg.replies(n)
-        await asyncio.sleep(0.5)
+        await tg.control()
     finally:
         await shut_down(daemon)
-    recovered, timed_out, recovered_529, overloaded, normal = tg.texts()
+    recovered, timed_out, recovered_529, overloaded, normal, control = tg.texts()
+    assert control == CONTROL_ANSWER
     assert recovered == "answer after one timeout"
     assert "model provider is unavailable right now" in timed_out
     assert "timed out" in timed_out.lower()
@@ -40,5 +40,5 @@ async def test_hung_then_overloaded_model_is_retried_reported_and_the_next_messa
     assert "model provider is unavailable right now" in overloaded
     assert "overloaded" in overloaded.lower()
     assert normal == "back to normal"
-    assert len(tg.llm.requests) == 9  # each failure was retried once, nothing more
+    assert len(tg.llm.requests) == 9 + 1  # each failure was retried once; the control
     assert tg.llm.pending == 0

@@ -6,12 +6,12 @@ Either way the reply arrives exactly once and the next message is answered norma
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 
-from tests.fakes.llm_server import Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
-from tests.test_e2e_slack import OPS, Rig, TimedCalls, assert_clean_log
+from tests.support.control import CONTROL_ANSWER
+from tests.support.fakes.llm_server import Reply
+from tests.support.slack_world import OPS, Rig, TimedCalls, assert_clean_log
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 # How long the first pause after a 5xx lasts at least (outbox: 2 s less 20 % jitter).
 FIRST_BACKOFF_S = 1.5
@@ -29,12 +29,13 @@ async def test_telegram_5xx_and_429_storms_send_each_reply_once(tg: TelegramWorl
         await tg.replies(2)
         tg.ask("still there?")
         await tg.replies(3)
-        await asyncio.sleep(0.5)
+        await tg.control()
     finally:
         await shut_down(daemon)
-    assert tg.texts() == ["through the 5xx storm", "worth the wait", "calm again"]
+    assert tg.texts() == ["through the 5xx storm", "worth the wait", "calm again", CONTROL_ANSWER]
     attempts = tg.telegram.times("sendMessage")
-    assert len(attempts) == 8  # two 5xx, the reply; three 429s, the reply; the next reply
+    # Two 5xx, the reply; three 429s, the reply; the next reply; the control's.
+    assert len(attempts) == 9
     assert attempts[1] - attempts[0] >= FIRST_BACKOFF_S  # backoff after a 5xx
     assert attempts[2] > attempts[1]
     gaps = [later - earlier for earlier, later in itertools.pairwise(attempts[3:7])]

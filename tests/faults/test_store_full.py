@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import resource
 
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.llm_server import Delay, Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
+from tests.support.control import CONTROL_ANSWER
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import Delay, Reply
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 
 def disk_full(daemon: DaemonProcess, full: bool) -> None:
@@ -47,7 +48,16 @@ async def test_full_disk_mid_turn_and_mid_send_loses_and_repeats_nothing(
         disk_full(daemon, True)
         # Arrives while the disk is full: it cannot be committed, so it is not confirmed.
         second = tg.ask("sent while the disk is full")
-        await asyncio.sleep(2.0)
+        # The turn finds no room for its answer. The new message's commit fails, and fails
+        # again when Telegram hands it over once more: the poller asked for it again, so it
+        # had not confirmed it.
+        await daemon.wait_for_line("turn finished: store_error", timeout_s=20)
+        refused = f"update {second} not committed"
+        async with asyncio.timeout(20):
+            while True:
+                if sum(refused in line for line in daemon.log) >= 2:
+                    break
+                await asyncio.sleep(0.02)
         assert tg.telegram.confirmed_offset <= second
         assert len(tg.llm.requests) == 1
         assert tg.texts() == []
@@ -64,17 +74,18 @@ async def test_full_disk_mid_turn_and_mid_send_loses_and_repeats_nothing(
 
         tg.ask("and now?")
         await tg.replies(4)
-        await asyncio.sleep(0.5)
+        await tg.control()
     finally:
         if daemon.proc is not None and daemon.proc.returncode is None:
             disk_full(daemon, False)
         await shut_down(daemon)
-    failed, answered, sent_once, normal = tg.texts()
+    failed, answered, sent_once, normal, control = tg.texts()
+    assert control == CONTROL_ANSWER
     assert "could not save this conversation" in failed
     assert answered == "answer to the message sent while the disk was full"
     assert sent_once == "sent as the disk filled up"
     assert normal == "business as usual"
-    assert len(tg.llm.requests) == 4
+    assert len(tg.llm.requests) == 4 + 1  # and the control's
     # The record of the sent part was tried again at growing pauses, not in a tight loop.
     retries = [line for line in daemon.log if "sent, but not recorded yet" in line]
     assert 1 <= len(retries) <= 10

@@ -4,20 +4,20 @@ command hook that hangs. Each ends within its time budget with a clear error for
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.llm_server import Call, Reply
-from tests.faults.telegram_world import TelegramWorld, shut_down
+from tests.support.control import CONTROL_ANSWER
+from tests.support.fakes.llm_server import Call, Reply
+from tests.support.telegram_world import TelegramWorld, shut_down
 
 ROOT = Path(__file__).resolve().parents[2]
 MCP_TOOLS = ("crash", "hang", "freeze", "echo")
 MCP_SERVER = (
     '[[mcp.servers]]\nname = "fake"\n'
-    f"command = [{sys.executable!r}, '-m', 'tests.fakes.mcp_tools_server']\n"
+    f"command = [{sys.executable!r}, '-m', 'tests.support.fakes.mcp_tools_server']\n"
     'env = ["PYTHONPATH"]\nprobe_timeout_s = 1\n'
     + "".join(
         f'[mcp.servers.tools.{tool}]\nsafety = "read"\neffect = "none"\n'
@@ -57,7 +57,7 @@ async def test_mcp_server_crash_and_hang_end_in_clear_tool_errors(tg: TelegramWo
         for n, text in enumerate(asks, start=1):
             tg.ask(text)
             await tg.replies(n)
-        await asyncio.sleep(0.5)
+        await tg.control()
     finally:
         await shut_down(daemon)
     assert tg.texts() == [
@@ -65,6 +65,7 @@ async def test_mcp_server_crash_and_hang_end_in_clear_tool_errors(tg: TelegramWo
         "the hang tool timed out",
         "the server froze",
         "echo works",
+        CONTROL_ANSWER,
     ]
     [crashed] = tool_results(tg, 1)
     assert crashed["is_error"] is True
@@ -113,10 +114,11 @@ async def test_hanging_hooks_are_cut_off_and_the_next_message_answered(tg: Teleg
         for n, text in enumerate(("what time is it?", "take your time", "and now?"), start=1):
             tg.ask(text)
             await tg.replies(n)
-        await asyncio.sleep(0.5)
+        await tg.control()
     finally:
         await shut_down(daemon)
-    blocked, rejected, normal = tg.texts()
+    blocked, rejected, normal, control = tg.texts()
+    assert control == CONTROL_ANSWER
     [result] = tool_results(tg, 1)
     assert result["is_error"] is True
     assert "timed out after 1 s" in result_text(result)

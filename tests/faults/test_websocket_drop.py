@@ -7,7 +7,6 @@ every reply shows which message it answers."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -18,13 +17,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.conftest import TEST_KEY, TEST_KEY_ENV
-from tests.daemon_proc import DaemonProcess
-from tests.fakes.discord_server import FakeDiscord
-from tests.fakes.llm_server import Dialect, FakeLLMServer, Item, Reply
-from tests.fakes.slack_server import FakeSlack
-from tests.faults.telegram_world import shut_down
-from tests.test_e2e_slack import APP_TOKEN_ENV, BOT_TOKEN_ENV, eventually, new_ts
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import DaemonProcess
+from tests.support.fakes.discord_server import FakeDiscord
+from tests.support.fakes.llm_server import Dialect, FakeLLMServer, Item, Reply
+from tests.support.fakes.slack_server import FakeSlack
+from tests.support.slack_world import APP_TOKEN_ENV, BOT_TOKEN_ENV, eventually, new_ts
+from tests.support.telegram_world import shut_down
 
 SLACK_OPS = "C0OPS0001"
 ALICE_SLACK = "UALICE001"
@@ -74,6 +73,14 @@ class Both:
         await eventually(
             lambda: f"re: {text}" in replies(), f"the answer to {text!r}", log=self.daemon
         )
+
+    async def controls(self) -> None:
+        """A control message on each platform, answered: a chat's messages are answered in
+        order, so anything the earlier ones (wrongly) caused has been sent by then."""
+        await self.slack_says("control")
+        self.discord_says("control")
+        await self.until_answered(self.slack_replies, "control")
+        await self.until_answered(self.discord_replies, "control")
 
 
 def write_config(
@@ -125,10 +132,10 @@ async def test_slack_socket_drop_reconnects_and_discord_answers_meanwhile(both: 
     after = await both.slack_says("sent after the drop")
     await both.until_answered(both.slack_replies, "sent before the drop")
     await both.until_answered(both.slack_replies, after)
-    await asyncio.sleep(0.75)
+    await both.controls()
     await shut_down(both.daemon)
-    assert both.slack_replies() == ["re: sent before the drop", f"re: {after}"]
-    assert both.discord_replies() == [f"re: {during}"]
+    assert both.slack_replies() == ["re: sent before the drop", f"re: {after}", "re: control"]
+    assert both.discord_replies() == [f"re: {during}", "re: control"]
     assert both.slack.connections == 2
     assert len(both.slack.calls_to("apps.connections.open")) == 2
 
@@ -144,9 +151,14 @@ async def test_discord_gateway_drop_resumes_and_slack_answers_meanwhile(both: Bo
     await both.until_answered(both.discord_replies, during)
     after = both.discord_says("sent after the resume")
     await both.until_answered(both.discord_replies, after)
-    await asyncio.sleep(0.75)
+    await both.controls()
     await shut_down(both.daemon)
-    assert both.discord_replies() == [f"re: {before}", f"re: {during}", f"re: {after}"]
-    assert both.slack_replies() == [f"re: {meanwhile}"]
+    assert both.discord_replies() == [
+        f"re: {before}",
+        f"re: {during}",
+        f"re: {after}",
+        "re: control",
+    ]
+    assert both.slack_replies() == [f"re: {meanwhile}", "re: control"]
     assert (both.discord.identify_count, both.discord.resume_count) == (1, 1)
-    assert json.dumps(both.discord.posted).count("re: ") == 3
+    assert json.dumps(both.discord.posted).count("re: ") == 3 + 1  # and the control's

@@ -1,0 +1,526 @@
+"""A fake Discord (REST v10 + gateway) on 127.0.0.1, for tests that run the real discord.py.
+
+Usage::
+
+    async with FakeDiscord(token="t") as fake:
+        # point the client at fake.api_base_url (Route.BASE meaning) and fake.gateway_url
+        mid = fake.push_message(fake.channel_id, "hi", author_id="42")
+        assert fake.posted[fake.channel_id][0]["content"] == "answer"
+
+Close to the real service where discord.py can tell:
+
+* REST needs ``Authorization: Bot <token>`` and answers ``Content-Type: application/json``
+  exactly (discord.py parses nothing else). Message create dedups ``nonce`` + ``enforce_nonce``
+  for ``nonce_window_s`` (the first message comes back), rejects content over 2000 chars with
+  400/50035 and answers failures queued by :meth:`fail_next_post`: 429 with ``Retry-After``,
+  ``X-RateLimit-*``, ``Via`` (without it discord.py assumes a Cloudflare ban) and
+  ``retry_after`` in the body (what discord.py actually reads); 5xx; status 0 cuts the
+  connection. ``created=True`` creates the message first, like an answer lost on the way back.
+* History is newest-first like Discord; ``nonce`` shows for ``nonce_visible_s`` only.
+* The gateway speaks the transport compression the client asks for (``zlib-stream``: one
+  compressobj per socket, Z_SYNC_FLUSH per frame; ``zstd-stream`` if a zstd module imports).
+  Sessions keep their events so RESUME replays what a dropped socket missed.
+* Without the MESSAGE_CONTENT intent, unmentioned guild text arrives empty, as on Discord.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import secrets
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+from aiohttp import WSMsgType, web
+
+DISCORD_EPOCH_MS = 1_420_070_400_000
+MESSAGE_CONTENT_INTENT = 1 << 15
+_SAME_GUILD: Any = object()
+Json = dict[str, Any]
+
+
+@dataclass
+class _Session:
+    session_id: str
+    seq: int = 0
+    events: list[Json] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Conn:
+    ws: web.WebSocketResponse
+    compress: Callable[[bytes], bytes] | None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    session: _Session | None = None
+
+    async def send(self, payload: Json) -> None:
+        raw = json.dumps(payload).encode()
+        async with self.lock:  # compressor state and frame order must agree
+            if self.compress is None:
+                await self.ws.send_str(raw.decode())
+            else:
+                await self.ws.send_bytes(self.compress(raw))
+
+
+def _compressor(kind: str | None) -> Callable[[bytes], bytes] | None:
+    if kind == "zlib-stream":
+        zobj = zlib.compressobj()
+        return lambda raw: zobj.compress(raw) + zobj.flush(zlib.Z_SYNC_FLUSH)
+    if kind != "zstd-stream":
+        raise ValueError(f"unknown compression {kind!r}")
+    try:
+        import zstandard  # type: ignore[import-not-found]  # optional, untyped
+    except ImportError:
+        from compression import zstd  # type: ignore[import-not-found]  # 3.14+ only
+
+        comp = zstd.ZstdCompressor()
+        return lambda raw: bytes(comp.compress(raw, zstd.ZstdCompressor.FLUSH_BLOCK))
+    cobj = zstandard.ZstdCompressor().compressobj()
+    return lambda raw: bytes(cobj.compress(raw) + cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
+
+
+class FakeDiscord:
+    def __init__(
+        self,
+        *,
+        token: str = "fake-bot-token",
+        bot_id: str = "900000000000000001",
+        app_id: str = "900000000000000002",
+        guild_id: str = "900000000000000010",
+        channel_id: str = "900000000000000011",
+        thread_id: str = "900000000000000012",
+        nonce_window_s: float = 300.0,
+        nonce_visible_s: float = 300.0,
+    ) -> None:
+        self.token, self.bot_id, self.app_id = token, bot_id, app_id
+        self.guild_id, self.channel_id, self.thread_id = guild_id, channel_id, thread_id
+        self.nonce_window_s, self.nonce_visible_s = nonce_window_s, nonce_visible_s
+        self.posted: dict[str, list[Json]] = defaultdict(list)  # what the bot created
+        self.history: dict[str, list[Json]] = defaultdict(list)  # everything, oldest first
+        self.typing: list[str] = []
+        self.commands: list[list[Json]] = []  # each bulk overwrite
+        self.callbacks: list[tuple[str, int]] = []  # (interaction id, response type)
+        self.interaction_replies: dict[str, str] = {}  # interaction id -> @original content
+        self.identify_count = self.resume_count = 0
+        self.intents: int | None = None
+        self._failures: list[tuple[int, float | None, bool]] = []
+        self._nonces: dict[tuple[str, str], tuple[float, Json]] = {}
+        self._created: dict[str, float] = {}
+        self._interactions: dict[str, tuple[str, str]] = {}  # token -> (id, channel)
+        self._sessions: dict[str, _Session] = {}
+        self._conns: set[_Conn] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_id, self._counter = 0, itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> Self:
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/gateway", self._gateway)
+        for method, path, handler in (
+            ("GET", "/users/@me", self._me),
+            ("GET", "/oauth2/applications/@me", self._app_info),
+            ("GET", "/gateway", self._gateway_info),
+            ("GET", "/gateway/bot", self._gateway_info),
+            ("GET", "/channels/{cid}", self._get_channel),
+            ("POST", "/channels/{cid}/messages", self._create_message),
+            ("GET", "/channels/{cid}/messages", self._list_messages),
+            ("POST", "/channels/{cid}/typing", self._typing),
+            ("PUT", "/applications/{app}/commands", self._put_commands),
+            ("POST", "/interactions/{iid}/{tok}/callback", self._callback),
+            ("PATCH", "/webhooks/{app}/{tok}/messages/@original", self._edit_original),
+        ):
+            app.router.add_route(method, "/api/v10" + path, handler)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.drop_gateway(code=1001)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def api_base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v10"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/gateway"
+
+    # ---- test helpers ----------------------------------------------------------------------
+
+    def fail_next_post(
+        self,
+        status: int,
+        retry_after: float | None = None,
+        times: int = 1,
+        *,
+        created: bool = False,
+    ) -> None:
+        """The next ``times`` message creates fail; status 0 cuts the connection instead."""
+        self._failures.extend([(status, retry_after, created)] * times)
+
+    async def drop_gateway(self, code: int = 4000) -> None:
+        """Close every gateway socket; 4000 is resumable, as after a network blip."""
+        conns, self._conns = list(self._conns), set()
+        await asyncio.gather(*(c.ws.close(code=code) for c in conns), return_exceptions=True)
+
+    def user(self, user_id: str, *, bot: bool = False, name: str = "") -> Json:
+        name = name or f"user{user_id[-4:]}"
+        user = {"id": user_id, "username": name, "discriminator": "0", "global_name": None}
+        return user | {"avatar": None, "bot": bot}
+
+    def bot_user(self) -> Json:
+        return self.user(self.bot_id, bot=True, name="geodebot")
+
+    def push_message(
+        self,
+        channel_id: str,
+        content: str,
+        *,
+        author_id: str,
+        bot: bool = False,
+        guild_id: str | None = _SAME_GUILD,
+        mentions_bot: bool = False,
+        message_id: str | None = None,
+    ) -> str:
+        """A message stored in history and dispatched as MESSAGE_CREATE; returns its id.
+
+        ``guild_id`` defaults to the fake's guild for its channel and thread, else a DM.
+        """
+        if guild_id is _SAME_GUILD:
+            guild_id = self.guild_id if self._in_guild(channel_id) else None
+        author = self.bot_user() if author_id == self.bot_id else self.user(author_id, bot=bot)
+        mentions = [self.bot_user()] if mentions_bot else []
+        msg = self._store(channel_id, guild_id, author, content, mentions=mentions, mid=message_id)
+        event = dict(msg)
+        blind = self.intents is not None and not self.intents & MESSAGE_CONTENT_INTENT
+        if blind and guild_id and not mentions_bot and author_id != self.bot_id:
+            event["content"] = ""
+        self._dispatch("MESSAGE_CREATE", event)
+        return str(msg["id"])
+
+    def push_interaction(self, channel_id: str, name: str, *, user_id: str) -> str:
+        """The slash command ``/name`` used in ``channel_id``; returns the interaction id."""
+        iid, token = self._next_id(), "itok-" + secrets.token_hex(8)
+        self._interactions[token] = (iid, channel_id)
+        data: Json = {
+            "id": iid,
+            "application_id": self.app_id,
+            "type": 2,
+            "data": {"id": self._next_id(), "name": name, "type": 1},
+            "channel_id": channel_id,
+            "channel": self._channel(channel_id, user_id),
+            "token": token,
+            "version": 1,
+            "app_permissions": "0",
+            "attachment_size_limit": 8_388_608,
+            "context": 0 if self._in_guild(channel_id) else 1,
+        }
+        if self._in_guild(channel_id):
+            member = {"user": self.user(user_id), "roles": [], "joined_at": _now(), "flags": 0}
+            data |= {"guild_id": self.guild_id, "member": member | {"permissions": "0"}}
+        else:
+            data["user"] = self.user(user_id)
+        self._dispatch("INTERACTION_CREATE", data)
+        return iid
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _in_guild(self, channel_id: str) -> bool:
+        return channel_id in (self.channel_id, self.thread_id)
+
+    def _next_id(self) -> str:
+        snow = (int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22 | next(self._counter) % 4096
+        self._last_id = max(self._last_id + 1, snow)
+        return str(self._last_id)
+
+    def _store(
+        self, cid: str, guild_id: str | None, author: Json, content: str, **extra: Any
+    ) -> Json:
+        msg: Json = {
+            "id": extra.get("mid") or self._next_id(),
+            "channel_id": cid,
+            "author": author,
+            "content": content,
+            "timestamp": _now(),
+            "edited_timestamp": None,
+            "mentions": extra.get("mentions") or [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": [],
+            "type": 19 if extra.get("reference") else 0,
+        }
+        if guild_id:
+            msg["guild_id"] = guild_id
+        if extra.get("nonce") is not None:
+            msg["nonce"] = extra["nonce"]
+        if extra.get("reference"):
+            msg["message_reference"] = extra["reference"]
+        self.history[cid].append(msg)
+        self._created[msg["id"]] = time.monotonic()
+        return msg
+
+    def _dispatch(self, event: str, data: Json) -> None:
+        for session in self._sessions.values():
+            session.seq += 1
+            payload = {"op": 0, "t": event, "s": session.seq, "d": data}
+            session.events.append(payload)
+            for conn in [c for c in self._conns if c.session is session]:
+                task = asyncio.get_running_loop().create_task(self._send_quietly(conn, payload))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _send_quietly(self, conn: _Conn, payload: Json) -> None:
+        # A socket closing under a dispatch loses the event, which RESUME replays.
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await conn.send(payload)
+
+    def _channel(self, channel_id: str, peer_id: str) -> Json:
+        guild = self._guild()
+        for chan in guild["channels"] + guild["threads"]:
+            if chan["id"] == channel_id:
+                return dict(chan)
+        return {"id": channel_id, "type": 1, "recipients": [self.user(peer_id)]}
+
+    def _guild(self) -> Json:
+        g = self.guild_id
+        base: Json = {"guild_id": g, "permission_overwrites": [], "nsfw": False, "position": 0}
+        channel = base | {"id": self.channel_id, "type": 0, "name": "ops", "parent_id": None}
+        thread = base | {"id": self.thread_id, "type": 11, "name": "incident"}
+        thread |= {"parent_id": self.channel_id, "owner_id": "1", "message_count": 0}
+        thread |= {"member_count": 1, "rate_limit_per_user": 0}
+        meta = {"archived": False, "locked": False, "auto_archive_duration": 1440}
+        thread["thread_metadata"] = meta | {"archive_timestamp": _now()}
+        everyone: Json = {
+            "id": g,
+            "name": "@everyone",
+            "permissions": "0",
+            "position": 0,
+            "color": 0,
+        }
+        everyone |= {"hoist": False, "managed": False, "mentionable": False}
+        return {
+            "id": g,
+            "name": "fake guild",
+            "icon": None,
+            "owner_id": "900000000000000099",
+            "roles": [everyone],
+            "emojis": [],
+            "stickers": [],
+            "features": [],
+            "member_count": 2,
+            "members": [],
+            "channels": [channel],
+            "threads": [thread],
+            "unavailable": False,
+            "large": False,
+            "joined_at": _now(),
+        }
+
+    # ---- REST ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        # Interaction callbacks and webhooks authenticate by their token in the path.
+        open_paths = ("/api/v10/interactions/", "/api/v10/webhooks/", "/gateway")
+        auth = request.headers.get("Authorization")
+        if request.path.startswith(open_paths) or auth == f"Bot {self.token}":
+            return await handler(request)
+        return _error(401, 0, "401: Unauthorized")
+
+    async def _me(self, request: web.Request) -> web.StreamResponse:
+        return _json(self.bot_user() | {"verified": True, "mfa_enabled": False})
+
+    async def _app_info(self, request: web.Request) -> web.StreamResponse:
+        info: Json = {"id": self.app_id, "name": "geodebot", "description": "", "icon": None}
+        info |= {"bot_public": False, "bot_require_code_grant": False, "flags": 0}
+        return _json(info | {"owner": self.user("900000000000000099"), "verify_key": "0" * 64})
+
+    async def _gateway_info(self, request: web.Request) -> web.StreamResponse:
+        limit = {"total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 1}
+        return _json({"url": self.gateway_url, "shards": 1, "session_start_limit": limit})
+
+    async def _get_channel(self, request: web.Request) -> web.StreamResponse:
+        return _json(self._channel(request.match_info["cid"], "1"))
+
+    async def _create_message(self, request: web.Request) -> web.StreamResponse:
+        cid, body = request.match_info["cid"], await request.json()
+        failure = self._failures.pop(0) if self._failures else None
+        if failure is not None and not failure[2]:
+            return await _failure(request, failure[0], failure[1])
+        content, nonce = str(body.get("content") or ""), body.get("nonce")
+        if len(content) > 2000:
+            return _error(400, 50035, "Invalid Form Body")
+        seen = self._nonces.get((cid, str(nonce))) if body.get("enforce_nonce") else None
+        if seen and time.monotonic() - seen[0] < self.nonce_window_s:
+            msg = seen[1]
+        else:
+            ref = body.get("message_reference")
+            if ref:  # clients may send ids as numbers; Discord answers with strings
+                ref = {k: str(v) if k.endswith("_id") else v for k, v in ref.items()}
+            guild = self.guild_id if self._in_guild(cid) else None
+            msg = self._store(cid, guild, self.bot_user(), content, nonce=nonce, reference=ref)
+            self.posted[cid].append(
+                {"id": msg["id"], "content": content, "nonce": nonce, "message_reference": ref}
+                | {"allowed_mentions": body.get("allowed_mentions")}
+            )
+            if nonce is not None:
+                self._nonces[(cid, str(nonce))] = (time.monotonic(), msg)
+            self._dispatch("MESSAGE_CREATE", msg)
+        if failure is not None:
+            return await _failure(request, failure[0], failure[1])
+        return _json(msg)
+
+    async def _list_messages(self, request: web.Request) -> web.StreamResponse:
+        q, now = request.query, time.monotonic()
+        limit = min(int(q.get("limit", "50")), 100)
+        msgs = sorted(self.history[request.match_info["cid"]], key=lambda m: int(m["id"]))
+        if "after" in q:  # the oldest ``limit`` after it, like Discord
+            msgs = [m for m in msgs if int(m["id"]) > int(q["after"])][:limit]
+        else:
+            before = int(q.get("before", 1 << 64))
+            msgs = [m for m in msgs if int(m["id"]) < before][-limit:]
+        shown = [dict(m) for m in reversed(msgs)]
+        for m in shown:
+            if now - self._created[m["id"]] > self.nonce_visible_s:
+                m.pop("nonce", None)
+        return _json(shown)
+
+    async def _typing(self, request: web.Request) -> web.StreamResponse:
+        self.typing.append(request.match_info["cid"])
+        return web.Response(status=204)
+
+    async def _put_commands(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.commands.append(body)
+        extra = {"application_id": request.match_info["app"], "version": "1"}
+        return _json([c | extra | {"id": self._next_id()} for c in body])
+
+    async def _callback(self, request: web.Request) -> web.StreamResponse:
+        iid, token = request.match_info["iid"], request.match_info["tok"]
+        if self._interactions.get(token, ("",))[0] != iid:
+            return _error(404, 10062, "Unknown interaction")
+        self.callbacks.append((iid, int((await request.json())["type"])))
+        return web.Response(status=204)
+
+    async def _edit_original(self, request: web.Request) -> web.StreamResponse:
+        known = self._interactions.get(request.match_info["tok"])
+        if known is None:
+            return _error(404, 10015, "Unknown Webhook")
+        content = str((await request.json()).get("content") or "")
+        self.interaction_replies[known[0]] = content
+        msg = {"id": known[0], "channel_id": known[1], "content": content, "type": 20}
+        return _json(msg | {"author": self.bot_user(), "timestamp": _now(), "mentions": []})
+
+    # ---- gateway ---------------------------------------------------------------------------
+
+    async def _gateway(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        kind = request.query.get("compress")
+        try:
+            conn = _Conn(ws, _compressor(kind) if kind else None)
+        except (ValueError, ImportError):
+            await ws.close(code=4000, message=b"unsupported compression")
+            return ws
+        await conn.send({"op": 10, "d": {"heartbeat_interval": 41_250}})
+        async for msg in ws:
+            if msg.type is WSMsgType.TEXT:
+                frame = json.loads(msg.data)
+                op, data = frame.get("op"), frame.get("d")
+                if op == 1:
+                    await conn.send({"op": 11})
+                elif op == 2:
+                    await self._identify(conn, data)
+                elif op == 6:
+                    await self._resume(conn, data)
+        self._conns.discard(conn)
+        return ws
+
+    async def _identify(self, conn: _Conn, data: Json) -> None:
+        self.identify_count += 1
+        if data.get("token") != self.token:
+            await conn.ws.close(code=4004, message=b"Authentication failed.")
+            return
+        self.intents = int(data.get("intents") or 0)
+        session = conn.session = _Session(secrets.token_hex(16))
+        self._sessions[session.session_id] = session
+        self._conns.add(conn)
+        ready = {
+            "v": 10,
+            "user": self.bot_user() | {"verified": True, "mfa_enabled": False},
+            "guilds": [{"id": self.guild_id, "unavailable": True}],
+            "session_id": session.session_id,
+            "resume_gateway_url": self.gateway_url,
+            "application": {"id": self.app_id, "flags": 0},
+        }
+        for event, payload in (("READY", ready), ("GUILD_CREATE", self._guild())):
+            session.seq += 1
+            session.events.append({"op": 0, "t": event, "s": session.seq, "d": payload})
+            await conn.send(session.events[-1])
+
+    async def _resume(self, conn: _Conn, data: Json) -> None:
+        self.resume_count += 1
+        session = self._sessions.get(str(data.get("session_id")))
+        if session is None or data.get("token") != self.token:
+            await conn.send({"op": 9, "d": False})
+            return
+        conn.session = session
+        self._conns.add(conn)
+        for frame in [e for e in session.events if e["s"] > int(data.get("seq") or 0)]:
+            await conn.send(frame)
+        session.seq += 1
+        await conn.send({"op": 0, "t": "RESUMED", "s": session.seq, "d": {}})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    # Exactly "application/json": discord.py parses nothing else (aiohttp would add a charset).
+    headers = {**(headers or {}), "Content-Type": "application/json"}
+    return web.Response(body=json.dumps(data).encode(), status=status, headers=headers)
+
+
+def _error(status: int, code: int, message: str) -> web.Response:
+    return _json({"message": message, "code": code}, status=status)
+
+
+async def _failure(request: web.Request, status: int, retry_after: float | None) -> web.Response:
+    if status == 0:  # the request arrived; its answer never makes it back
+        assert request.transport is not None
+        request.transport.close()
+        return web.Response(status=500)
+    if status != 429:
+        return _error(status, 0, f"{status}: fake failure")
+    wait = 1.0 if retry_after is None else retry_after
+    headers = {
+        "Retry-After": str(max(1, round(wait))),
+        "X-RateLimit-Limit": "5",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": f"{time.time() + wait:.3f}",
+        "X-RateLimit-Reset-After": f"{wait:.3f}",
+        "X-RateLimit-Bucket": "fakebucket",
+        "X-RateLimit-Scope": "user",
+        "Via": "1.1 google",
+    }
+    body = {"message": "You are being rate limited.", "retry_after": wait, "global": False}
+    return _json(body, status=429, headers=headers)

@@ -1,0 +1,487 @@
+"""A fake Slack (Web API + Socket Mode) on 127.0.0.1, for tests that run the real SDKs.
+
+Point ``AsyncWebClient(base_url=fake.api_base_url)`` at it. ``apps.connections.open`` hands out
+``ws://127.0.0.1:PORT/socket?ticket=..``, so slack_sdk's Socket Mode client connects here too.
+
+* Web API: ``POST|GET {root}/api/<method>``; arguments from the query string, a form body or a
+  JSON body, like Slack. ``Authorization: Bearer`` must carry the bot token (the app token for
+  ``apps.connections.open``), else ``invalid_auth``. Every call lands in ``calls``.
+* ``chat.postMessage`` keeps messages per channel (``posted``, and the channel history that
+  ``conversations.history`` / ``conversations.replies`` read). Metadata is returned only with
+  ``include_all_metadata``, as Slack does.
+* ``fail(method, ...)`` queues a :class:`Fault` for the next call(s) of a method: an error code,
+  an HTTP status with ``Retry-After``, a delay, or a dropped connection (optionally after the
+  message was stored: the "did it arrive?" case).
+* Socket Mode: ``hello`` on connect; ``push_event`` sends an ``events_api`` envelope and the
+  client's ``{"envelope_id"}`` answer is recorded (``acks``, ``wait_for_ack``).
+  ``disconnect_clients`` closes the sockets; ``send_disconnect`` asks for a refresh.
+* Redelivery (``redeliver_after_s``): like Slack, an events envelope not acked within that
+  time is sent again (``retry_attempt`` + 1, a new envelope id, the same event id), up to
+  ``max_redeliveries`` times, over whichever socket is open then; with no socket open it
+  waits for one. ``acked`` is true once any attempt was acked. Off by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+from aiohttp import WSMsgType, web
+
+MAX_TEXT = 40_000
+
+
+@dataclass
+class Fault:
+    error: str | None = None  # Slack error code in an ok=false body
+    status: int = 200
+    retry_after: float | None = None
+    delay: float = 0.0
+    drop: bool = False  # cut the connection instead of answering
+    after_commit: bool = False  # chat.postMessage: store the message before failing
+
+
+@dataclass
+class Call:
+    method: str
+    args: dict[str, Any]
+    token: str
+
+
+@dataclass
+class Posted:
+    channel: str
+    ts: str
+    text: str
+    thread_ts: str | None
+    metadata: dict[str, Any] | None
+
+
+@dataclass
+class Ack:
+    envelope_id: str
+    at: float  # time.monotonic()
+    payload: Any = None
+
+
+@dataclass
+class _Envelope:
+    ack: Ack | None = None
+    acked: asyncio.Event = field(default_factory=asyncio.Event)
+    attempts: int = 1
+
+
+class FakeSlack:
+    def __init__(
+        self,
+        *,
+        bot_token: str = "xoxb-fake-0000000000-bot-token-for-tests",
+        app_token: str = "xapp-1-fake-app-token-for-tests-0000000000",
+        bot_user_id: str = "UBOT00001",
+        bot_id: str = "BBOT00001",
+        team_id: str = "TFAKE0001",
+        redeliver_after_s: float | None = None,
+        max_redeliveries: int = 3,
+    ) -> None:
+        self.bot_token = bot_token
+        self.app_token = app_token
+        self.bot_user_id = bot_user_id
+        self.bot_id = bot_id
+        self.team_id = team_id
+        self.calls: list[Call] = []
+        self.posted: dict[str, list[Posted]] = defaultdict(list)
+        self.acks: dict[str, Ack] = {}
+        self.connections = 0  # websockets accepted so far
+        self.redeliver_after_s = redeliver_after_s
+        self.max_redeliveries = max_redeliveries
+        self._redeliveries: set[asyncio.Task[None]] = set()
+        self._history: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._faults: dict[str, deque[Fault]] = defaultdict(deque)
+        self._tickets: set[str] = set()
+        self._sockets: list[web.WebSocketResponse] = []
+        self._requests: dict[web.WebSocketResponse, web.Request] = {}
+        self._envelopes: dict[str, _Envelope] = {}
+        self._event_ids = itertools.count(1)
+        self._last_ts = 0.0
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def api_base_url(self) -> str:
+        return f"{self.root}/api/"
+
+    async def start(self) -> Self:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_get("/socket", self._socket)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._port = runner.addresses[0][1]
+        self._runner = runner
+        return self
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        for task in list(self._redeliveries):
+            task.cancel()
+        await asyncio.gather(*self._redeliveries, return_exceptions=True)
+        await self.disconnect_clients()
+        await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- test controls ----------------------------------------------------------------------
+    def fail(self, method: str, fault: Fault | None = None, *, times: int = 1, **kw: Any) -> None:
+        """The next ``times`` calls of ``method`` get ``fault`` (or ``Fault(**kw)``)."""
+        for _ in range(times):
+            self._faults[method].append(fault or Fault(**kw))
+
+    def calls_to(self, method: str) -> list[Call]:
+        return [c for c in self.calls if c.method == method]
+
+    @property
+    def open_sockets(self) -> int:
+        return sum(1 for ws in self._sockets if not ws.closed)
+
+    # Waits take a timeout (ASYNC109) so that a broken adapter fails a test instead of hanging it.
+    async def wait_for_connections(self, count: int, timeout: float = 5.0) -> None:
+        """Until ``count`` websockets were accepted in total and one of them is open."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: self.connections >= count and self.open_sockets)
+
+    async def wait_for_no_sockets(self, timeout: float = 5.0) -> None:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: self.open_sockets == 0)
+
+    async def disconnect_clients(self, *, abort: bool = False) -> None:
+        """Close every socket; ``abort`` cuts the TCP connection without a close frame."""
+        sockets, self._sockets = self._sockets, []
+        for ws in sockets:
+            request = self._requests.pop(ws, None)
+            with contextlib.suppress(Exception):
+                if abort and request is not None and request.transport is not None:
+                    request.transport.abort()
+                else:
+                    await ws.close(code=1001, message=b"going away")
+
+    async def send_disconnect(self, reason: str = "refresh_requested") -> None:
+        await self._send({"type": "disconnect", "reason": reason, "debug_info": {"host": "fake"}})
+
+    @staticmethod
+    def message_event(
+        channel: str,
+        user: str,
+        text: str,
+        *,
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        bot_id: str | None = None,
+        subtype: str | None = None,
+        channel_type: str = "channel",
+    ) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "type": "message",
+            "channel": channel,
+            "user": user,
+            "text": text,
+            "ts": ts or f"{time.time():.6f}",
+            "event_ts": ts or f"{time.time():.6f}",
+            "channel_type": channel_type,
+        }
+        if thread_ts is not None:
+            event["thread_ts"] = thread_ts
+        if bot_id is not None:
+            event["bot_id"] = bot_id
+        if subtype is not None:
+            event["subtype"] = subtype
+        return event
+
+    async def push_event(
+        self, event: dict[str, Any], *, event_id: str | None = None, retry_attempt: int = 0
+    ) -> str:
+        """Deliver ``event`` over the newest open socket; returns the envelope id."""
+        event_id = event_id or f"Ev{next(self._event_ids):08d}"
+        envelope_id = str(uuid.uuid4())
+        if event.get("type") == "message" and "subtype" not in event:
+            self._history[event["channel"]].append(dict(event))
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": "events_api",
+            "accepts_response_payload": False,
+            "retry_attempt": retry_attempt,
+            "retry_reason": "timeout" if retry_attempt else "",
+            "payload": {
+                "token": "fake-verification-token",
+                "team_id": self.team_id,
+                "api_app_id": "AFAKE0001",
+                "type": "event_callback",
+                "event_id": event_id,
+                "event_time": int(time.time()),
+                "event": event,
+                "authorizations": [
+                    {"team_id": self.team_id, "user_id": self.bot_user_id, "is_bot": True}
+                ],
+            },
+        }
+        self._envelopes[envelope_id] = _Envelope()
+        if self.redeliver_after_s is None:
+            await self._send(envelope)
+        else:
+            task = asyncio.create_task(self._deliver_until_acked(envelope))
+            self._redeliveries.add(task)
+            task.add_done_callback(self._redeliveries.discard)
+        return envelope_id
+
+    async def _deliver_until_acked(self, frame: dict[str, Any]) -> None:
+        assert self.redeliver_after_s is not None
+        envelope = self._envelopes[frame["envelope_id"]]
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.open_sockets > 0)
+            ws = [w for w in self._sockets if not w.closed][-1]
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_str(json.dumps(frame))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.redeliver_after_s):
+                    await envelope.acked.wait()
+                return
+            if envelope.attempts > self.max_redeliveries:
+                return  # Slack gives up on the event
+            # A retry is a new envelope of the same event, as Slack sends it.
+            frame = dict(frame, envelope_id=str(uuid.uuid4()), retry_attempt=envelope.attempts)
+            frame["retry_reason"] = "timeout"
+            envelope.attempts += 1
+            self._envelopes[frame["envelope_id"]] = envelope
+
+    async def push_command(
+        self, command: str, text: str = "", *, channel: str, user: str, trigger_id: str = ""
+    ) -> str:
+        """Deliver a slash command as Socket Mode does (a ``slash_commands`` envelope)."""
+        envelope_id = str(uuid.uuid4())
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": "slash_commands",
+            "accepts_response_payload": True,
+            "payload": {
+                "token": "fake-verification-token",
+                "team_id": self.team_id,
+                "api_app_id": "AFAKE0001",
+                "channel_id": channel,
+                "user_id": user,
+                "user_name": "someone",
+                "command": command,
+                "text": text,
+                "response_url": f"{self.root}/commands/{envelope_id}",
+                "trigger_id": trigger_id or f"{next(self._event_ids)}.{envelope_id[:8]}",
+            },
+        }
+        self._envelopes[envelope_id] = _Envelope()
+        await self._send(envelope)
+        return envelope_id
+
+    def acked(self, envelope_id: str) -> bool:
+        envelope = self._envelopes.get(envelope_id)
+        return envelope is not None and envelope.ack is not None
+
+    async def wait_for_ack(self, envelope_id: str, timeout: float = 5.0) -> Ack:
+        envelope = self._envelopes[envelope_id]
+        async with asyncio.timeout(timeout):
+            await envelope.acked.wait()
+        assert envelope.ack is not None
+        return envelope.ack
+
+    # -- Socket Mode --------------------------------------------------------------------------
+    async def _send(self, frame: dict[str, Any]) -> None:
+        async with asyncio.timeout(5.0), self._changed:
+            await self._changed.wait_for(lambda: self.open_sockets > 0)
+        ws = [w for w in self._sockets if not w.closed][-1]
+        await ws.send_str(json.dumps(frame))
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("ticket") not in self._tickets:
+            return web.Response(status=401, text="invalid ticket")
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        hello = {
+            "type": "hello",
+            "num_connections": 1,
+            "connection_info": {"app_id": "AFAKE0001"},
+            "debug_info": {"host": "fake", "approximate_connection_time": 18060},
+        }
+        await ws.send_str(json.dumps(hello))
+        async with self._changed:
+            self._sockets.append(ws)
+            self._requests[ws] = request
+            self.connections += 1
+            self._changed.notify_all()
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    self._record_ack(msg.data)
+        finally:
+            self._requests.pop(ws, None)
+            async with self._changed:
+                self._changed.notify_all()
+        return ws
+
+    def _record_ack(self, data: str) -> None:
+        with contextlib.suppress(ValueError):
+            frame = json.loads(data)
+            envelope = self._envelopes.get(frame.get("envelope_id", ""))
+            if envelope is not None and envelope.ack is None:
+                envelope.ack = Ack(frame["envelope_id"], time.monotonic(), frame.get("payload"))
+                self.acks[envelope.ack.envelope_id] = envelope.ack
+                envelope.acked.set()
+
+    # -- Web API ------------------------------------------------------------------------------
+    async def _api(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        args: dict[str, Any] = dict(request.query)
+        if request.content_type == "application/json":
+            args.update(await request.json())
+        elif request.can_read_body:
+            args.update(await request.post())
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
+        self.calls.append(Call(method, args, token))
+        wanted = self.app_token if method == "apps.connections.open" else self.bot_token
+        if token != wanted:
+            return _error("invalid_auth" if token else "not_authed")
+        fault = self._faults[method].popleft() if self._faults[method] else None
+        if fault is not None:
+            if fault.after_commit and method == "chat.postMessage":
+                self._post(args)
+            return await self._fault(request, fault)
+        handler = getattr(self, "_m_" + method.replace(".", "_"), None)
+        if handler is None:
+            return _error("unknown_method", status=404)
+        result: web.StreamResponse = handler(args)
+        return result
+
+    async def _fault(self, request: web.Request, fault: Fault) -> web.StreamResponse:
+        if fault.delay:
+            await asyncio.sleep(fault.delay)
+        if fault.drop:
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=500)
+        headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
+        return _error(fault.error or "ratelimited", status=fault.status, headers=headers)
+
+    def _m_auth_test(self, args: dict[str, Any]) -> web.Response:
+        return _ok(
+            url="https://fake.slack.com/",
+            team="Fake Team",
+            user="geodebot",
+            team_id=self.team_id,
+            user_id=self.bot_user_id,
+            bot_id=self.bot_id,
+            is_enterprise_install=False,
+        )
+
+    def _m_apps_connections_open(self, args: dict[str, Any]) -> web.Response:
+        ticket = uuid.uuid4().hex
+        self._tickets.add(ticket)
+        return _ok(url=f"ws://127.0.0.1:{self._port}/socket?ticket={ticket}")
+
+    def _m_chat_postMessage(self, args: dict[str, Any]) -> web.Response:
+        if not args.get("channel"):
+            return _error("channel_not_found")
+        text = str(args.get("text") or "")
+        if not text and not args.get("blocks"):
+            return _error("no_text")
+        if len(text) > MAX_TEXT:
+            return _error("msg_too_long")
+        message = self._post(args)
+        return _ok(channel=args["channel"], ts=message["ts"], message=message)
+
+    def _m_conversations_history(self, args: dict[str, Any]) -> web.Response:
+        channel = str(args.get("channel", ""))
+        oldest = float(args.get("oldest") or 0)
+        found = [
+            m
+            for m in reversed(self._history.get(channel, []))
+            if m.get("thread_ts", m["ts"]) == m["ts"] and float(m["ts"]) > oldest
+        ]
+        return self._page(found, args)
+
+    def _m_conversations_replies(self, args: dict[str, Any]) -> web.Response:
+        channel, ts = str(args.get("channel", "")), str(args.get("ts", ""))
+        messages = self._history.get(channel, [])
+        found = [m for m in messages if m["ts"] == ts or m.get("thread_ts") == ts]
+        if not found:
+            return _error("thread_not_found")
+        return self._page(found, args)
+
+    def _page(self, found: list[dict[str, Any]], args: dict[str, Any]) -> web.Response:
+        start = int(args.get("cursor") or 0)
+        limit = min(int(args.get("limit") or 100), 999)
+        page = found[start : start + limit]
+        if str(args.get("include_all_metadata", "")).lower() not in ("1", "true"):
+            page = [{k: v for k, v in m.items() if k != "metadata"} for m in page]
+        more = start + limit < len(found)
+        cursor = str(start + limit) if more else ""
+        return _ok(messages=page, has_more=more, response_metadata={"next_cursor": cursor})
+
+    def _post(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._last_ts = max(time.time(), self._last_ts + 0.000001)
+        ts = f"{self._last_ts:.6f}"
+        metadata = args.get("metadata")
+        if isinstance(metadata, str):
+            metadata = json.loads(metadata)
+        thread_ts = args.get("thread_ts") or None
+        channel = str(args["channel"])
+        message: dict[str, Any] = {
+            "type": "message",
+            "ts": ts,
+            "text": str(args.get("text") or ""),
+            "user": self.bot_user_id,
+            "bot_id": self.bot_id,
+            "team": self.team_id,
+        }
+        if thread_ts:
+            message["thread_ts"] = thread_ts
+        if metadata:
+            message["metadata"] = metadata
+        self._history[channel].append(message)
+        self.posted[channel].append(Posted(channel, ts, message["text"], thread_ts, metadata))
+        return message
+
+
+def _ok(**data: Any) -> web.Response:
+    return web.json_response({"ok": True, **data})
+
+
+def _error(code: str, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"ok": False, "error": code}, status=status, headers=headers)

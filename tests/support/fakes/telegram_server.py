@@ -1,0 +1,509 @@
+"""A fake Telegram Bot API on 127.0.0.1, speaking HTTP the way python-telegram-bot uses it.
+
+``POST /bot<token>/<method>`` with form (what PTB sends: strings, JSON for lists and objects),
+multipart or JSON bodies; answers ``{"ok": true, "result": ...}`` or the real error shape
+``{"ok": false, "error_code", "description", "parameters": {"retry_after"}}``.
+
+Behaviour worth knowing in tests:
+
+* getUpdates confirms every update below ``offset`` (they are gone for good, like Telegram);
+  ``confirmed_offset`` is the highest offset any call confirmed. A long poll that is still
+  waiting when another getUpdates arrives is ended with 409 "terminated by other getUpdates
+  request", as Telegram does (the newcomer is served).
+* A message in a forum topic carries, as Telegram sends it, ``reply_to_message`` pointing at
+  the topic's creation message; here the bot created every topic, the case where a naive
+  "reply to the bot" check treats every topic message as addressed to the bot.
+* sendMessage with ``parse_mode=HTML`` rejects unknown or unbalanced tags and bare ``<``/``&``
+  with Telegram's "can't parse entities" error; length is counted in UTF-16 code units of
+  the visible text (never fewer than code points, so at least as strict as Telegram). A bare
+  ``>`` is accepted.
+* ``fail_next`` answers the next calls of a method with an error before anything else;
+  ``answer_next`` answers the next call with ``ok: true`` and the given result, unexecuted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import itertools
+import json
+import re
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from aiohttp import web
+
+DEFAULT_TOKEN = "7000001234:AAHfake-token_for-tests-0123456789abcdef"
+MAX_TEXT = 4096
+
+_PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)$")
+_JSON_PARAMS = {"allowed_updates", "commands", "entities", "reply_parameters", "scope"}
+_INT_PARAMS = {"offset", "limit", "timeout", "message_thread_id", "reply_to_message_id"}
+_TAGS = {
+    "b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler",
+    "a", "code", "pre", "blockquote", "tg-emoji",
+}  # fmt: skip
+_TAG = re.compile(
+    r"<(/?)([A-Za-z][A-Za-z0-9-]*)((?:\s+[A-Za-z-]+(?:=(?:\"[^\"]*\"|'[^']*'|[^\s>]+))?)*)\s*>"
+)
+_ENTITY = re.compile(r"&(?:lt|gt|amp|quot|#\d{1,7}|#x[0-9A-Fa-f]{1,6});")
+_AUTO_ENTITIES = re.compile(
+    r"(?P<cmd>^/[A-Za-z0-9_]+(?:@[A-Za-z0-9_]+)?)|(?P<at>@[A-Za-z0-9_]{5,32})"
+)
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    chat_id: int
+    message_id: int
+    text: str  # as sent (HTML source when parse_mode is HTML)
+    parse_mode: str | None
+    reply_to_message_id: int | None
+    allow_sending_without_reply: bool | None
+    thread_id: int | None
+
+
+@dataclass(frozen=True)
+class SentAction:
+    chat_id: int
+    action: str
+    thread_id: int | None
+
+
+@dataclass
+class _Failure:
+    status: int
+    description: str
+    retry_after: float | None
+    times: int
+
+
+class _Poll:
+    terminated = False
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.description = description
+
+
+def html_visible(text: str) -> str:
+    """The text Telegram would show for ``text`` in HTML mode; raises ApiError(400) if invalid."""
+    out: list[str] = []
+    stack: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        at = f"at byte offset {len(text[:i].encode())}" if ch in "<&" else ""
+        if ch == "<":
+            tag = _TAG.match(text, i)
+            if tag is None:
+                raise _entities_error(f"Unexpected end of name token {at}")
+            closing, name = tag.group(1) == "/", tag.group(2).lower()
+            if name not in _TAGS:
+                raise _entities_error(f'Unsupported start tag "{name}" {at}')
+            if closing and (not stack or stack.pop() != name):
+                raise _entities_error(f"Unmatched end tag {at}")
+            if not closing:
+                stack.append(name)
+            i = tag.end()
+        elif ch == "&":
+            entity = _ENTITY.match(text, i)
+            if entity is None:
+                raise _entities_error(f"Can't find end of the entity {at}")
+            out.append(html.unescape(entity.group()))
+            i = entity.end()
+        else:
+            out.append(ch)
+            i += 1
+    if stack:
+        raise _entities_error(f'Can\'t find end tag corresponding to start tag "{stack[-1]}"')
+    return "".join(out)
+
+
+def _entities_error(detail: str) -> ApiError:
+    return ApiError(400, f"Bad Request: can't parse entities: {detail}")
+
+
+def _utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def auto_entities(text: str) -> list[dict[str, Any]]:
+    """Mentions and a leading command, with UTF-16 offsets, as Telegram would add them."""
+    return [
+        {
+            "type": "bot_command" if match.group("cmd") else "mention",
+            "offset": _utf16_len(text[: match.start()]),
+            "length": _utf16_len(match.group()),
+        }
+        for match in _AUTO_ENTITIES.finditer(text)
+    ]
+
+
+class FakeTelegram:
+    def __init__(self, token: str = DEFAULT_TOKEN, *, bot_username: str = "geode_test_bot") -> None:
+        self.token = token
+        self.bot_id = int(token.split(":", 1)[0])
+        self.bot_user: dict[str, Any] = {"id": self.bot_id, "is_bot": True, "first_name": "Geode"}
+        self.bot_user.update(username=bot_username, can_read_all_group_messages=False)
+        self.sent: defaultdict[int, list[SentMessage]] = defaultdict(list)
+        self.actions: list[SentAction] = []
+        self.commands: list[dict[str, str]] | None = None
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.webhook_deletes = 0
+        self.confirmed_offset = 0
+        self.pushed: dict[int, dict[str, Any]] = {}  # every update queued, by update_id
+        self._updates: list[dict[str, Any]] = []
+        self._update_ids = itertools.count(1000)
+        self._message_ids: defaultdict[int, itertools.count[int]] = defaultdict(
+            lambda: itertools.count(1)
+        )
+        self._messages: dict[tuple[int, int], dict[str, Any]] = {}
+        self._allowed: set[str] = set()
+        self._failures: defaultdict[str, deque[_Failure]] = defaultdict(deque)
+        self._canned: defaultdict[str, deque[Any]] = defaultdict(deque)
+        self._poll: _Poll | None = None
+        # Replaced on every change: waiters hold the old one, so a change wakes them all.
+        self._changed = asyncio.Event()
+        self._closing = False
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def api_base_url(self) -> str:
+        if self._runner is None:
+            raise RuntimeError("FakeTelegram is not running")
+        return f"http://127.0.0.1:{self._port}/bot"
+
+    async def start(self) -> Self:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        # handler_cancellation: a client that gives up its long poll frees it at once.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._port = runner.addresses[0][1]
+        self._closing = False
+        self._runner = runner
+        return self
+
+    async def close(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._closing = True
+        self._notify()
+        await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- test controls --------------------------------------------------------------------
+    def push_message(
+        self,
+        chat_id: int,
+        text: str,
+        *,
+        user_id: int,
+        is_bot: bool = False,
+        username: str | None = None,
+        first_name: str = "Test",
+        chat_type: str = "group",
+        thread_id: int | None = None,
+        entities: list[dict[str, Any]] | None = None,
+        reply_to: int | None = None,
+        caption: bool = False,
+        update_id: int | None = None,
+    ) -> int:
+        """Queue a user's message as an update; returns its update_id.
+
+        ``entities=None`` adds mentions and a leading command like Telegram; ``reply_to`` is
+        the message_id of an earlier message in the chat (sent or pushed); ``caption`` sends
+        the text as a photo caption. A given ``update_id`` simulates a redelivery."""
+        sender: dict[str, Any] = {"id": user_id, "is_bot": is_bot, "first_name": first_name}
+        if username:
+            sender["username"] = username
+        message = self._new_message(chat_id, chat_type, thread_id, reply_to)
+        message["from"] = sender
+        found = auto_entities(text) if entities is None else entities
+        if caption:
+            message["photo"] = [{"file_id": "p1", "file_unique_id": "u1", "width": 1, "height": 1}]
+            message["caption"] = text
+            if found:
+                message["caption_entities"] = found
+        else:
+            message["text"] = text
+            if found:
+                message["entities"] = found
+        return self.push_update({"message": message}, update_id=update_id)
+
+    def push_channel_post(self, chat_id: int, text: str) -> int:
+        message = self._new_message(chat_id, "channel", None, None)
+        message["sender_chat"] = message["chat"]
+        message["text"] = text
+        return self.push_update({"channel_post": message})
+
+    def push_update(self, payload: Mapping[str, Any], *, update_id: int | None = None) -> int:
+        """Queue any update (``{"message": {...}}``); update_ids keep increasing."""
+        if update_id is None:
+            update_id = next(self._update_ids)
+        else:
+            self._update_ids = itertools.count(max(update_id + 1, next(self._update_ids)))
+        update = {"update_id": update_id, **payload}
+        self.pushed[update_id] = update
+        self._updates.append(update)
+        self._updates.sort(key=lambda u: int(u["update_id"]))
+        self._notify()
+        return update_id
+
+    def fail_next(
+        self,
+        method: str,
+        status: int,
+        description: str,
+        retry_after: float | None = None,
+        times: int = 1,
+    ) -> None:
+        self._failures[method.lower()].append(_Failure(status, description, retry_after, times))
+
+    def answer_next(self, method: str, result: Any) -> None:
+        self._canned[method.lower()].append(result)
+
+    # The waits take their own timeout (ASYNC109): a test always wants one, and inline.
+    async def wait_for_sent(
+        self,
+        chat_id: int,
+        n: int,
+        timeout: float = 5.0,
+    ) -> list[SentMessage]:
+        await self._wait(lambda: len(self.sent[chat_id]) >= n, timeout)
+        return list(self.sent[chat_id])
+
+    async def wait_for_confirmed(self, offset: int, timeout: float = 5.0) -> None:
+        await self._wait(lambda: self.confirmed_offset >= offset, timeout)
+
+    async def wait_for_reply_to(self, update_id: int, timeout: float = 5.0) -> SentMessage:
+        """Until a message sent to the chat of update ``update_id`` replies to its message;
+        that reply (a control message's answer, say: see tests/support/control.py)."""
+        message = self.pushed[update_id]["message"]
+        chat_id, message_id = int(message["chat"]["id"]), int(message["message_id"])
+
+        def reply() -> SentMessage | None:
+            found = [m for m in self.sent[chat_id] if m.reply_to_message_id == message_id]
+            return found[0] if found else None
+
+        await self._wait(lambda: reply() is not None, timeout)
+        answer = reply()
+        assert answer is not None
+        return answer
+
+    async def wait_for_request(
+        self,
+        method: str,
+        n: int = 1,
+        timeout: float = 5.0,
+    ) -> None:
+        """Until ``n`` calls of ``method`` arrived in total (failed ones included)."""
+        await self._wait(lambda: self.count(method) >= n, timeout)
+
+    def count(self, method: str) -> int:
+        return sum(1 for name, _ in self.requests if name == method.lower())
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _new_message(
+        self, chat_id: int, chat_type: str, thread_id: int | None, reply_to: int | None
+    ) -> dict[str, Any]:
+        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
+        if chat_type != "private":
+            chat["title"] = f"Chat {chat_id}"
+        if thread_id is not None:
+            chat["is_forum"] = True
+        message_id = next(self._message_ids[chat_id])
+        message: dict[str, Any] = {"message_id": message_id, "date": int(time.time()), "chat": chat}
+        if thread_id is not None:
+            message["message_thread_id"] = thread_id
+            message["is_topic_message"] = True
+            if reply_to is None:
+                message["reply_to_message"] = {
+                    "message_id": thread_id,
+                    "date": int(time.time()),
+                    "chat": chat,
+                    "from": self.bot_user,
+                    "message_thread_id": thread_id,
+                    "forum_topic_created": {"name": f"topic {thread_id}", "icon_color": 7322096},
+                }
+        if reply_to is not None:
+            message["reply_to_message"] = self._messages[(chat_id, reply_to)]
+        self._messages[(chat_id, message_id)] = {
+            k: v for k, v in message.items() if k != "reply_to_message"
+        }
+        return message
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait(self, predicate: Callable[[], bool], limit_s: float) -> None:
+        async with asyncio.timeout(limit_s):
+            while not predicate():
+                await self._changed.wait()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        match = _PATH.match(request.path)
+        if match is None or match.group("token") != self.token:
+            return _error(401 if match else 404, "Unauthorized" if match else "Not Found")
+        method = match.group("method").lower()
+        params = await _params(request)
+        self.requests.append((method, params))
+        self._notify()
+        failures = self._failures[method]
+        if failures:
+            failure = failures[0]
+            failure.times -= 1
+            if failure.times <= 0:
+                failures.popleft()
+            return _error(failure.status, failure.description, failure.retry_after)
+        if self._canned[method]:
+            return web.json_response({"ok": True, "result": self._canned[method].popleft()})
+        handler = getattr(self, f"_m_{method.lower()}", None)
+        if handler is None:
+            return _error(404, "Not Found")
+        try:
+            result = await handler(params)
+        except ApiError as exc:
+            return _error(exc.status, exc.description)
+        self._notify()
+        return web.json_response({"ok": True, "result": result})
+
+    async def _m_getme(self, params: dict[str, Any]) -> Any:
+        return self.bot_user
+
+    async def _m_deletewebhook(self, params: dict[str, Any]) -> Any:
+        self.webhook_deletes += 1
+        return True
+
+    async def _m_setmycommands(self, params: dict[str, Any]) -> Any:
+        commands = params.get("commands")
+        if not isinstance(commands, list) or not all(
+            re.fullmatch(r"[a-z0-9_]{1,32}", str(c.get("command", ""))) for c in commands
+        ):
+            raise ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+        self.commands = commands
+        return True
+
+    async def _m_sendchataction(self, params: dict[str, Any]) -> Any:
+        thread = params.get("message_thread_id")
+        self.actions.append(SentAction(int(params["chat_id"]), str(params["action"]), thread))
+        return True
+
+    async def _m_getupdates(self, params: dict[str, Any]) -> Any:
+        offset = int(params.get("offset") or 0)
+        limit = int(params.get("limit") or 100)
+        timeout = float(params.get("timeout") or 0)
+        if "allowed_updates" in params:
+            self._allowed = set(params["allowed_updates"] or ())
+        if offset > 0:
+            self._updates = [u for u in self._updates if int(u["update_id"]) >= offset]
+            self.confirmed_offset = max(self.confirmed_offset, offset)
+        if self._poll is not None:
+            self._poll.terminated = True
+        poll = self._poll = _Poll()
+        self._notify()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                if poll.terminated:
+                    raise ApiError(
+                        409,
+                        "Conflict: terminated by other getUpdates request; "
+                        "make sure that only one bot instance is running",
+                    )
+                batch = self._deliverable(limit)
+                remaining = deadline - loop.time()
+                if batch or remaining <= 0 or self._closing:
+                    return batch
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._changed.wait()
+        finally:
+            if self._poll is poll:
+                self._poll = None
+
+    def _deliverable(self, limit: int) -> list[dict[str, Any]]:
+        if self._allowed:
+            # Telegram never creates updates of types the bot did not ask for.
+            self._updates = [u for u in self._updates if self._allowed & u.keys()]
+        return self._updates[:limit]
+
+    async def _m_sendmessage(self, params: dict[str, Any]) -> Any:
+        chat_id = int(params["chat_id"])
+        text = str(params.get("text", ""))
+        parse_mode = params.get("parse_mode")
+        visible = html_visible(text) if parse_mode == "HTML" else text
+        if not visible.strip():
+            raise ApiError(400, "Bad Request: message text is empty")
+        if _utf16_len(visible) > MAX_TEXT:
+            raise ApiError(400, "Bad Request: message is too long")
+        reply = params.get("reply_parameters") or {}
+        reply_id = reply.get("message_id", params.get("reply_to_message_id"))
+        allow = reply.get("allow_sending_without_reply", params.get("allow_sending_without_reply"))
+        allow_flag = None if allow is None else allow in (True, "true", "True")
+        replied = self._messages.get((chat_id, int(reply_id))) if reply_id is not None else None
+        if reply_id is not None and replied is None and not allow_flag:
+            raise ApiError(400, "Bad Request: message to be replied not found")
+        thread = params.get("message_thread_id")
+        message_id = next(self._message_ids[chat_id])
+        chat = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
+        message: dict[str, Any] = {"message_id": message_id, "date": int(time.time())}
+        message.update(chat=chat, text=visible, **{"from": self.bot_user})
+        if thread is not None:
+            message.update(message_thread_id=thread, is_topic_message=True)
+        self._messages[(chat_id, message_id)] = dict(message)
+        if replied is not None:
+            message["reply_to_message"] = replied
+        reply_to = None if reply_id is None else int(reply_id)
+        sent = SentMessage(chat_id, message_id, text, parse_mode, reply_to, allow_flag, thread)
+        self.sent[chat_id].append(sent)
+        return message
+
+
+async def _params(request: web.Request) -> dict[str, Any]:
+    if request.content_type == "application/json":
+        body = await request.json()
+        return dict(body) if isinstance(body, dict) else {}
+    form = await request.post()
+    params: dict[str, Any] = {}
+    for key, value in form.items():
+        if not isinstance(value, str):
+            continue  # an uploaded file: nothing here needs its bytes
+        if key in _JSON_PARAMS:
+            params[key] = json.loads(value)
+        elif key in _INT_PARAMS:
+            params[key] = int(value)
+        else:
+            params[key] = value
+    return params
+
+
+def _error(status: int, description: str, retry_after: float | None = None) -> web.Response:
+    body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
+    if retry_after is not None:
+        body["parameters"] = {"retry_after": retry_after}
+    return web.json_response(body, status=status)

@@ -1,0 +1,253 @@
+"""The Anthropic adapter's request body: the SDK's encoding, history from cached block JSON
+and, for a conversation that goes on, from the array its previous request built."""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
+from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON
+from geodebot.engine.llm.types import (
+    LLMRequest,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolSchema,
+    ToolUseBlock,
+)
+from tests.support.fakes.llm_server import FakeLLMServer, Reply
+
+KEY = "sk-ant-test-0123456789abcdef"
+SCHEMA = ToolSchema("lookup", "Looks a word up.", {"type": "object"})
+
+
+@pytest.fixture
+async def srv() -> AsyncIterator[FakeLLMServer]:
+    async with FakeLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def adapter(srv: FakeLLMServer) -> AsyncIterator[AnthropicAdapter]:
+    made = AnthropicAdapter(model="m", api_key=KEY, api_key_env="K", base_url=srv.url)
+    yield made
+    await made.aclose()
+
+
+async def test_the_body_is_the_messages_api_shape(srv: FakeLLMServer, adapter: AnthropicAdapter):
+    history = (
+        Message("user", (TextBlock('Wörter: ünïcode, "quotes" and \\ <tags>'),)),
+        Message("assistant", (TextBlock("Looking."), ToolUseBlock("c1", "lookup", {"q": "x"}))),
+        Message("user", (TextBlock("also this"), ToolResultBlock("c1", "found", is_error=True))),
+        Message("user", (TextBlock("   "),)),  # blank text: dropped
+    )
+    srv.script(Reply("ok"))
+    await adapter.complete(LLMRequest("be brief", history, (SCHEMA,), max_tokens=77))
+    sent = srv.requests[-1]
+    assert sent.headers["content-type"] == "application/json"
+    assert "ünïcode" in sent.raw.decode()  # UTF-8 as is, like the SDK (ensure_ascii off)
+    assert json.loads(sent.raw) == {
+        "model": "m",
+        "max_tokens": 77,
+        "system": "be brief",
+        "tools": [{"name": "lookup", "description": "Looks a word up.",
+                   "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user",
+             "content": [{"type": "text", "text": "Wörter: ünïcode, \"quotes\" and \\ <tags>"}]},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "c1", "name": "lookup", "input": {"q": "x"}},
+            ]},
+            # The tool result leads its user turn; the two user messages are one turn.
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": "found", "is_error": True},
+                {"type": "text", "text": "also this"},
+            ]},
+        ],
+    }  # fmt: skip
+
+
+def test_a_message_is_encoded_once_while_it_is_held():
+    cache = MessageJSON()
+    blocks = (TextBlock("hello"), TextBlock("  "), ToolResultBlock("c", "r"))
+    message = Message("user", blocks)
+    first = cache(message)
+    # Blank text is not sent; a tool result is marked as one.
+    assert [(role, result, json.loads(text)) for role, result, text in first] == [
+        ("user", False, {"type": "text", "text": "hello"}),
+        ("user", True, {"type": "tool_result", "tool_use_id": "c", "content": "r",
+                        "is_error": False}),
+    ]  # fmt: skip
+    assert cache(message) is first  # not encoded again
+    equal_but_new = Message("user", blocks)
+    assert cache(equal_but_new) == first
+    assert cache(equal_but_new) is not first  # a different object has its own entry
+
+
+def test_the_cache_is_bounded_by_characters_oldest_first():
+    size = len(MessageJSON()(Message.user_text("x" * 100))[0][2])
+    cache = MessageJSON(max_chars=size * 3)
+    messages = [Message.user_text(str(i) * 100) for i in range(1, 6)]
+    kept = [cache(m) for m in messages]
+    assert cache(messages[4]) is kept[4]
+    assert cache(messages[3]) is kept[3]
+    assert cache(messages[0]) is not kept[0]  # evicted, encoded again
+    huge = Message.user_text("y" * (size * 4))
+    assert cache(huge) is not cache(huge)  # larger than the bound: never held
+
+
+def test_an_entry_goes_with_its_message():
+    # The cache must never keep a history alive that the engine has let go of.
+    cache = MessageJSON()
+    kept = Message.user_text("kept")
+    cache(kept)
+    for i in range(100):
+        cache(Message.user_text(f"gone {i}"))  # each freed right after the call
+    gc.collect()
+    assert len(cache) == 1
+    assert cache(kept) is cache(kept)
+
+
+def test_a_full_cache_stays_within_its_bound():
+    cache = MessageJSON(max_chars=10_000)
+    alive = [Message.user_text(f"message {i:05d} " + "x" * 40) for i in range(5_000)]
+    size = len(MessageJSON()(alive[0])[0][2])  # every entry is this long
+    for message in alive:
+        cache(message)
+    assert len(cache) == 10_000 // size  # as many as fit, no more
+    assert cache(alive[-1]) is cache(alive[-1])  # the newest are the ones kept
+
+
+class CountingJSON:
+    """MessageJSON that counts the messages it is asked for."""
+
+    def __init__(self) -> None:
+        self.inner = MessageJSON()
+        self.asked: list[Message] = []
+
+    def __call__(self, message: Message) -> tuple[tuple[str, bool, str], ...]:
+        self.asked.append(message)
+        return self.inner(message)  # type: ignore[return-value]  # the SDK's own type
+
+
+def whole(messages: list[Message]) -> str:
+    """The array built whole, by a cache that has seen nothing."""
+    return HistoryJSON(MessageJSON())(messages)
+
+
+def turn_pair(i: int) -> list[Message]:
+    return [Message.user_text(f"question {i}"), Message("assistant", (TextBlock(f"answer {i}"),))]
+
+
+def test_a_conversation_that_goes_on_encodes_only_its_new_messages():
+    counting = CountingJSON()
+    history = HistoryJSON(counting)
+    messages = [m for i in range(50) for m in turn_pair(i)]
+    assert history(messages) == whole(messages)
+    assert len(counting.asked) == 100
+    counting.asked.clear()
+    messages += turn_pair(50)
+    assert history(messages) == whole(messages)
+    assert counting.asked == messages[-2:]
+
+
+def test_a_new_message_of_the_same_role_joins_the_last_turn():
+    # The previous request ended with a user turn; the next one adds a tool result and text
+    # for the same user turn: the API must see one turn, tool result first.
+    history = HistoryJSON(MessageJSON())
+    messages = [Message.user_text("one"), Message.user_text("two")]
+    history(messages)
+    messages += [
+        Message("user", (TextBlock("three"), ToolResultBlock("c1", "done"))),
+        Message("assistant", (TextBlock("ok"),)),
+    ]
+    assert history(messages) == whole(messages)
+    assert [t["role"] for t in json.loads(history(messages))] == ["user", "assistant"]
+
+
+def test_a_request_that_is_not_a_continuation_is_built_whole():
+    counting = CountingJSON()
+    history = HistoryJSON(counting)
+    messages = [m for i in range(5) for m in turn_pair(i)]
+    history(messages)
+    # As the engine's view does for an old screenshot: a message replaced by a copy.
+    changed = list(messages)
+    changed[3] = Message("assistant", (TextBlock("answer 1, its image dropped"),))
+    counting.asked.clear()
+    assert history(changed) == whole(changed)
+    assert len(counting.asked) == len(changed)
+    shorter = messages[:4]  # a summary request over the older part
+    assert history(shorter) == whole(shorter)
+
+
+def test_an_entry_goes_with_its_messages():
+    history = HistoryJSON(MessageJSON())
+    kept = [m for i in range(3) for m in turn_pair(i)]
+    history(kept)
+    for i in range(20):
+        history(turn_pair(100 + i))  # freed right after the call
+    gc.collect()
+    assert len(history) == 1
+    counting = CountingJSON()
+    reused = HistoryJSON(counting)
+    reused(kept)
+    counting.asked.clear()
+    assert reused(kept) == whole(kept)
+    assert counting.asked == []
+
+
+def test_the_history_cache_is_bounded_by_entries_and_characters():
+    alive = [turn_pair(i) for i in range(10)]
+    history = HistoryJSON(MessageJSON(), max_entries=4)
+    for pair in alive:
+        history(pair)
+    assert len(history) == 4
+    one = len(whole(alive[0]))
+    history = HistoryJSON(MessageJSON(), max_chars=one * 3)
+    for pair in alive:
+        history(pair)
+    assert len(history) == 3
+
+
+_BLOCKS = st.one_of(
+    st.builds(TextBlock, st.sampled_from(["a", "b", " ", "ü"])),
+    st.builds(ToolResultBlock, st.sampled_from(["c1", "c2"]), st.sampled_from(["r", ""])),
+    st.builds(ToolUseBlock, st.sampled_from(["c1", "c2"]), st.just("t"), st.just({"q": 1})),
+)
+_MESSAGES = st.builds(
+    lambda role, blocks: Message(role, tuple(blocks)),
+    st.sampled_from(["user", "assistant"]),
+    st.lists(_BLOCKS, min_size=1, max_size=3),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_MESSAGES, min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.sampled_from(["extend", "cut", "replace"]), st.lists(_MESSAGES, max_size=3)),
+        max_size=6,
+    ),
+)
+def test_every_request_equals_the_array_built_whole(
+    first: list[Message], steps: list[tuple[str, list[Message]]]
+) -> None:
+    history = HistoryJSON(MessageJSON())
+    messages = list(first)
+    assert history(messages) == whole(messages)
+    for action, new in steps:
+        if action == "extend":
+            messages = messages + new
+        elif action == "cut":
+            messages = messages[: max(1, len(messages) // 2)] + new
+        elif len(messages) > 1:
+            messages = [messages[0], *new, *messages[2:]]
+        if messages:
+            assert history(messages) == whole(messages)

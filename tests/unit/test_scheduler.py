@@ -1,0 +1,302 @@
+"""Scheduled jobs in process: fires, delivery through the outbox, honest history, overlap,
+catch-up across a restart and exactly-once claims."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from geodebot.channels.base import ChannelError
+from geodebot.config.schema import DB_FILE
+from geodebot.store.records import JobRecord
+from geodebot.store.sqlite import SQLiteStore
+from tests.support.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
+from tests.support.scheduler_world import BINDINGS, job, scheduler_world
+
+
+async def test_interval_job_posts_its_result_and_records_ok(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("All deploys green.")
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        await world.start_scheduler()
+        texts = await world.sent(1)
+        rows = await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+        session = await world.store.get_session("job:digest")
+    assert "All deploys green." in texts[0]
+    assert "digest" in texts[0]
+    ok = next(r for r in rows if r.outcome == "ok")
+    assert ok.cause == "schedule"
+    assert ok.scheduled_ms % 1000 == 0
+    assert ok.started_at is not None
+    assert ok.ended_at is not None
+    assert ok.started_at >= ok.scheduled_ms / 1000
+    assert ok.outbox_id is not None
+    # The run is a DAEMON session on the job's own session id.
+    assert session is not None
+    assert session.mode == "daemon"
+
+
+async def test_six_field_cron_fires_on_its_seconds(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("tick")
+    async with scheduler_world(tmp_path, llm_server, [job(cron="*/2 * * * * *")]) as world:
+        await world.start_scheduler()
+        rows = await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+    assert all(r.scheduled_ms % 2000 == 0 for r in rows)
+
+
+async def test_failing_model_posts_a_notice_and_records_failed_never_ok(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Error.server()
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        await world.start_scheduler()
+        texts = await world.sent(1)
+        rows = await world.wait_history(lambda rows: any(r.notice == "delivered" for r in rows))
+    assert "Job digest" in texts[0]
+    assert "failed" in texts[0]
+    assert {r.outcome for r in rows if r.outcome not in ("running", "delivering")} == {"failed"}
+    failed = next(r for r in rows if r.notice == "delivered")
+    assert "model_error" in failed.reason
+
+
+async def test_a_model_refusal_is_a_failed_run_with_a_notice(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("I can't help with that.", stop="refusal")
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        await world.start_scheduler()
+        texts = await world.sent(1)
+        rows = await world.wait_history(lambda rows: any(r.notice == "delivered" for r in rows))
+    assert "failed: the model refused" in texts[0]
+    assert not any(r.outcome == "ok" for r in rows)
+
+
+async def test_no_notice_when_the_job_does_not_want_one(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Error.server()
+    spec = job(every="1s", notify_on_failure=False)
+    async with scheduler_world(tmp_path, llm_server, [spec]) as world:
+        await world.start_scheduler()
+        rows = await world.wait_history(lambda rows: any(r.outcome == "failed" for r in rows))
+    assert world.chat.texts() == []
+    assert all(r.notice == "" for r in rows)
+
+
+async def test_budget_overrun_is_recorded_as_budget(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Delay(5, Reply("too late"))
+    spec = job(every="1s", time_budget_s=0.3)
+    async with scheduler_world(tmp_path, llm_server, [spec]) as world:
+        await world.start_scheduler()
+        texts = await world.sent(1)
+        rows = await world.wait_history(lambda rows: any(r.outcome == "budget" for r in rows))
+    assert "time budget" in texts[0]
+    assert not any(r.outcome == "ok" for r in rows)
+
+
+async def test_job_that_overruns_its_interval_records_skipped_overlap(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(Delay(1.6, Reply("slow digest")))
+    llm_server.default = Reply("fast digest")
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        await world.start_scheduler()
+        rows = await world.wait_history(
+            lambda rows: (
+                any(r.outcome == "skipped-overlap" for r in rows)
+                and any(r.outcome == "ok" for r in rows)
+            )
+        )
+    skipped = [r for r in rows if r.outcome == "skipped-overlap"]
+    assert skipped[0].reason.startswith("fire ")
+    assert skipped[0].started_at is None
+    slow = rows[0]
+    assert slow.outcome == "ok"
+    assert any(slow.scheduled_ms < r.scheduled_ms for r in skipped)
+
+
+async def test_failed_delivery_is_recorded_as_delivery_failed(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("cannot arrive")
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        world.chat.fail_next(*[ChannelError("chat not found", permanent=True)] * 50)
+        await world.start_scheduler()
+        rows = await world.wait_history(
+            lambda rows: any(r.outcome == "delivery-failed" for r in rows)
+        )
+    failed = next(r for r in rows if r.outcome == "delivery-failed")
+    assert "chat not found" in failed.reason
+    assert not any(r.outcome == "ok" for r in rows)
+
+
+async def test_restart_with_catch_up_skip_runs_none_and_says_so(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("on time")
+    spec = job(every="1s", catch_up="skip")
+    async with scheduler_world(tmp_path, llm_server, [spec]) as world:
+        scheduler = await world.start_scheduler()
+        await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+        await scheduler.stop(5)
+        await asyncio.sleep(1.5)
+        await world.start_scheduler()
+        rows = await world.wait_history(
+            lambda rows: any(r.outcome == "skipped-missed" for r in rows)
+        )
+        # Stop before the live schedule adds more rows that would blur the count.
+        await world.schedulers[-1].stop(5)
+        rows = await world.history()
+    catch_up = [r for r in rows if r.cause == "catch-up"]
+    assert [r.outcome for r in catch_up] == ["skipped-missed"]
+    assert "catch_up = skip" in catch_up[0].reason
+
+
+async def test_racing_claims_of_one_fire_run_it_once(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    async with scheduler_world(tmp_path, llm_server, [job(every="1h")]) as world:
+        other = SQLiteStore(tmp_path / "var" / DB_FILE)
+        await other.open()
+        try:
+            fire_ms = 1_900_000_000_000
+            results = await asyncio.gather(
+                *(
+                    store.fire_claim("digest", fire_ms, "schedule")
+                    for _ in range(10)
+                    for store in (world.store, other)
+                )
+            )
+        finally:
+            await other.close()
+        rows = await world.history()
+    assert sum(won for _, won in results) == 1
+    assert len({fire.id for fire, _ in results}) == 1
+    assert len(rows) == 1
+
+
+async def test_restart_right_after_a_claim_does_not_run_the_fire_again(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("must not run")
+    fire_s = int(time.time()) + 1
+    at = datetime.fromtimestamp(fire_s, UTC).isoformat()
+    async with scheduler_world(tmp_path, llm_server, [job(at=at)]) as world:
+        scheduler = await world.start_scheduler()
+        # A previous process claimed the fire and died before it ran.
+        await scheduler.stop(1)
+        _, won = await world.store.fire_claim("digest", fire_s * 1000, "schedule")
+        assert won
+        await asyncio.sleep(max(0.0, fire_s + 0.2 - time.time()))
+        restarted = await world.start_scheduler()
+        await restarted.wait_idle()
+        rows = await world.history()
+    assert llm_server.requests == []
+    assert len(rows) == 1
+    assert rows[0].outcome == "failed"
+    assert "stopped" in rows[0].reason
+
+
+async def test_pause_stops_fires_and_resume_owes_nothing_for_the_pause(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("tick")
+    # A control job on the same schedule that nobody pauses: its fires show the fire times
+    # the paused job lets pass.
+    jobs = [job(every="1s"), job("control", every="1s")]
+    async with scheduler_world(tmp_path, llm_server, jobs) as world:
+        scheduler = await world.start_scheduler()
+        await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+        paused_at = time.time()
+        await world.store.job_set_paused("digest", True, since_ms=int(paused_at * 1000))
+        async with asyncio.timeout(5):
+            # The scheduler shows it took the pause by dropping the job from APScheduler.
+            while True:
+                if scheduler.registered() == 1:  # the control's is left
+                    break
+                await asyncio.sleep(0.02)
+        await scheduler.wait_idle()
+        # Nothing is due while paused: let two of the control's fire times pass, then look.
+        await world.wait_history(
+            lambda rows: (
+                sum(r.scheduled_ms / 1000 > paused_at + 0.1 and r.final for r in rows) >= 2
+            ),
+            job_id="control",
+        )
+        during = [r for r in await world.history() if r.scheduled_ms / 1000 > paused_at + 0.1]
+        resumed_at = time.time()
+        await world.store.job_set_paused("digest", False, since_ms=int(resumed_at * 1000))
+        rows = await world.wait_history(
+            lambda rows: any(r.scheduled_ms / 1000 > resumed_at and r.final for r in rows)
+        )
+    assert during == []
+    assert not any(r.cause == "catch-up" for r in rows)
+
+
+async def test_a_chat_made_job_loses_tools_its_binding_no_longer_has(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("done")
+    control = job("control", every="1h", tools=["get_time"])
+    async with scheduler_world(tmp_path, llm_server, [control]) as world:
+        now = time.time()
+        made_in_chat = JobRecord(
+            id="chatty", origin="chat", schedule_kind="every", schedule="1h", timezone="UTC",
+            anchor_ms=0, prompt="Use the clock.", deliver_to="ops", session_id="job:chatty",
+            tools=("get_time",), time_budget_s=None, catch_up="latest", notify_on_failure=True,
+            creator="binding:ops", paused=False, since_ms=int(now * 1000), created_at=now,
+            updated_at=now,
+        )  # fmt: skip
+        await world.store.job_add(made_in_chat)
+        await world.start_scheduler()
+        for job_id in ("chatty", "control"):
+            await world.store.fire_request(job_id, int(now * 1000))
+        for job_id in ("chatty", "control"):
+            await world.wait_history(lambda rows: any(r.final for r in rows), job_id=job_id)
+    offered = {
+        "chatty" if "Use the clock." in str(r.json["messages"]) else "control": [
+            tool["name"] for tool in r.json.get("tools", [])
+        ]
+        for r in llm_server.requests
+    }
+    # The ops binding lists no tools: the chat-made job's model call offers none, while the
+    # operator's job keeps its own allowlist.
+    assert offered == {"chatty": [], "control": ["get_time"]}
+
+
+async def test_an_operator_job_writes_unattended_a_chat_job_only_what_its_binding_preapproves(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """Nobody can approve a job's write: the operator's own job has its tools pre-approved by
+    being written with them; a chat-made one gets only its binding's pre-approvals."""
+    marker = tmp_path / "marker"
+    bindings = [{**BINDINGS[0], "tools": ["write_marker"]}, BINDINGS[1]]
+    writer = job("writer", every="1h", tools=["write_marker"])
+    async with scheduler_world(tmp_path, llm_server, [writer], bindings=bindings) as world:
+        now = time.time()
+        made_in_chat = JobRecord(
+            id="chatty", origin="chat", schedule_kind="every", schedule="1h", timezone="UTC",
+            anchor_ms=0, prompt="Write.", deliver_to="ops", session_id="job:chatty",
+            tools=("write_marker",), time_budget_s=None, catch_up="latest",
+            notify_on_failure=True, creator="binding:ops", paused=False,
+            since_ms=int(now * 1000), created_at=now, updated_at=now,
+        )  # fmt: skip
+        await world.store.job_add(made_in_chat)
+        await world.start_scheduler()
+        for job_id, text in (("writer", "operator"), ("chatty", "chat")):
+            llm_server.script(
+                Reply(tool_calls=[Call("write_marker", {"text": text}, id=f"w-{text}")]),
+                Reply("finished"),
+            )
+            await world.store.fire_request(job_id, int(now * 1000))
+            await world.wait_history(lambda rows: any(r.final for r in rows), job_id=job_id)
+    assert marker.read_text().splitlines() == ["write_marker:operator"]
+    refused = str(llm_server.requests[-1].json["messages"])
+    assert "refused" in refused

@@ -1,0 +1,102 @@
+"""Shutdown: running turns get the grace period once, whoever drains them.
+
+The job scheduler and the chat router both drain turns when the daemon stops; they share one
+:class:`Grace`, so a job that uses all of it leaves none for a chat turn that would need more,
+instead of each getting a grace of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from geodebot.channels.base import Inbound
+from geodebot.chat.router import ChatRouter
+from geodebot.engine.lanes import Grace
+from geodebot.scheduler.definitions import config_jobs
+from geodebot.scheduler.job_scheduler import JobScheduler
+from geodebot.scheduler.schedule import format_fire
+from tests.support.fakes.llm_server import Delay, FakeLLMServer, Hang, Item, Reply
+from tests.support.scheduler_world import job, scheduler_world
+
+GRACE_S = 1.0
+# Longer than the grace, shorter than twice it: a chat turn this slow is answered only if
+# the router's drain got a grace of its own.
+SLOW_CHAT_S = 1.5
+
+
+def test_the_clock_starts_at_the_first_ask_and_runs_out() -> None:
+    now = [100.0]
+    grace = Grace(5.0, clock=lambda: now[0])
+    now[0] = 130.0  # nobody asked yet: nothing is used up
+    assert grace.left() == 5.0
+    now[0] = 133.5
+    assert grace.left() == 1.5
+    now[0] = 140.0
+    assert grace.left() == 0.0
+
+
+async def test_running_turns_get_the_grace_once_not_once_per_service(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    def model(body: dict[str, Any]) -> Item | None:
+        text = str(body.get("messages"))
+        if "Summarise." in text:
+            return Hang()
+        if "a slow question" in text:
+            return Delay(SLOW_CHAT_S, Reply("a late answer"))
+        return None
+
+    llm_server.responder = model
+    async with scheduler_world(tmp_path, llm_server, [job("digest", every="1h")]) as world:
+        config, grace = world.config, Grace(GRACE_S)
+        router = ChatRouter(
+            world.app.run_turn,
+            world.store,
+            config.bindings,
+            world.outbox,
+            daemon=config.daemon,
+            model=config.model,
+            budgets=config.budgets,
+            max_chars={"telegram": 500},
+            grace=grace,
+        )
+        scheduler = JobScheduler(
+            world.app.run_turn,
+            world.store,
+            config.bindings,
+            world.outbox.kick,
+            config_jobs=config_jobs(config),
+            grace=grace,
+            poll_s=0.05,
+        )
+        await world.chat.start(router.accept)
+        async with router:
+            async with scheduler:
+                await world.store.fire_request("digest", int(time.time() * 1000))
+                await world.chat.deliver(
+                    Inbound(
+                        platform="telegram",
+                        event_id="e1",
+                        channel="c1",
+                        thread=None,
+                        user="u1",
+                        text="a slow question",
+                        message_id="m1",
+                    )
+                )
+                async with asyncio.timeout(15):
+                    await llm_server.wait_for_requests(2)
+            # The scheduler's drain used the whole grace on the hung job.
+            assert grace.left() == 0.0
+        fires = await world.history()
+        assert (fires[-1].outcome, fires[-1].reason) == ("failed", "daemon stopped")
+        # Nothing was left for the chat turn: stopped, not answered (the chat saw only the
+        # job's notice), and its message is still unfinished, for the restart to answer.
+        assert world.chat.texts("c1") == [
+            f"Job digest ({format_fire(fires[-1].scheduled_ms, 'UTC')}) failed: daemon stopped"
+        ]
+        unfinished = await world.store.inbox_unfinished()
+        assert [(row.text, row.status) for row in unfinished] == [("a slow question", "running")]

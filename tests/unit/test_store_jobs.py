@@ -1,0 +1,200 @@
+"""The store's job definitions and fire rows: sync of the config's jobs, revisions, claims,
+finishing and settling against the outbox."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from geodebot.store.records import JobRecord, NewOutbound, StoreError
+from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
+
+
+def record(job_id: str, **fields: object) -> JobRecord:
+    base = JobRecord(
+        id=job_id,
+        origin="config",
+        schedule_kind="every",
+        schedule="1h",
+        timezone="UTC",
+        anchor_ms=0,
+        prompt="p",
+        deliver_to="ops",
+        session_id=f"job:{job_id}",
+        tools=("get_time",),
+        time_budget_s=None,
+        catch_up="latest",
+        notify_on_failure=True,
+        creator="",
+        paused=False,
+        since_ms=1_000,
+        created_at=1.0,
+        updated_at=1.0,
+    )
+    return dataclasses.replace(base, **fields)  # type: ignore[arg-type]  # fields of the test's choosing
+
+
+MESSAGE = NewOutbound("job:a", "telegram", "c1", None, None, "result", kind="job")
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    async with SQLiteStore(tmp_path / "db.sqlite") as s:
+        yield s
+
+
+async def test_config_sync_adds_updates_and_removes(store: SQLiteStore) -> None:
+    first = await store.jobs_revision()
+    assert await store.jobs_sync_config([record("a"), record("b")])
+    assert await store.jobs_revision() != first
+    await store.job_set_paused("a", True, since_ms=5_000)
+    unchanged = await store.jobs_revision()
+    assert not await store.jobs_sync_config([record("a", since_ms=9_000), record("b")])
+    assert await store.jobs_revision() == unchanged
+    # A changed definition owes nothing before the sync; the pause stays.
+    assert await store.jobs_sync_config([record("a", schedule="2h", since_ms=9_000)])
+    a = await store.job_get("a")
+    assert a is not None
+    assert (a.schedule, a.since_ms, a.paused, a.tools) == ("2h", 9_000, True, ("get_time",))
+    assert [j.id for j in await store.job_list()] == ["a"]
+
+
+async def test_a_sync_that_keeps_missing_jobs_and_a_clash_with_a_cli_job(
+    store: SQLiteStore,
+) -> None:
+    await store.jobs_sync_config([record("a"), record("b")])
+    assert not await store.jobs_sync_config([record("a")], remove_missing=False)
+    assert [j.id for j in await store.job_list()] == ["a", "b"]
+    await store.job_add(record("c", origin="cli"))
+    with pytest.raises(StoreError, match="clashes with a job made with cli"):
+        await store.jobs_sync_config([record("a"), record("c")])
+    with pytest.raises(StoreError, match="exists"):
+        await store.job_add(record("c", origin="chat"))
+
+
+async def test_fire_rows_move_forward_only(store: SQLiteStore) -> None:
+    fire, won = await store.fire_claim("a", 60_000, "schedule")
+    assert won
+    assert fire.outcome == "running"
+    again, won_again = await store.fire_claim("a", 60_000, "catch-up")
+    assert (again.id, won_again) == (fire.id, False)
+    overlap, won_overlap = await store.fire_claim("a", 120_000, "schedule")
+    assert not won_overlap
+    assert overlap.outcome == "skipped-overlap"
+    done = await store.fire_finish(fire.id, started_at=61.0, result=MESSAGE)
+    assert done.outcome == "delivering"
+    assert done.outbox_id is not None
+    with pytest.raises(StoreError, match="it is 'delivering'"):
+        await store.fire_finish(fire.id, started_at=61.0, failure=("failed", "late"))
+    assert await store.fires_settle() == []
+    await store.outbox_finish(done.outbox_id, "sent")
+    settled = await store.fires_settle()
+    assert [(f.id, f.outcome) for f in settled] == [(fire.id, "ok")]
+    assert await store.fire_latest_scheduled("a") == 120_000
+    assert await store.fires_latest_scheduled() == {"a": 120_000}
+
+
+async def test_failure_notice_and_delivery_failure_are_settled(store: SQLiteStore) -> None:
+    failed, _ = await store.fire_claim("a", 1_000, "schedule")
+    failed = await store.fire_finish(
+        failed.id, started_at=1.0, failure=("budget", "too slow"), notice=MESSAGE
+    )
+    assert (failed.outcome, failed.notice) == ("budget", "pending")
+    undelivered, _ = await store.fire_claim("a", 2_000, "schedule")
+    undelivered = await store.fire_finish(undelivered.id, started_at=2.0, result=MESSAGE)
+    assert failed.outbox_id is not None
+    assert undelivered.outbox_id is not None
+    await store.outbox_finish(failed.outbox_id, "sent")
+    await store.outbox_finish(undelivered.outbox_id, "failed", error="chat not found")
+    settled = {f.id: f for f in await store.fires_settle()}
+    assert settled[failed.id].notice == "delivered"
+    assert settled[failed.id].outcome == "budget"
+    assert settled[undelivered.id].outcome == "delivery-failed"
+    assert settled[undelivered.id].reason == "chat not found"
+
+
+async def test_interrupted_fires_stay_claimed(store: SQLiteStore) -> None:
+    fire, _ = await store.fire_claim("a", 1_000, "schedule")
+    swept = await store.fires_interrupted("restart")
+    assert [(f.id, f.outcome, f.reason) for f in swept] == [(fire.id, "failed", "restart")]
+    _, won = await store.fire_claim("a", 1_000, "catch-up")
+    assert not won
+
+
+async def test_requested_runs_start_once(store: SQLiteStore) -> None:
+    before = await store.jobs_revision()
+    requested = await store.fire_request("a", 5_000)
+    assert await store.jobs_revision() != before
+    assert [f.id for f in await store.fires_requested()] == [requested.id]
+    started, won = await store.fire_start_requested(requested.id)
+    assert won
+    assert started.outcome == "running"
+    _, won_again = await store.fire_start_requested(requested.id)
+    assert not won_again
+    assert await store.fires_requested() == []
+
+
+async def test_the_binding_a_job_posts_in_is_kept_and_named_once(store: SQLiteStore) -> None:
+    await store.job_add(record("chat", origin="chat", deliver_binding="telegram:c1"))
+    await store.job_add(record("old", origin="chat", creator="binding:ops"))
+    chat = await store.job_get("chat")
+    assert chat is not None
+    assert chat.deliver_binding == "telegram:c1"
+    before = await store.jobs_revision()
+    assert await store.job_set_delivery("old", "telegram:c1", creator="binding:telegram:c1")
+    assert await store.jobs_revision() != before
+    old = await store.job_get("old")
+    assert old is not None
+    assert (old.deliver_binding, old.creator) == ("telegram:c1", "binding:telegram:c1")
+    # Only a row without a binding is named: one that has one keeps it.
+    assert not await store.job_set_delivery("old", "telegram:c2", creator="x")
+    assert not await store.job_set_delivery("chat", "telegram:c2", creator="x")
+    assert not await store.job_set_delivery("ghost", "telegram:c2", creator="x")
+    old = await store.job_get("old")
+    assert old is not None
+    assert (old.deliver_binding, old.creator) == ("telegram:c1", "binding:telegram:c1")
+    # The binding is part of a config job's definition.
+    await store.jobs_sync_config([record("a")])
+    assert await store.jobs_sync_config([record("a", deliver_binding="telegram:c2")])
+    a = await store.job_get("a")
+    assert a is not None
+    assert a.deliver_binding == "telegram:c2"
+
+
+async def test_rows_written_before_the_binding_was_recorded_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute(
+            "CREATE TABLE schema_migrations "
+            "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for version, _, script in load_migrations():
+            if version > 4:
+                break
+            for statement in split_statements(script):
+                db.execute(statement)
+            db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (version,))
+        db.execute(
+            "INSERT INTO scheduled_jobs (id, origin, schedule_kind, schedule, timezone, "
+            "anchor_ms, prompt, deliver_to, session_id, tools, time_budget_s, catch_up, "
+            "notify_on_failure, creator, paused, since_ms, created_at, updated_at) VALUES "
+            "('daily', 'chat', 'every', '1h', 'UTC', 0, 'p', 'ops', 'job:daily', '[]', NULL, "
+            "'latest', 1, 'binding:ops', 0, 1000, 1.0, 1.0)"
+        )
+    finally:
+        db.close()
+    async with SQLiteStore(path) as store:
+        job = await store.job_get("daily")
+        unnamed = await store.jobs_without_binding()
+        named = await store.job_set_delivery("daily", "telegram:-1", creator="binding:x")
+        after = await store.jobs_without_binding()
+    assert job is not None
+    assert (job.deliver_to, job.deliver_binding, job.creator) == ("ops", "", "binding:ops")
+    assert [j.id for j in unnamed] == ["daily"]
+    assert named
+    assert after == []

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from geodebot.store.jobs import JobStore
 from geodebot.store.records import (
+    ApprovalRequest,
     BatchStatus,
     EffectReceipt,
     FinishStatus,
@@ -126,6 +127,40 @@ class Store(JobStore, Protocol):
     async def timeline(
         self, session_id: str, *, after_id: int = 0, limit: int | None = None
     ) -> list[TimelineEvent]: ...
+
+    # -- approval requests ----------------------------------------------------------------
+    async def approval_open(self, request: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
+        """Record a fresh ``pending`` request (with an ``approval_requested`` timeline event).
+
+        If the session's turn already asked about the same call, nothing is written and
+        ``(existing, False)`` is returned, whatever its status: a resumed turn finds its
+        request (and its decision) instead of asking twice. Otherwise ``(stored, True)``.
+        """
+
+    async def approval_decide(
+        self,
+        request_id: str,
+        approved: bool,
+        *,
+        by: str,
+        via: str,
+        now: float | None = None,
+    ) -> tuple[ApprovalRequest | None, bool]:
+        """Decide a pending, unexpired request, once: ``(decided, True)`` for the call that
+        decided it (with an ``approval_decided`` event). Any other press changes nothing and
+        gets ``(current, False)``; one after the expiry first marks the request ``expired``;
+        an unknown id gets ``(None, False)``. ``via``: ``chat`` or ``console``."""
+
+    async def approvals_expire(self, *, now: float | None = None) -> list[ApprovalRequest]:
+        """Mark every pending request past its expiry ``expired``; the ones this call did."""
+
+    async def get_approval(self, request_id: str) -> ApprovalRequest | None: ...
+
+    async def approvals_pending(self, *, session_id: str | None = None) -> list[ApprovalRequest]:
+        """Pending requests (of one session, or all), oldest first."""
+
+    async def approval_set_card(self, request_id: str, card: Mapping[str, Any]) -> None:
+        """Where the request's card was posted, so it can be edited with the outcome."""
 
     # -- effect receipts ------------------------------------------------------------------
     async def admit_receipt(self, receipt: EffectReceipt) -> tuple[EffectReceipt, bool]:

@@ -142,6 +142,38 @@ class OperatorSwitch:
         return self.enabled and (self.expires_at is None or now < self.expires_at)
 
 
+ApprovalStatus = Literal["pending", "approved", "denied", "expired"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """A tool call waiting for a person's decision, asked where the call's binding lives.
+
+    Decided once: ``pending`` moves to ``approved`` or ``denied`` (by whom, through what) or,
+    past ``expires_at``, to ``expired``, which the turn treats as a denial.
+    """
+
+    id: str  # caller-assigned and unguessable: a card's buttons carry it
+    session_id: str
+    turn_id: str
+    call_id: str  # the model's tool_use id
+    tool: str
+    safety: str
+    # sha256 of (plan digest, tool, canonical arguments): the decision is for exactly this call.
+    call_sha256: str
+    summary: str  # the arguments as shown: redacted and shortened
+    origin: str  # binding key (platform:channel) whose approvers decide
+    approvers: Sequence[str]
+    status: ApprovalStatus
+    created_at: float
+    expires_at: float
+    decided_by: str | None = None
+    decided_via: str | None = None  # "chat" | "console"
+    decided_at: float | None = None
+    # Where the card went: {"platform": ..., "channel": ..., "message_id": ...}; {} until sent.
+    card: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class OpenedSession:
     """What a turn needs before it starts, read in one transaction (:meth:`Store.open_session`)."""

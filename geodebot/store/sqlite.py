@@ -39,6 +39,7 @@ from geodebot.store.records import (
     TimelineEvent,
     ToolBatchRecord,
 )
+from geodebot.store.sqlite_approvals import Approvals
 from geodebot.store.sqlite_chat import ChatInboxOutbox, finishing
 from geodebot.store.sqlite_commit import GroupCommit
 from geodebot.store.sqlite_jobs import JobsAndFires
@@ -152,7 +153,7 @@ def load_migrations(root: Traversable | None = None) -> list[tuple[int, str, str
     return [found[version] for version in sorted(found)]
 
 
-class SQLiteStore(ReceiptsAndSwitches, ChatInboxOutbox, JobsAndFires):
+class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires):
     """A :class:`Store` in one SQLite file, created with mode 0600 on first open.
 
     Effect receipts and operator switches live in :class:`ReceiptsAndSwitches`; they run

@@ -14,7 +14,9 @@ __all__ = ["INSERT_EVENT", "Transactions", "dumps", "dumps_list", "encoding", "f
 
 _R = TypeVar("_R")
 
-_JSON_COLUMNS = frozenset({"state", "guards", "content", "calls", "results", "data", "outcome"})
+_JSON_COLUMNS = frozenset(
+    {"state", "guards", "content", "calls", "results", "data", "outcome", "approvers", "card"}
+)
 
 INSERT_EVENT = "INSERT INTO timeline (session_id, turn_id, ts, kind, data) VALUES (?, ?, ?, ?, ?)"
 

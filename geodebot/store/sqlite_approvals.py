@@ -1,0 +1,192 @@
+"""Approval requests of :class:`~geodebot.store.sqlite.SQLiteStore`: asked once, decided once.
+
+A mixin like the receipts': the methods run inside the store's own transactions. Each write
+appends its timeline event to the request's session in the same transaction, so the history
+of who asked for what, and who decided, cannot disagree with the rows.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from geodebot.store.records import ApprovalRequest, StoreError
+from geodebot.store.sqlite_rows import INSERT_EVENT, Transactions, dumps, encoding, from_row
+
+__all__ = ["Approvals"]
+
+_COLS = (
+    "id, session_id, turn_id, call_id, tool, safety, call_sha256, summary, origin, approvers, "
+    "status, created_at, expires_at, decided_by, decided_via, decided_at, card"
+)
+_SELECT = f"SELECT {_COLS} FROM approval_requests"
+# DO NOTHING + RETURNING yields a row only when this call inserted it.
+_OPEN = f"""
+INSERT INTO approval_requests (id, session_id, turn_id, call_id, tool, safety, call_sha256,
+    summary, origin, approvers, status, created_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+ON CONFLICT (session_id, turn_id, call_id) DO NOTHING
+RETURNING {_COLS}
+"""
+# The status and expiry conditions are the guard: of two presses, or a press and the expiry
+# sweep, exactly one matches the row.
+_DECIDE = f"""
+UPDATE approval_requests SET status = ?, decided_by = ?, decided_via = ?, decided_at = ?
+WHERE id = ? AND status = 'pending' AND expires_at > ?
+RETURNING {_COLS}
+"""
+_EXPIRE = f"""
+UPDATE approval_requests SET status = 'expired', decided_at = ?
+WHERE status = 'pending' AND expires_at <= ? {{only}}
+RETURNING {_COLS}
+"""
+VIAS = frozenset({"chat", "console"})
+
+
+def _event(request: ApprovalRequest, kind: str, now: float) -> tuple[Any, ...]:
+    data: dict[str, Any] = {
+        "approval": request.id,
+        "call": request.call_id,
+        "tool": request.tool,
+        "call_sha256": request.call_sha256,
+        "status": request.status,
+    }
+    if request.decided_by is not None:
+        data.update(by=request.decided_by, via=request.decided_via)
+    return (request.session_id, request.turn_id, now, kind, dumps(data))
+
+
+class Approvals:
+    async def approval_open(
+        self: Transactions, request: ApprovalRequest
+    ) -> tuple[ApprovalRequest, bool]:
+        what = f"opening approval request {request.id!r} for {request.tool}"
+        if request.status != "pending" or request.decided_at is not None:
+            raise StoreError(f"{what} failed: a new request must be pending and undecided")
+        if not request.approvers:
+            raise StoreError(f"{what} failed: nobody could decide it (no approvers)")
+        with encoding(what):
+            approvers = dumps(list(request.approvers))
+        params = (
+            request.id,
+            request.session_id,
+            request.turn_id,
+            request.call_id,
+            request.tool,
+            request.safety,
+            request.call_sha256,
+            request.summary,
+            request.origin,
+            approvers,
+            request.created_at,
+            request.expires_at,
+        )
+
+        def open_(db: sqlite3.Connection) -> tuple[ApprovalRequest, bool]:
+            try:
+                row = db.execute(_OPEN, params).fetchone()
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"{what} failed: {exc}") from exc
+            if row is None:
+                existing = db.execute(
+                    f"{_SELECT} WHERE session_id = ? AND turn_id = ? AND call_id = ?",
+                    (request.session_id, request.turn_id, request.call_id),
+                ).fetchone()
+                return from_row(ApprovalRequest, existing), False
+            opened = from_row(ApprovalRequest, row)
+            db.execute(INSERT_EVENT, _event(opened, "approval_requested", opened.created_at))
+            return opened, True
+
+        return await self._transact(what, open_, durable=True)
+
+    async def approval_decide(
+        self: Transactions,
+        request_id: str,
+        approved: bool,
+        *,
+        by: str,
+        via: str,
+        now: float | None = None,
+    ) -> tuple[ApprovalRequest | None, bool]:
+        what = f"deciding approval request {request_id!r}"
+        if not by:
+            raise StoreError(f"{what} failed: whoever decides must be named")
+        if via not in VIAS:
+            raise StoreError(f"{what} failed: via must be one of {sorted(VIAS)}")
+        at = time.time() if now is None else now
+        status = "approved" if approved else "denied"
+
+        def decide(db: sqlite3.Connection) -> tuple[ApprovalRequest | None, bool]:
+            row = db.execute(_DECIDE, (status, by, via, at, request_id, at)).fetchone()
+            if row is not None:
+                decided = from_row(ApprovalRequest, row)
+                db.execute(INSERT_EVENT, _event(decided, "approval_decided", at))
+                return decided, True
+            # Not pending, not this id, or past its expiry: a late press expires it now.
+            expired = db.execute(_EXPIRE.format(only="AND id = ?"), (at, at, request_id))
+            late = expired.fetchone()
+            if late is not None:
+                request = from_row(ApprovalRequest, late)
+                db.execute(INSERT_EVENT, _event(request, "approval_expired", at))
+                return request, False
+            current = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
+            return (None if current is None else from_row(ApprovalRequest, current)), False
+
+        return await self._transact(what, decide, durable=True)
+
+    async def approvals_expire(
+        self: Transactions, *, now: float | None = None
+    ) -> list[ApprovalRequest]:
+        at = time.time() if now is None else now
+
+        def expire(db: sqlite3.Connection) -> list[ApprovalRequest]:
+            rows = db.execute(_EXPIRE.format(only=""), (at, at)).fetchall()
+            expired = sorted((from_row(ApprovalRequest, r) for r in rows), key=_order)
+            for request in expired:
+                db.execute(INSERT_EVENT, _event(request, "approval_expired", at))
+            return expired
+
+        return await self._transact("expiring approval requests", expire, durable=True)
+
+    async def get_approval(self: Transactions, request_id: str) -> ApprovalRequest | None:
+        def get(db: sqlite3.Connection) -> ApprovalRequest | None:
+            row = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
+            return None if row is None else from_row(ApprovalRequest, row)
+
+        return await self._query(f"reading approval request {request_id!r}", get)
+
+    async def approvals_pending(
+        self: Transactions, *, session_id: str | None = None
+    ) -> list[ApprovalRequest]:
+        sql = f"{_SELECT} WHERE status = 'pending'"
+        params: tuple[Any, ...] = ()
+        if session_id is not None:
+            sql, params = f"{sql} AND session_id = ?", (session_id,)
+
+        def pending(db: sqlite3.Connection) -> list[ApprovalRequest]:
+            rows = db.execute(f"{sql} ORDER BY created_at, id", params).fetchall()
+            return [from_row(ApprovalRequest, row) for row in rows]
+
+        return await self._query("listing pending approval requests", pending)
+
+    async def approval_set_card(
+        self: Transactions, request_id: str, card: Mapping[str, Any]
+    ) -> None:
+        what = f"recording the card of approval request {request_id!r}"
+        with encoding(what):
+            encoded = dumps(dict(card))
+
+        def set_card(db: sqlite3.Connection) -> None:
+            cursor = db.execute(
+                "UPDATE approval_requests SET card = ? WHERE id = ?", (encoded, request_id)
+            )
+            if cursor.rowcount == 0:
+                raise StoreError(f"{what} failed: no such request")
+
+        await self._transact(what, set_card)
+
+
+def _order(request: ApprovalRequest) -> tuple[float, str]:
+    return request.created_at, request.id

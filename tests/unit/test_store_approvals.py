@@ -1,0 +1,184 @@
+"""Approval requests in SQLiteStore, against real database files: asked once, decided once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pathlib
+import sqlite3
+from collections.abc import AsyncIterator
+
+import pytest
+
+from geodebot.store.records import ApprovalRequest, StoreError
+from geodebot.store.sqlite import SQLiteStore
+
+
+def request(
+    rid: str, *, call: str | None = None, at: float = 100.0, ttl: float = 900.0
+) -> ApprovalRequest:
+    return ApprovalRequest(
+        id=rid,
+        session_id="ops",
+        turn_id="t-inbox-1",
+        call_id=call if call is not None else f"toolu_{rid}",
+        tool="write_file",
+        safety="write",
+        call_sha256="cd" * 32,
+        summary='{"path": "notes.md", "content": "…"}',
+        origin="telegram:100",
+        approvers=("4242", "5151"),
+        status="pending",
+        created_at=at,
+        expires_at=at + ttl,
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: pathlib.Path) -> AsyncIterator[SQLiteStore]:
+    async with SQLiteStore(tmp_path / "geodebot.db", synchronous="NORMAL") as s:
+        await s.ensure_session("ops", "channel")
+        yield s
+
+
+async def events(store: SQLiteStore) -> list[tuple[str, dict[str, object]]]:
+    return [
+        (e.kind, dict(e.data))
+        for e in await store.timeline("ops")
+        if e.kind.startswith("approval_")
+    ]
+
+
+async def test_a_request_is_opened_once_per_call_and_found_again(store: SQLiteStore) -> None:
+    first, opened = await store.approval_open(request("a1"))
+    assert opened
+    assert (first.status, first.approvers, first.card) == ("pending", ["4242", "5151"], {})
+    # The same call asked again (a turn resumed after a restart) finds the first request.
+    again, opened = await store.approval_open(request("a2", call="toolu_a1", at=500.0))
+    assert not opened
+    assert again == first
+    assert await store.get_approval("a2") is None
+    assert await store.approvals_pending() == [first]
+    assert await store.approvals_pending(session_id="dev") == []
+    assert [kind for kind, _ in await events(store)] == ["approval_requested"]
+
+
+async def test_the_first_decision_wins_and_later_presses_change_nothing(
+    store: SQLiteStore,
+) -> None:
+    await store.approval_open(request("a1"))
+    decided, won = await store.approval_decide("a1", True, by="4242", via="chat", now=200.0)
+    assert won
+    assert decided is not None
+    assert (decided.status, decided.decided_by, decided.decided_via, decided.decided_at) == (
+        "approved",
+        "4242",
+        "chat",
+        200.0,
+    )
+    for approved, by in ((False, "5151"), (True, "4242")):
+        current, won = await store.approval_decide("a1", approved, by=by, via="console", now=201.0)
+        assert not won
+        assert current == decided
+    assert await store.approvals_pending() == []
+    kinds = await events(store)
+    assert [kind for kind, _ in kinds] == ["approval_requested", "approval_decided"]
+    assert kinds[1][1] == {
+        "approval": "a1",
+        "call": "toolu_a1",
+        "tool": "write_file",
+        "call_sha256": "cd" * 32,
+        "status": "approved",
+        "by": "4242",
+        "via": "chat",
+    }
+
+
+async def test_concurrent_presses_decide_exactly_once(store: SQLiteStore) -> None:
+    await store.approval_open(request("a1"))
+    results = await asyncio.gather(
+        *(
+            store.approval_decide("a1", index % 2 == 0, by=f"u{index}", via="chat", now=150.0)
+            for index in range(20)
+        )
+    )
+    winners = [row for row, won in results if won]
+    assert len(winners) == 1
+    assert all(row == winners[0] for row, _ in results)
+
+
+async def test_a_press_after_the_expiry_expires_the_request_instead(store: SQLiteStore) -> None:
+    await store.approval_open(request("a1", ttl=60.0))
+    late, won = await store.approval_decide("a1", True, by="4242", via="chat", now=160.0)
+    assert not won
+    assert late is not None
+    assert (late.status, late.decided_by, late.decided_at) == ("expired", None, 160.0)
+    again, won = await store.approval_decide("a1", True, by="4242", via="chat", now=100.0)
+    assert (again, won) == (late, False)
+    assert [kind for kind, _ in await events(store)] == ["approval_requested", "approval_expired"]
+
+
+async def test_the_sweep_expires_only_what_is_due(store: SQLiteStore) -> None:
+    await store.approval_open(request("due", ttl=10.0))
+    await store.approval_open(request("later", ttl=1000.0))
+    await store.approval_open(request("done", ttl=10.0))
+    await store.approval_decide("done", False, by="4242", via="chat", now=105.0)
+    expired = await store.approvals_expire(now=200.0)
+    assert [(r.id, r.status) for r in expired] == [("due", "expired")]
+    assert await store.approvals_expire(now=200.0) == []
+    assert [r.id for r in await store.approvals_pending()] == ["later"]
+    done = await store.get_approval("done")
+    assert done is not None
+    assert done.status == "denied"
+
+
+async def test_an_unknown_id_is_no_decision(store: SQLiteStore) -> None:
+    assert await store.approval_decide("forged", True, by="4242", via="chat") == (None, False)
+
+
+async def test_bad_requests_and_decisions_are_refused_and_write_nothing(
+    store: SQLiteStore,
+) -> None:
+    with pytest.raises(StoreError, match="no approvers"):
+        await store.approval_open(dataclasses.replace(request("a1"), approvers=()))
+    with pytest.raises(StoreError, match="must be pending"):
+        await store.approval_open(dataclasses.replace(request("a1"), status="approved"))
+    with pytest.raises(StoreError, match=r"sessions|FOREIGN KEY"):
+        await store.approval_open(dataclasses.replace(request("a1"), session_id="nobody"))
+    await store.approval_open(request("a1"))
+    with pytest.raises(StoreError, match="must be named"):
+        await store.approval_decide("a1", True, by="", via="chat")
+    with pytest.raises(StoreError, match="via must be one of"):
+        await store.approval_decide("a1", True, by="4242", via="email")
+    current = await store.get_approval("a1")
+    assert current is not None
+    assert current.status == "pending"
+
+
+async def test_the_card_is_recorded_and_survives_a_reopen(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "geodebot.db"
+    async with SQLiteStore(path) as store:
+        await store.ensure_session("ops", "channel")
+        await store.approval_open(request("a1"))
+        card = {"platform": "telegram", "channel": "100", "message_id": "77"}
+        await store.approval_set_card("a1", card)
+        with pytest.raises(StoreError, match="no such request"):
+            await store.approval_set_card("nope", card)
+    # A restart while the card is pending keeps it, decidable.
+    async with SQLiteStore(path) as store:
+        pending = await store.approvals_pending()
+        assert [(r.id, r.card) for r in pending] == [("a1", card)]
+        decided, won = await store.approval_decide("a1", True, by="5151", via="chat", now=300.0)
+        assert won
+        assert decided is not None
+        assert decided.status == "approved"
+
+
+async def test_a_decided_row_cannot_lose_its_decision_time(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "geodebot.db"
+    async with SQLiteStore(path) as store:
+        await store.ensure_session("ops", "channel")
+        await store.approval_open(request("a1"))
+        await store.approval_decide("a1", True, by="4242", via="chat", now=200.0)
+    with sqlite3.connect(path) as db, pytest.raises(sqlite3.IntegrityError):
+        db.execute("UPDATE approval_requests SET decided_at = NULL WHERE id = 'a1'")

@@ -233,10 +233,14 @@ async def test_budget_cuts_off_a_model_that_never_answers(
     llm_server.script(Hang(), Reply("back again"))
     async with AsyncExitStack() as stack:
         app = await open_app(make_config(tmp_path, llm_server), stack, tmp_path / "m")
+        # Loaded first, as the daemon does once ready: importing the SDK inside the turn
+        # could use up the 1 s before the hanging request is even sent.
+        await app.load_models()
         spec = SessionSpec("slow", time_budget_s=1.0)
         started = time.monotonic()
         result = await app.run_turn(Mode.DAEMON, spec, "hello?")
         elapsed = time.monotonic() - started
+        assert len(llm_server.requests) == 1  # the model was asked, and never answered
         assert result.outcome == "budget"
         assert "time budget of 1 s" in result.text
         assert elapsed < 2.0, elapsed
@@ -252,8 +256,10 @@ async def test_budget_during_a_tool_closes_the_batch(
     llm_server.script(Reply(tool_calls=[Call("wait_forever", {})]), Reply("recovered"))
     async with AsyncExitStack() as stack:
         app = await open_app(make_config(tmp_path, llm_server), stack, tmp_path / "m")
+        await app.load_models()  # the SDK import must not use up the 0.5 s
         spec = SessionSpec("stuck", tools=("wait_forever",), time_budget_s=0.5)
         result = await app.run_turn(Mode.DAEMON, spec, "wait")
+        assert len(llm_server.requests) == 1  # the tool call came, and the tool never ended
         assert result.outcome == "budget"
         assert await app.services.store.pending_batches("stuck") == []
         follow = await app.run_turn(Mode.DAEMON, spec, "and now?")

@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from geodebot.store.records import ApprovalRequest, StoreError
+from geodebot.store.records import ApprovalRecord, StoreError
 from geodebot.store.sqlite import SQLiteStore
 
 
 def request(
     rid: str, *, call: str | None = None, at: float = 100.0, ttl: float = 900.0
-) -> ApprovalRequest:
-    return ApprovalRequest(
+) -> ApprovalRecord:
+    return ApprovalRecord(
         id=rid,
         session_id="ops",
         turn_id="t-inbox-1",

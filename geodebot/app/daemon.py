@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -149,7 +150,7 @@ async def _enter_daemon(
         store,
         app.bindings,
         outbox.kick,
-        config_jobs=config_jobs(config),
+        config_jobs=functools.partial(config_jobs, config),
         grace=turns_grace,
     )
     supervisor = ChannelSupervisor(channels, router.accept)

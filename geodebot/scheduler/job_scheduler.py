@@ -72,13 +72,14 @@ class JobScheduler:
         bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
         *,
-        config_jobs: Sequence[JobRecord] = (),
+        config_jobs: Callable[[], Sequence[JobRecord]] = tuple,
         grace: Grace | None = None,
         poll_s: float = POLL_S,
     ) -> None:
         self._store = store
         self._index = BindingIndex.of(bindings)
-        self._config_jobs = tuple(config_jobs)
+        # Asked at start, not before: a new job owes fires only from the moment it is synced.
+        self._config_jobs = config_jobs
         self._grace = grace if grace is not None else Grace(0.0)
         self._runner = FireRunner(run_turn, store, self._index, kick)
         self._poll_s = poll_s
@@ -97,7 +98,7 @@ class JobScheduler:
         named = await name_delivery_bindings(self._store, self._index)
         if named:
             log.info("scheduler: %d older jobs now name the binding they post in", named)
-        await self._store.jobs_sync_config(self._config_jobs)
+        await self._store.jobs_sync_config(self._config_jobs())
         # Nothing of a previous process can still run: its claimed fires are not re-run.
         for fire in await self._store.fires_interrupted("the daemon stopped during the run"):
             log.warning("job %s: fire %s was cut short by a restart", fire.job_id, fire.id)

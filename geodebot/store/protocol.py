@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from geodebot.store.jobs import JobStore
 from geodebot.store.records import (
-    ApprovalRequest,
+    ApprovalRecord,
     BatchStatus,
     EffectReceipt,
     FinishStatus,
@@ -129,7 +129,7 @@ class Store(JobStore, Protocol):
     ) -> list[TimelineEvent]: ...
 
     # -- approval requests ----------------------------------------------------------------
-    async def approval_open(self, request: ApprovalRequest) -> tuple[ApprovalRequest, bool]:
+    async def approval_open(self, request: ApprovalRecord) -> tuple[ApprovalRecord, bool]:
         """Record a fresh ``pending`` request (with an ``approval_requested`` timeline event).
 
         If the session's turn already asked about the same call, nothing is written and
@@ -145,18 +145,18 @@ class Store(JobStore, Protocol):
         by: str,
         via: str,
         now: float | None = None,
-    ) -> tuple[ApprovalRequest | None, bool]:
+    ) -> tuple[ApprovalRecord | None, bool]:
         """Decide a pending, unexpired request, once: ``(decided, True)`` for the call that
         decided it (with an ``approval_decided`` event). Any other press changes nothing and
         gets ``(current, False)``; one after the expiry first marks the request ``expired``;
         an unknown id gets ``(None, False)``. ``via``: ``chat`` or ``console``."""
 
-    async def approvals_expire(self, *, now: float | None = None) -> list[ApprovalRequest]:
+    async def approvals_expire(self, *, now: float | None = None) -> list[ApprovalRecord]:
         """Mark every pending request past its expiry ``expired``; the ones this call did."""
 
-    async def get_approval(self, request_id: str) -> ApprovalRequest | None: ...
+    async def get_approval(self, request_id: str) -> ApprovalRecord | None: ...
 
-    async def approvals_pending(self, *, session_id: str | None = None) -> list[ApprovalRequest]:
+    async def approvals_pending(self, *, session_id: str | None = None) -> list[ApprovalRecord]:
         """Pending requests (of one session, or all), oldest first."""
 
     async def approval_set_card(self, request_id: str, card: Mapping[str, Any]) -> None:

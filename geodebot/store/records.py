@@ -146,7 +146,7 @@ ApprovalStatus = Literal["pending", "approved", "denied", "expired"]
 
 
 @dataclass(frozen=True, slots=True)
-class ApprovalRequest:
+class ApprovalRecord:
     """A tool call waiting for a person's decision, asked where the call's binding lives.
 
     Decided once: ``pending`` moves to ``approved`` or ``denied`` (by whom, through what) or,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from geodebot.store.records import ApprovalRequest, StoreError
+from geodebot.store.records import ApprovalRecord, StoreError
 from geodebot.store.sqlite_rows import INSERT_EVENT, Transactions, dumps, encoding, from_row
 
 __all__ = ["Approvals"]
@@ -45,7 +45,7 @@ RETURNING {_COLS}
 VIAS = frozenset({"chat", "console"})
 
 
-def _event(request: ApprovalRequest, kind: str, now: float) -> tuple[Any, ...]:
+def _event(request: ApprovalRecord, kind: str, now: float) -> tuple[Any, ...]:
     data: dict[str, Any] = {
         "approval": request.id,
         "call": request.call_id,
@@ -60,8 +60,8 @@ def _event(request: ApprovalRequest, kind: str, now: float) -> tuple[Any, ...]:
 
 class Approvals:
     async def approval_open(
-        self: Transactions, request: ApprovalRequest
-    ) -> tuple[ApprovalRequest, bool]:
+        self: Transactions, request: ApprovalRecord
+    ) -> tuple[ApprovalRecord, bool]:
         what = f"opening approval request {request.id!r} for {request.tool}"
         if request.status != "pending" or request.decided_at is not None:
             raise StoreError(f"{what} failed: a new request must be pending and undecided")
@@ -84,7 +84,7 @@ class Approvals:
             request.expires_at,
         )
 
-        def open_(db: sqlite3.Connection) -> tuple[ApprovalRequest, bool]:
+        def open_(db: sqlite3.Connection) -> tuple[ApprovalRecord, bool]:
             try:
                 row = db.execute(_OPEN, params).fetchone()
             except sqlite3.IntegrityError as exc:
@@ -94,8 +94,8 @@ class Approvals:
                     f"{_SELECT} WHERE session_id = ? AND turn_id = ? AND call_id = ?",
                     (request.session_id, request.turn_id, request.call_id),
                 ).fetchone()
-                return from_row(ApprovalRequest, existing), False
-            opened = from_row(ApprovalRequest, row)
+                return from_row(ApprovalRecord, existing), False
+            opened = from_row(ApprovalRecord, row)
             db.execute(INSERT_EVENT, _event(opened, "approval_requested", opened.created_at))
             return opened, True
 
@@ -109,7 +109,7 @@ class Approvals:
         by: str,
         via: str,
         now: float | None = None,
-    ) -> tuple[ApprovalRequest | None, bool]:
+    ) -> tuple[ApprovalRecord | None, bool]:
         what = f"deciding approval request {request_id!r}"
         if not by:
             raise StoreError(f"{what} failed: whoever decides must be named")
@@ -118,56 +118,56 @@ class Approvals:
         at = time.time() if now is None else now
         status = "approved" if approved else "denied"
 
-        def decide(db: sqlite3.Connection) -> tuple[ApprovalRequest | None, bool]:
+        def decide(db: sqlite3.Connection) -> tuple[ApprovalRecord | None, bool]:
             row = db.execute(_DECIDE, (status, by, via, at, request_id, at)).fetchone()
             if row is not None:
-                decided = from_row(ApprovalRequest, row)
+                decided = from_row(ApprovalRecord, row)
                 db.execute(INSERT_EVENT, _event(decided, "approval_decided", at))
                 return decided, True
             # Not pending, not this id, or past its expiry: a late press expires it now.
             expired = db.execute(_EXPIRE.format(only="AND id = ?"), (at, at, request_id))
             late = expired.fetchone()
             if late is not None:
-                request = from_row(ApprovalRequest, late)
+                request = from_row(ApprovalRecord, late)
                 db.execute(INSERT_EVENT, _event(request, "approval_expired", at))
                 return request, False
             current = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
-            return (None if current is None else from_row(ApprovalRequest, current)), False
+            return (None if current is None else from_row(ApprovalRecord, current)), False
 
         return await self._transact(what, decide, durable=True)
 
     async def approvals_expire(
         self: Transactions, *, now: float | None = None
-    ) -> list[ApprovalRequest]:
+    ) -> list[ApprovalRecord]:
         at = time.time() if now is None else now
 
-        def expire(db: sqlite3.Connection) -> list[ApprovalRequest]:
+        def expire(db: sqlite3.Connection) -> list[ApprovalRecord]:
             rows = db.execute(_EXPIRE.format(only=""), (at, at)).fetchall()
-            expired = sorted((from_row(ApprovalRequest, r) for r in rows), key=_order)
+            expired = sorted((from_row(ApprovalRecord, r) for r in rows), key=_order)
             for request in expired:
                 db.execute(INSERT_EVENT, _event(request, "approval_expired", at))
             return expired
 
         return await self._transact("expiring approval requests", expire, durable=True)
 
-    async def get_approval(self: Transactions, request_id: str) -> ApprovalRequest | None:
-        def get(db: sqlite3.Connection) -> ApprovalRequest | None:
+    async def get_approval(self: Transactions, request_id: str) -> ApprovalRecord | None:
+        def get(db: sqlite3.Connection) -> ApprovalRecord | None:
             row = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
-            return None if row is None else from_row(ApprovalRequest, row)
+            return None if row is None else from_row(ApprovalRecord, row)
 
         return await self._query(f"reading approval request {request_id!r}", get)
 
     async def approvals_pending(
         self: Transactions, *, session_id: str | None = None
-    ) -> list[ApprovalRequest]:
+    ) -> list[ApprovalRecord]:
         sql = f"{_SELECT} WHERE status = 'pending'"
         params: tuple[Any, ...] = ()
         if session_id is not None:
             sql, params = f"{sql} AND session_id = ?", (session_id,)
 
-        def pending(db: sqlite3.Connection) -> list[ApprovalRequest]:
+        def pending(db: sqlite3.Connection) -> list[ApprovalRecord]:
             rows = db.execute(f"{sql} ORDER BY created_at, id", params).fetchall()
-            return [from_row(ApprovalRequest, row) for row in rows]
+            return [from_row(ApprovalRecord, row) for row in rows]
 
         return await self._query("listing pending approval requests", pending)
 
@@ -188,5 +188,5 @@ class Approvals:
         await self._transact(what, set_card)
 
 
-def _order(request: ApprovalRequest) -> tuple[float, str]:
+def _order(request: ApprovalRecord) -> tuple[float, str]:
     return request.created_at, request.id

@@ -5,6 +5,7 @@ and started again on the same state (a restart)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ class World:
             self.store,
             self.config.bindings,
             self.outbox.kick,
-            config_jobs=config_jobs(self.config),
+            config_jobs=functools.partial(config_jobs, self.config),
             poll_s=0.05,
         )
         await scheduler.start()

@@ -4,12 +4,15 @@ catch-up across a restart and exactly-once claims."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from geodebot.channels.base import ChannelError
 from geodebot.config.schema import DB_FILE
+from geodebot.scheduler.definitions import config_jobs
+from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
@@ -300,3 +303,26 @@ async def test_an_operator_job_writes_unattended_a_chat_job_only_what_its_bindin
     assert marker.read_text().splitlines() == ["write_marker:operator"]
     refused = str(llm_server.requests[-1].json["messages"])
     assert "refused" in refused
+
+
+async def test_a_new_config_job_owes_nothing_from_before_the_scheduler_started(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """The daemon builds the scheduler before the channels connect, which can take longer
+    than a job's interval: the config's jobs are read when the scheduler starts, so a new
+    job's first fire is a scheduled one, not a catch-up for time before it existed."""
+    llm_server.default = Reply("tick")
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        scheduler = JobScheduler(
+            world.app.run_turn,
+            world.store,
+            world.config.bindings,
+            world.outbox.kick,
+            config_jobs=functools.partial(config_jobs, world.config),
+            poll_s=0.05,
+        )
+        await asyncio.sleep(1.3)  # the start-up in between, longer than the interval
+        async with scheduler:
+            rows = await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+    assert [(r.cause, r.outcome) for r in rows][:1] == [("schedule", "ok")]
+    assert all(r.cause == "schedule" for r in rows)

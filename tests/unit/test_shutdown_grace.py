@@ -8,6 +8,7 @@ instead of each getting a grace of its own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ async def test_running_turns_get_the_grace_once_not_once_per_service(
             world.store,
             config.bindings,
             world.outbox.kick,
-            config_jobs=config_jobs(config),
+            config_jobs=functools.partial(config_jobs, config),
             grace=grace,
             poll_s=0.05,
         )

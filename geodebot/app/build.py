@@ -211,8 +211,8 @@ class App:
 
         A ``turn_id`` makes it safe to ask again after a crash: the same turn is continued
         (or its answer returned), never started over. ``ending``: see ``AgenticLoop.arun``."""
-        async with self.lanes.slot(spec.session_id):
-            session = await create_session(mode, spec, self.services)
+        async with self.lanes.slot(spec.session_id) as slot:
+            session = await create_session(mode, spec, self.services, slot=slot)
             return await AgenticLoop(session).arun(text, turn_id=turn_id, ending=ending)
 
 

@@ -17,18 +17,45 @@ class Lanes:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
-    async def slot(self, session_id: str) -> AsyncIterator[None]:
+    async def slot(self, session_id: str) -> AsyncIterator[Slot]:
         lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
         self._locks[session_id] = (lock, users + 1)
         try:
-            async with lock, self._global:
-                yield
+            async with lock:
+                await self._global.acquire()
+                slot = Slot(self._global)
+                try:
+                    yield slot
+                finally:
+                    if slot.holding:
+                        self._global.release()
         finally:
             lock, users = self._locks[session_id]
             if users <= 1:
                 del self._locks[session_id]
             else:
                 self._locks[session_id] = (lock, users - 1)
+
+
+class Slot:
+    """A running turn's place under the global cap."""
+
+    def __init__(self, cap: asyncio.Semaphore) -> None:
+        self._cap = cap
+        self.holding = True
+
+    @asynccontextmanager
+    async def released(self) -> AsyncIterator[None]:
+        """Give the place up while the turn waits for a person, so turns parked on a
+        decision cannot starve the others; the session keeps its lock. Waits for a place
+        again after (a cancelled wait leaves nothing to give back)."""
+        self._cap.release()
+        self.holding = False
+        try:
+            yield
+        finally:
+            await self._cap.acquire()
+            self.holding = True
 
 
 class Grace:

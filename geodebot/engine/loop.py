@@ -20,11 +20,13 @@ The whole turn runs under the session's hard time budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,6 +103,8 @@ class _Turn:
     ending: Ending | None = None
     # The stop reason of the turn's latest model answer ("end_turn", "refusal", ...).
     stop_reason: StopReason | None = None
+    # The turn's time budget, as the timeout it runs under (see _guarded).
+    deadline: asyncio.Timeout | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +189,7 @@ class AgenticLoop:
         start = self._session.take_budget_start()
         if start is None:
             start = asyncio.get_running_loop().time()
-        deadline = asyncio.timeout_at(start + self._session.time_budget_s)
+        deadline = turn.deadline = asyncio.timeout_at(start + self._session.time_budget_s)
         try:
             async with deadline:
                 return await work
@@ -392,6 +396,24 @@ class AgenticLoop:
         self._svc.emit("llm_call", {"session": self._session.id, "turn": turn.id, **info})
         return response
 
+    @contextlib.asynccontextmanager
+    async def _waiting_for_a_person(self, turn: _Turn) -> AsyncIterator[None]:
+        """While a person decides on a call, the turn's time budget stands still (it must not
+        run out on someone reading a card) and its place under the global cap is free; the
+        rest of the turn then gets a fresh budget."""
+        if turn.deadline is not None:
+            turn.deadline.reschedule(None)
+        try:
+            if self._session.slot is None:
+                yield
+            else:
+                async with self._session.slot.released():
+                    yield
+        finally:
+            if turn.deadline is not None:
+                fresh = asyncio.get_running_loop().time() + self._session.time_budget_s
+                turn.deadline.reschedule(fresh)
+
     async def _process_tools(self, turn: _Turn, items: list[ContextItem], message: Message) -> None:
         calls = list(message.tool_uses)
         batch = ToolBatchRecord(
@@ -428,6 +450,7 @@ class AgenticLoop:
             self._session.mode,
             approver=self._session.approver,
             origin=self._session.origin,
+            waiting_for_a_person=functools.partial(self._waiting_for_a_person, turn),
         )
         outcomes = await self._svc.runner.run_batch(self._session.plan, calls, ctx)
         for outcome in outcomes:

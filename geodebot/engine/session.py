@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol
 
 from geodebot.config.schema import BudgetConfig
 from geodebot.engine.context_cache import ContextCache
+from geodebot.engine.lanes import Slot
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.types import LLMAdapter, StopReason, Usage
 from geodebot.engine.modes import Mode
@@ -165,6 +166,8 @@ class Session:
     services: EngineServices = field(repr=False)
     approver: Approver | None = field(default=None, repr=False)
     origin: str | None = None
+    # The turn's place under the global cap (see Lanes), given up while it waits for a person.
+    slot: Slot | None = field(default=None, repr=False, compare=False)
     # What create_session read with the row. The first turn starts from it rather than
     # reading the row and its pending batches again; taken once, later turns read afresh.
     _opened: list[OpenedSession] = field(default_factory=list, repr=False, compare=False)
@@ -180,7 +183,9 @@ class Session:
         return self._budget_from.pop() if self._budget_from else None
 
 
-async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices) -> Session:
+async def create_session(
+    mode: Mode, spec: SessionSpec, services: EngineServices, *, slot: Slot | None = None
+) -> Session:
     """Open (or create) the durable session and project its immutable tool plan.
 
     The first turn's time budget starts here: resolving the tools waits for the MCP servers
@@ -207,6 +212,7 @@ async def create_session(mode: Mode, spec: SessionSpec, services: EngineServices
         services=services,
         approver=spec.approver if mode is Mode.IPC else None,
         origin=spec.origin,
+        slot=slot,
         _opened=[opened],
         _budget_from=[started],
     )

@@ -11,6 +11,8 @@ import pytest
 
 from geodebot.app.daemon import ipc_handler
 from geodebot.channels.ipc import IPCClient
+from geodebot.engine.modes import Mode
+from geodebot.engine.session import SessionSpec
 from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
@@ -83,3 +85,80 @@ async def test_unanswered_approval_times_out_as_no(
     assert reply["text"] == "gave up"
     assert late == {"op": "error", "message": "no such approval request"}
     assert marker_lines(marker) == []
+
+
+class _Person:
+    """An approver who decides when the test says so."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.decide = asyncio.Event()
+
+    async def approve(self, request: object) -> bool:
+        self.asked.set()
+        await self.decide.wait()
+        return True
+
+
+def _approval_model(body: dict[str, Any]) -> Any:
+    """Asks to write once, for the first message of a session; answers anything else."""
+    messages = body["messages"]
+    if "write it" in str(messages[0]) and len(messages) == 1:
+        return Reply(tool_calls=[Call("write_marker", {"text": "approved"}, id="c1")])
+    return Reply("done")
+
+
+def _approval_config(tmp_path: Path, llm_server: FakeLLMServer) -> Any:
+    return with_sections(
+        make_config(tmp_path, llm_server),
+        tools={"ipc_tools": ["write_marker", "get_time"]},
+        daemon={"state_dir": str(tmp_path / "var"), "max_concurrent_sessions": 1},
+    )
+
+
+async def test_a_person_deciding_does_not_use_up_the_turns_time_budget(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """The turn waits for its approver longer than its whole time budget and still finishes:
+    the budget stands still while a person decides, and is fresh after."""
+    marker = tmp_path / "marker"
+    llm_server.responder = _approval_model
+    person = _Person()
+    async with AsyncExitStack() as stack:
+        app = await open_app(_approval_config(tmp_path, llm_server), stack, marker)
+        await app.load_models()
+        spec = SessionSpec("ipc:waits", tools=("write_marker",), time_budget_s=1.0, approver=person)
+        parked = asyncio.create_task(app.run_turn(Mode.IPC, spec, "write it"))
+        async with asyncio.timeout(10):
+            await person.asked.wait()
+        # The person takes longer than the turn's whole budget: time passing is the
+        # condition under test, so this wait is the test, not a guard.
+        await asyncio.sleep(1.5)
+        assert not parked.done()
+        person.decide.set()
+        result = await asyncio.wait_for(parked, 10)
+    assert result.ok, result
+    assert marker_lines(marker) == ["write_marker:approved"]
+
+
+async def test_a_turn_waiting_for_a_person_leaves_its_place_to_other_sessions(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """With one turn allowed at a time, a turn of another session runs to its end while the
+    first waits for its approver, instead of queueing behind the decision."""
+    marker = tmp_path / "marker"
+    llm_server.responder = _approval_model
+    person = _Person()
+    async with AsyncExitStack() as stack:
+        app = await open_app(_approval_config(tmp_path, llm_server), stack, marker)
+        spec = SessionSpec("ipc:waits", tools=("write_marker",), approver=person)
+        parked = asyncio.create_task(app.run_turn(Mode.IPC, spec, "write it"))
+        async with asyncio.timeout(10):
+            await person.asked.wait()
+        other = await asyncio.wait_for(app.run_turn(Mode.IPC, SessionSpec("ipc:other"), "hi"), 10)
+        assert other.ok
+        assert not parked.done()
+        person.decide.set()
+        result = await asyncio.wait_for(parked, 10)
+    assert result.ok, result
+    assert marker_lines(marker) == ["write_marker:approved"]

@@ -240,11 +240,13 @@ class ToolAuthority:
                 spec.effect,
                 ask or f"{spec.name} is a {spec.safety.value} tool",
             )
-            try:
-                async with asyncio.timeout(self._approval_timeout_s):
-                    approved = await ctx.approver.approve(request)
-            except TimeoutError:
-                approved = False
+            waiting = ctx.waiting_for_a_person
+            async with waiting() if waiting is not None else contextlib.nullcontext():
+                try:
+                    async with asyncio.timeout(self._approval_timeout_s):
+                        approved = await ctx.approver.approve(request)
+                except TimeoutError:
+                    approved = False
             if not approved:
                 raise _Refused("approval_denied", f"the user did not approve {spec.name}")
             return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -84,6 +85,11 @@ class ToolCallContext:
     approver: Approver | None = field(default=None, compare=False)
     # The session spec's ``origin``: the binding a chat message came through, or None.
     origin: str | None = None
+    # Entered while the call waits for a person's decision: the turn's time budget stands
+    # still and its place under the global cap is free (see AgenticLoop).
+    waiting_for_a_person: Callable[[], AbstractAsyncContextManager[None]] | None = field(
+        default=None, compare=False
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -462,6 +462,7 @@ class AgenticLoop:
                 status=outcome.status,
                 reason=outcome.reason,
                 receipt=outcome.receipt_id,
+                approval=outcome.approval_id,
                 arguments_sha256=content_hash(dict(outcome.call.arguments)),
                 result_sha256=content_hash(outcome.result.content),
             )

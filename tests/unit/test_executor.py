@@ -13,7 +13,7 @@ import pytest
 from geodebot.engine.llm.types import ToolUseBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools import BoundToolPlan, Effect, Safety, ToolCallContext, ToolSpec
-from geodebot.engine.tools.authority import ToolAuthority
+from geodebot.engine.tools.authority import ToolAuthority, approval_hash
 from geodebot.engine.tools.schema import SchemaError
 from geodebot.store.sqlite import SQLiteStore
 
@@ -159,3 +159,16 @@ async def test_a_tool_whose_schema_cannot_be_compiled_is_refused_and_its_batch_g
     assert (refused.status, refused.reason) == ("refused", "schema_unusable")
     assert "gone" in refused.result.content
     assert (ran.status, ran.result.content) == ("ok", "ran")
+
+
+def test_an_approval_is_bound_to_the_plan_the_tool_and_the_canonical_arguments() -> None:
+    schema = {"type": "object"}
+    tools = {"t": echo_tool("t", schema), "u": echo_tool("u", schema)}
+    plan = BoundToolPlan.project(tools, Mode.DAEMON, ["t", "u"])
+    other_plan = BoundToolPlan.project(tools, Mode.DAEMON, ["t"])
+    base = approval_hash(plan, "t", {"a": 1, "b": [1, 2]})
+    # Key order is not part of the call; anything else is.
+    assert approval_hash(plan, "t", {"b": [1, 2], "a": 1}) == base
+    assert approval_hash(plan, "t", {"a": 2, "b": [1, 2]}) != base
+    assert approval_hash(plan, "u", {"a": 1, "b": [1, 2]}) != base
+    assert approval_hash(other_plan, "t", {"a": 1, "b": [1, 2]}) != base

@@ -56,6 +56,15 @@ async def test_terminal_user_answers_an_approval_request(
     else:
         assert marker_lines(marker) == []
         assert calls[0]["reason"] == "approval_denied"
+    # The request and the decision are durable, bound to the exact call, on the timeline.
+    asked_events = [e.data for e in events if e.kind.startswith("approval_")]
+    assert [(e["status"], e.get("by"), e.get("via")) for e in asked_events] == [
+        ("pending", None, None),
+        ("approved" if approve else "denied", "terminal", "chat"),
+    ]
+    assert asked_events[0]["call_sha256"] == asked_events[1]["call_sha256"]
+    assert len(str(asked_events[0]["call_sha256"])) == 64
+    assert calls[0]["approval"] == (asked_events[0]["approval"] if approve else None)
 
 
 async def test_unanswered_approval_times_out_as_no(
@@ -81,6 +90,13 @@ async def test_unanswered_approval_times_out_as_no(
             # A late answer to an expired request is an error, never a yes.
             await client.send({"op": "approval", "id": request["id"], "approved": True})
             late = await asyncio.wait_for(client.receive(), 30)
+        events = await app.services.store.timeline("ipc:t")
+        pending = await app.services.store.approvals_pending()
+    assert pending == []
+    assert [e.data["status"] for e in events if e.kind.startswith("approval_")] == [
+        "pending",
+        "expired",
+    ]
     assert reply["op"] == "reply"
     assert reply["text"] == "gave up"
     assert late == {"op": "error", "message": "no such approval request"}

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -37,6 +38,7 @@ from geodebot.engine.tools.runner import OutcomeStatus, ToolOutcome
 from geodebot.engine.tools.schema import SchemaError
 from geodebot.engine.tools.spec import (
     ApprovalRequest,
+    Approver,
     CallClass,
     ToolCallContext,
     ToolError,
@@ -45,7 +47,7 @@ from geodebot.engine.tools.spec import (
     ToolSpec,
 )
 from geodebot.store.protocol import Store
-from geodebot.store.records import EffectReceipt
+from geodebot.store.records import ApprovalRecord, EffectReceipt
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ MAX_RESULT_CHARS = 32_000
 MAX_IMAGES = 2
 MAX_IMAGE_B64_CHARS = 5_000_000
 MAX_REWRITES = 3
+# The arguments as an approval request records them.
+APPROVAL_SUMMARY_CHARS = 300
+# Who decides in a terminal chat: the one person at the socket.
+TERMINAL = "terminal"
 _UNSEEN = "its result was not passed on: the turn ended before the result hooks decided"
 
 
@@ -69,6 +75,7 @@ class _Admitted:
     call: ToolUseBlock  # with the final arguments
     receipt: EffectReceipt | None
     approved: bool | None
+    approval_id: str | None = None
 
 
 class ResourceLocks:
@@ -85,6 +92,14 @@ class ResourceLocks:
             for key in sorted(set(keys)):
                 await stack.enter_async_context(self._locks.setdefault(key, asyncio.Lock()))
             yield
+
+
+def approval_hash(plan: BoundToolPlan, tool: str, arguments: Mapping[str, Any]) -> str:
+    """What a person's decision is bound to: the session's tool plan, the tool and its
+    canonical arguments. Any other call, or this one rewritten, needs a decision of its own."""
+    return hashlib.sha256(
+        canonical_json([plan.content_hash, tool, dict(arguments)]).encode()
+    ).hexdigest()
 
 
 def receipt_key(
@@ -156,8 +171,10 @@ class ToolAuthority:
         original = self._classify(spec, call.arguments)
         self._validate(spec, call.arguments)
         arguments, ask = await self._pre_hooks(spec, call.arguments, ctx, original)
-        approved = await self._approval(plan, spec, arguments, ctx, ask)
-        return _Admitted(spec, replace(call, arguments=dict(arguments)), None, approved)
+        approved, approval_id = await self._approval(plan, spec, arguments, ctx, ask)
+        return _Admitted(
+            spec, replace(call, arguments=dict(arguments)), None, approved, approval_id
+        )
 
     def _scope(self, plan: BoundToolPlan, call: ToolUseBlock) -> ToolSpec:
         spec = plan.get(call.name)
@@ -227,10 +244,55 @@ class ToolAuthority:
         arguments: Mapping[str, Any],
         ctx: ToolCallContext,
         ask: str | None,
-    ) -> bool | None:
+    ) -> tuple[bool | None, str | None]:
+        """Whether the call was approved (None: it needs no approval) and the id of the
+        person's decision, if one was asked for."""
         if not spec.needs_approval and ask is None:
-            return None
+            return None, None
         if ctx.mode is Mode.IPC and ctx.approver is not None:
+            return True, await self._ask(plan, spec, arguments, ctx, ask)
+        # A hook that asks for a person is never overridden by a standing pre-authorisation.
+        if ask is None and spec.name in plan.preapproved:
+            return True, None
+        raise _Refused(
+            "needs_approval",
+            f"{spec.name} needs approval and nobody can approve in {ctx.mode.value} mode"
+            + (f" ({ask})" if ask else "; an operator can pre-authorise it on the binding or job"),
+        )
+
+    async def _ask(
+        self,
+        plan: BoundToolPlan,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any],
+        ctx: ToolCallContext,
+        ask: str | None,
+    ) -> str:
+        """Ask the session's person through a durable request bound to this exact call (a
+        resumed turn finds its request, and its decision); the request's id once approved."""
+        assert ctx.approver is not None
+        now = time.time()
+        call_sha256 = approval_hash(plan, spec.name, arguments)
+        record, _ = await self._store.approval_open(
+            ApprovalRecord(
+                id=secrets.token_urlsafe(16),
+                session_id=ctx.session_id,
+                turn_id=ctx.turn_id,
+                call_id=ctx.call_id,
+                tool=spec.name,
+                safety=spec.safety.value,
+                call_sha256=call_sha256,
+                summary=_summary(arguments),
+                origin=ctx.origin or ctx.mode.value,
+                approvers=(TERMINAL,),
+                status="pending",
+                created_at=now,
+                expires_at=now + self._approval_timeout_s,
+            )
+        )
+        if record.call_sha256 != call_sha256:
+            raise _Refused("approval_denied", f"this {spec.name} call changed since it was asked")
+        if record.status == "pending":
             request = ApprovalRequest(
                 ctx.session_id,
                 ctx.turn_id,
@@ -240,24 +302,28 @@ class ToolAuthority:
                 spec.effect,
                 ask or f"{spec.name} is a {spec.safety.value} tool",
             )
-            waiting = ctx.waiting_for_a_person
-            async with waiting() if waiting is not None else contextlib.nullcontext():
-                try:
-                    async with asyncio.timeout(self._approval_timeout_s):
-                        approved = await ctx.approver.approve(request)
-                except TimeoutError:
-                    approved = False
-            if not approved:
-                raise _Refused("approval_denied", f"the user did not approve {spec.name}")
-            return True
-        # A hook that asks for a person is never overridden by a standing pre-authorisation.
-        if ask is None and spec.name in plan.preapproved:
-            return True
-        raise _Refused(
-            "needs_approval",
-            f"{spec.name} needs approval and nobody can approve in {ctx.mode.value} mode"
-            + (f" ({ask})" if ask else "; an operator can pre-authorise it on the binding or job"),
-        )
+            answer = await self._wait_for_person(ctx.approver, request, ctx)
+            # No answer in time: deciding past the expiry expires the request instead.
+            at = time.time() if answer is not None else max(time.time(), record.expires_at)
+            decided, _ = await self._store.approval_decide(
+                record.id, answer is True, by=TERMINAL, via="chat", now=at
+            )
+            record = decided if decided is not None else record
+        if record.status != "approved":
+            raise _Refused("approval_denied", f"the user did not approve {spec.name}")
+        return record.id
+
+    async def _wait_for_person(
+        self, approver: Approver, request: ApprovalRequest, ctx: ToolCallContext
+    ) -> bool | None:
+        """The person's answer; None when none came within the approval timeout."""
+        waiting = ctx.waiting_for_a_person
+        async with waiting() if waiting is not None else contextlib.nullcontext():
+            try:
+                async with asyncio.timeout(self._approval_timeout_s):
+                    return await approver.approve(request)
+            except TimeoutError:
+                return None
 
     # -- step 5 -----------------------------------------------------------------------------
     async def _admit(
@@ -358,6 +424,7 @@ class ToolAuthority:
             reason,
             receipt.id if receipt else None,
             grant.approved,
+            grant.approval_id,
         )
 
     async def _finish(
@@ -437,6 +504,13 @@ def _replay(call: ToolUseBlock, original: ToolResultBlock, receipt_id: str | Non
 def _bounded(images: tuple[ImageData, ...]) -> tuple[ImageData, ...]:
     """At most MAX_IMAGES, each within what providers accept; larger ones are dropped."""
     return tuple(i for i in images if len(i.data) <= MAX_IMAGE_B64_CHARS)[:MAX_IMAGES]
+
+
+def _summary(arguments: Mapping[str, Any]) -> str:
+    text = clean_text(canonical_json(dict(arguments)))
+    if len(text) <= APPROVAL_SUMMARY_CHARS:
+        return text
+    return text[: APPROVAL_SUMMARY_CHARS - 1] + "…"
 
 
 def _truncate(text: str) -> str:

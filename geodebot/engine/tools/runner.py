@@ -44,6 +44,8 @@ class ToolOutcome:
     reason: str | None = None
     receipt_id: str | None = None
     approved: bool | None = None
+    # The person's decision (an approval request's id), when one was asked for.
+    approval_id: str | None = None
 
     def timeline(self) -> dict[str, object]:
         return {
@@ -53,6 +55,7 @@ class ToolOutcome:
             "reason": self.reason,
             "receipt": self.receipt_id,
             "approved": self.approved,
+            "approval": self.approval_id,
             "result_chars": len(self.result.content),
         }
 

@@ -124,6 +124,8 @@ class EffectReceipt:
     resolution: Resolution | None = None
     resolved_by: str | None = None
     resolved_at: float | None = None
+    # The person's decision it was admitted under (an approval request's id), if any.
+    approval_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ _RESOLUTIONS: frozenset[str] = frozenset(get_args(Resolution))
 
 _RECEIPT_COLS = (
     "id, key, session_id, turn_id, call_id, tool, effect, arguments_sha256, status, "
-    "admitted_at, finished_at, outcome, resolution, resolved_by, resolved_at"
+    "admitted_at, finished_at, outcome, resolution, resolved_by, resolved_at, approval_id"
 )
 _SWITCH_COLS = "name, enabled, set_by, set_at, expires_at, reason"
 SELECT_SWITCH = f"SELECT {_SWITCH_COLS} FROM operator_switches"
@@ -44,8 +44,8 @@ SELECT_SWITCH = f"SELECT {_SWITCH_COLS} FROM operator_switches"
 # no second look that another writer could race.
 _ADMIT = f"""
 INSERT INTO effect_receipts (id, key, session_id, turn_id, call_id, tool, effect,
-    arguments_sha256, status, admitted_at, finished_at, outcome)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'admitted', ?, NULL, '{{}}')
+    arguments_sha256, status, admitted_at, finished_at, outcome, approval_id)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'admitted', ?, NULL, '{{}}', ?)
 ON CONFLICT (key) DO NOTHING
 RETURNING {_RECEIPT_COLS}
 """
@@ -121,6 +121,7 @@ class ReceiptsAndSwitches:
             receipt.effect,
             receipt.arguments_sha256,
             receipt.admitted_at,
+            receipt.approval_id,
         )
 
         def admit(db: sqlite3.Connection) -> tuple[EffectReceipt, bool]:

@@ -44,6 +44,7 @@ async def test_terminal_user_answers_an_approval_request(
         async with IPCClient(app.config.socket_path) as client:
             reply = await asyncio.wait_for(client.turn("ipc:t", "write it", answer), 30)
         events = await app.services.store.timeline("ipc:t")
+        receipts = await app.services.store.list_receipts(session_id="ipc:t")
     assert reply["op"] == "reply"
     assert reply["text"] == "over"
     assert [(r["tool"], r["arguments"], r["safety"]) for r in asked] == [
@@ -65,6 +66,8 @@ async def test_terminal_user_answers_an_approval_request(
     assert asked_events[0]["call_sha256"] == asked_events[1]["call_sha256"]
     assert len(str(asked_events[0]["call_sha256"])) == 64
     assert calls[0]["approval"] == (asked_events[0]["approval"] if approve else None)
+    # The effect's receipt names the decision it ran under; a denied call has no receipt.
+    assert [r.approval_id for r in receipts] == ([asked_events[0]["approval"]] if approve else [])
 
 
 async def test_unanswered_approval_times_out_as_no(

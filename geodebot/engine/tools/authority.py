@@ -345,6 +345,7 @@ class ToolAuthority:
             ).hexdigest(),
             status="admitted",
             admitted_at=time.time(),
+            approval_id=grant.approval_id,
         )
         stored, inserted = await self._store.admit_receipt(receipt)
         grant = replace(grant, receipt=stored)

@@ -80,6 +80,7 @@ class ChatCommands:
         tools = ", ".join(binding.tools) if binding.tools else "none"
         busy, waiting = self._queues.load()
         jobs = "" if self._job_status is None else await self._job_status(binding_key(binding))
+        approvals = await self._approvals(session_id)
         return (
             f"Session: {session_id}\n"
             f"Model: {self._model.provider} {self._model.name}\n"
@@ -89,14 +90,23 @@ class ChatCommands:
             f"Computer use: {await self._computer_use()}\n"
             f"Daemon: {busy} of at most {self._daemon.max_concurrent_sessions} turns "
             f"running; {waiting} messages queued"
-        ) + (f"\n{jobs}" if jobs else "")
+        ) + "".join(f"\n{line}" for line in (*approvals, jobs) if line)
+
+    async def _approvals(self, session_id: str) -> list[str]:
+        """A line per call of this session waiting for a person's decision."""
+        return [
+            f"Waiting for approval: {request.tool} ({request.safety}), asked of "
+            f"{', '.join(request.approvers)}, until {_utc(request.expires_at)}"
+            for request in await self._store.approvals_pending(session_id=session_id)
+        ]
 
     async def _computer_use(self) -> str:
         switch = await self._store.get_switch(COMPUTER_USE_SWITCH)
         if switch is None or not switch.active(time.time()):
             return "off"
-        if switch.expires_at is None:
-            until = "until switched off"
-        else:
-            until = "until " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.expires_at))
-        return f"on ({until}, by {switch.set_by})"
+        until = "switched off" if switch.expires_at is None else _utc(switch.expires_at)
+        return f"on (until {until}, by {switch.set_by})"
+
+
+def _utc(moment: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(moment))

@@ -23,7 +23,7 @@ from geodebot.channels.base import ChannelError, Inbound, SendUnknown
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow, NewOutbound, OutboxRow
+from geodebot.store.records import ApprovalRecord, InboxRow, NewOutbound, OutboxRow
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
@@ -529,3 +529,37 @@ async def test_a_command_after_a_mention_is_still_a_command(
         await h.chat.deliver(message("<@U0BOT> /help", channel="c3", mentions_bot=True))
         assert "/status" in (await h.replies(1))[0]
     assert llm_server.requests == []
+
+
+async def test_status_lists_the_calls_waiting_for_approval(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    async with harness(tmp_path, llm_server, limit=4096) as h:
+        store = h.app.services.store
+        await store.ensure_session("s1", "daemon")
+        for call, (tool, expires) in enumerate((("write_file", 4102444800.0), ("edit_file", 0.0))):
+            await store.approval_open(
+                ApprovalRecord(
+                    id=f"a{call}",
+                    session_id="s1",
+                    turn_id="t-inbox-1",
+                    call_id=f"c{call}",
+                    tool=tool,
+                    safety="write",
+                    call_sha256="ab" * 32,
+                    summary="{}",
+                    origin="telegram:c1",
+                    approvers=("4242", "5151"),
+                    status="pending",
+                    created_at=1.0,
+                    expires_at=expires,
+                )
+            )
+        await store.approval_decide("a1", False, by="4242", via="chat")  # expires it
+        await h.chat.deliver(message("/status"))
+        status = "".join(await h.replies(1))
+    assert (
+        "Waiting for approval: write_file (write), asked of 4242, 5151, until 2100-01-01 00:00 UTC"
+        in status
+    )
+    assert "edit_file" not in status

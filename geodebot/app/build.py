@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, aclosing, closing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from geodebot.chat.bindings import BindingIndex
@@ -182,7 +181,6 @@ class App:
     config: Config
     services: EngineServices
     lanes: Lanes
-    state_dir: Path
     # The one index of the bindings, which the router, the job tools and the scheduler share.
     bindings: BindingIndex
     # The model adapters, whose SDKs load on first use or when load_models() is called.
@@ -224,8 +222,7 @@ async def build_app(
     observers: Sequence[Observer] = (),
 ) -> App:
     """Build every shared object once; ``stack`` owns their shutdown."""
-    state_dir = config.state_dir
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     system_prompt = load_system_prompt(config)
     redactor = build_redactor(config)
 
@@ -280,4 +277,4 @@ async def build_app(
         context_cache=ContextCache(),
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
-    return App(config, services, lanes, state_dir, bindings, tuple(chain))
+    return App(config, services, lanes, bindings, tuple(chain))

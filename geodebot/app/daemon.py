@@ -88,12 +88,12 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             store = app.services.store
             await _sweep_receipts(store)
             daemon = await _enter_daemon(config, app, stack, metrics, Grace(grace))
-            status.supervisor, status.router = daemon.supervisor, daemon.router
+            status.daemon = daemon
             ipc = ipc_handler(app, _status_report(app, daemon))
             await stack.enter_async_context(ipc)
             log.info(
                 "geodebot serving: state in %s, chat socket %s, channels: %s",
-                app.state_dir,
+                config.state_dir,
                 config.socket_path,
                 ", ".join(daemon.channels) or "none",
             )
@@ -291,16 +291,16 @@ class _Status:
     """The one-line summary systemd shows (``systemctl status``)."""
 
     def __init__(self) -> None:
-        self.supervisor: ChannelSupervisor | None = None
-        self.router: ChatRouter | None = None
+        self.daemon: _Daemon | None = None
 
     def line(self) -> str:
-        if self.supervisor is None or self.router is None:
+        if self.daemon is None:
             return "starting"
-        connected = sum(event.is_set() for event in self.supervisor.ready.values())
-        running, queued = self.router.load()
+        ready = self.daemon.supervisor.ready
+        connected = sum(event.is_set() for event in ready.values())
+        running, queued = self.daemon.router.load()
         return (
-            f"serving: {connected}/{len(self.supervisor.ready)} channels connected, "
+            f"serving: {connected}/{len(ready)} channels connected, "
             f"{running} turns running, {queued} queued"
         )
 

@@ -46,6 +46,11 @@ class SessionQueues(Generic[Item]):
         self._queues: dict[str, SessionQueue[Item]] = {}
         self._closing = False
 
+    @property
+    def closing(self) -> bool:
+        """:meth:`close` was called: nothing new starts."""
+        return self._closing
+
     def get(self, session_id: str) -> SessionQueue[Item] | None:
         return self._queues.get(session_id)
 

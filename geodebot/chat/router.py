@@ -100,7 +100,6 @@ class ChatRouter:
         self._commands = ChatCommands(
             store, self._queues, model=model, budgets=budgets, daemon=daemon, job_status=job_status
         )
-        self._closing = False
         self.counters: collections.Counter[str] = collections.Counter()
 
     async def __aenter__(self) -> ChatRouter:
@@ -188,7 +187,6 @@ class ChatRouter:
 
         A cancelled turn's inbox row stays ``running`` and is answered after the restart.
         """
-        self._closing = True
         await self._queues.close(grace_s)
 
     # -- queued turns -----------------------------------------------------------------------
@@ -288,7 +286,7 @@ class ChatRouter:
                 await self._answer(row, status, text, detail=detail)
                 return
             except StoreError as exc:
-                if self._closing:
+                if self._queues.closing:
                     raise
                 if await self._finished_already(row):
                     # Its answer is written (a stop that came as the turn's last commit did):

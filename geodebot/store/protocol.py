@@ -151,16 +151,17 @@ class Store(JobStore, Protocol):
         gets ``(current, False)``; one after the expiry first marks the request ``expired``;
         an unknown id gets ``(None, False)``. ``via``: ``chat`` or ``console``."""
 
-    async def approvals_expire(self, *, now: float | None = None) -> list[ApprovalRecord]:
-        """Mark every pending request past its expiry ``expired``; the ones this call did."""
+    async def approval_expire(
+        self, request_id: str, *, now: float | None = None
+    ) -> ApprovalRecord | None:
+        """Expire a request still pending (its asker stopped waiting), with an
+        ``approval_expired`` event; a decided one is returned as it is, an unknown id as None.
+        """
 
     async def get_approval(self, request_id: str) -> ApprovalRecord | None: ...
 
     async def approvals_pending(self, *, session_id: str | None = None) -> list[ApprovalRecord]:
         """Pending requests (of one session, or all), oldest first."""
-
-    async def approval_set_card(self, request_id: str, card: Mapping[str, Any]) -> None:
-        """Where the request's card was posted, so it can be edited with the outcome."""
 
     # -- effect receipts ------------------------------------------------------------------
     async def admit_receipt(self, receipt: EffectReceipt) -> tuple[EffectReceipt, bool]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from geodebot.store.records import ApprovalRecord, StoreError
@@ -39,7 +38,7 @@ RETURNING {_COLS}
 """
 _EXPIRE = f"""
 UPDATE approval_requests SET status = 'expired', decided_at = ?
-WHERE status = 'pending' AND expires_at <= ? {{only}}
+WHERE id = ? AND status = 'pending'
 RETURNING {_COLS}
 """
 VIAS = frozenset({"chat", "console"})
@@ -124,38 +123,34 @@ class Approvals:
                 decided = from_row(ApprovalRecord, row)
                 db.execute(INSERT_EVENT, _event(decided, "approval_decided", at))
                 return decided, True
-            # Not pending, not this id, or past its expiry: a late press expires it now.
-            expired = db.execute(_EXPIRE.format(only="AND id = ?"), (at, at, request_id))
-            late = expired.fetchone()
-            if late is not None:
-                request = from_row(ApprovalRecord, late)
-                db.execute(INSERT_EVENT, _event(request, "approval_expired", at))
-                return request, False
-            current = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
-            return (None if current is None else from_row(ApprovalRecord, current)), False
+            # Decided already, unknown, or still pending only because nobody swept it since
+            # its expiry: a late press expires it now.
+            current = _current(db, request_id)
+            if current is not None and current.status == "pending":
+                return _expire(db, request_id, at), False
+            return current, False
 
         return await self._transact(what, decide, durable=True)
 
-    async def approvals_expire(
-        self: Transactions, *, now: float | None = None
-    ) -> list[ApprovalRecord]:
+    async def approval_expire(
+        self: Transactions, request_id: str, *, now: float | None = None
+    ) -> ApprovalRecord | None:
         at = time.time() if now is None else now
 
-        def expire(db: sqlite3.Connection) -> list[ApprovalRecord]:
-            rows = db.execute(_EXPIRE.format(only=""), (at, at)).fetchall()
-            expired = sorted((from_row(ApprovalRecord, r) for r in rows), key=_order)
-            for request in expired:
-                db.execute(INSERT_EVENT, _event(request, "approval_expired", at))
-            return expired
+        def expire(db: sqlite3.Connection) -> ApprovalRecord | None:
+            current = _current(db, request_id)
+            if current is None or current.status != "pending":
+                return current
+            return _expire(db, request_id, at)
 
-        return await self._transact("expiring approval requests", expire, durable=True)
+        return await self._transact(
+            f"expiring approval request {request_id!r}", expire, durable=True
+        )
 
     async def get_approval(self: Transactions, request_id: str) -> ApprovalRecord | None:
-        def get(db: sqlite3.Connection) -> ApprovalRecord | None:
-            row = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
-            return None if row is None else from_row(ApprovalRecord, row)
-
-        return await self._query(f"reading approval request {request_id!r}", get)
+        return await self._query(
+            f"reading approval request {request_id!r}", lambda db: _current(db, request_id)
+        )
 
     async def approvals_pending(
         self: Transactions, *, session_id: str | None = None
@@ -171,22 +166,14 @@ class Approvals:
 
         return await self._query("listing pending approval requests", pending)
 
-    async def approval_set_card(
-        self: Transactions, request_id: str, card: Mapping[str, Any]
-    ) -> None:
-        what = f"recording the card of approval request {request_id!r}"
-        with encoding(what):
-            encoded = dumps(dict(card))
 
-        def set_card(db: sqlite3.Connection) -> None:
-            cursor = db.execute(
-                "UPDATE approval_requests SET card = ? WHERE id = ?", (encoded, request_id)
-            )
-            if cursor.rowcount == 0:
-                raise StoreError(f"{what} failed: no such request")
-
-        await self._transact(what, set_card)
+def _current(db: sqlite3.Connection, request_id: str) -> ApprovalRecord | None:
+    row = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
+    return None if row is None else from_row(ApprovalRecord, row)
 
 
-def _order(request: ApprovalRecord) -> tuple[float, str]:
-    return request.created_at, request.id
+def _expire(db: sqlite3.Connection, request_id: str, at: float) -> ApprovalRecord:
+    row = db.execute(_EXPIRE, (at, request_id)).fetchone()
+    expired = from_row(ApprovalRecord, row)
+    db.execute(INSERT_EVENT, _event(expired, "approval_expired", at))
+    return expired

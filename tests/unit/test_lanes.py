@@ -58,12 +58,10 @@ async def test_a_turn_cancelled_while_waiting_for_its_place_gives_nothing_back()
     await second
     # Exactly one place again: two sessions cannot both be inside.
     inside: list[str] = []
-    entered = asyncio.Event()
 
     async def enter(name: str) -> None:
         async with lanes.slot(name):
             inside.append(name)
-            entered.set()
             await asyncio.sleep(0.05)
             assert len(inside) == 1
             inside.remove(name)

@@ -118,18 +118,23 @@ async def test_a_press_after_the_expiry_expires_the_request_instead(store: SQLit
     assert [kind for kind, _ in await events(store)] == ["approval_requested", "approval_expired"]
 
 
-async def test_the_sweep_expires_only_what_is_due(store: SQLiteStore) -> None:
-    await store.approval_open(request("due", ttl=10.0))
-    await store.approval_open(request("later", ttl=1000.0))
-    await store.approval_open(request("done", ttl=10.0))
-    await store.approval_decide("done", False, by="4242", via="chat", now=105.0)
-    expired = await store.approvals_expire(now=200.0)
-    assert [(r.id, r.status) for r in expired] == [("due", "expired")]
-    assert await store.approvals_expire(now=200.0) == []
-    assert [r.id for r in await store.approvals_pending()] == ["later"]
-    done = await store.get_approval("done")
-    assert done is not None
-    assert done.status == "denied"
+async def test_an_asker_who_stops_waiting_expires_only_a_pending_request(
+    store: SQLiteStore,
+) -> None:
+    await store.approval_open(request("waited"))
+    await store.approval_open(request("decided"))
+    await store.approval_decide("decided", True, by="4242", via="console", now=120.0)
+    expired = await store.approval_expire("waited", now=130.0)
+    assert expired is not None
+    assert (expired.status, expired.decided_at, expired.decided_by) == ("expired", 130.0, None)
+    # A decision that came first stands; a second expiry changes nothing.
+    kept = await store.approval_expire("decided", now=130.0)
+    assert kept is not None
+    assert (kept.status, kept.decided_by) == ("approved", "4242")
+    assert await store.approval_expire("waited", now=140.0) == expired
+    assert await store.approval_expire("nope") is None
+    late, won = await store.approval_decide("waited", True, by="4242", via="chat", now=131.0)
+    assert (late, won) == (expired, False)
 
 
 async def test_an_unknown_id_is_no_decision(store: SQLiteStore) -> None:
@@ -155,19 +160,15 @@ async def test_bad_requests_and_decisions_are_refused_and_write_nothing(
     assert current.status == "pending"
 
 
-async def test_the_card_is_recorded_and_survives_a_reopen(tmp_path: pathlib.Path) -> None:
+async def test_a_pending_request_survives_a_restart_and_is_decided_after(
+    tmp_path: pathlib.Path,
+) -> None:
     path = tmp_path / "geodebot.db"
     async with SQLiteStore(path) as store:
         await store.ensure_session("ops", "channel")
         await store.approval_open(request("a1"))
-        card = {"platform": "telegram", "channel": "100", "message_id": "77"}
-        await store.approval_set_card("a1", card)
-        with pytest.raises(StoreError, match="no such request"):
-            await store.approval_set_card("nope", card)
-    # A restart while the card is pending keeps it, decidable.
     async with SQLiteStore(path) as store:
-        pending = await store.approvals_pending()
-        assert [(r.id, r.card) for r in pending] == [("a1", card)]
+        assert [r.id for r in await store.approvals_pending()] == ["a1"]
         decided, won = await store.approval_decide("a1", True, by="5151", via="chat", now=300.0)
         assert won
         assert decided is not None

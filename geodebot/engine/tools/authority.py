@@ -303,12 +303,14 @@ class ToolAuthority:
                 ask or f"{spec.name} is a {spec.safety.value} tool",
             )
             answer = await self._wait_for_person(ctx.approver, request, ctx)
-            # No answer in time: deciding past the expiry expires the request instead.
-            at = time.time() if answer is not None else max(time.time(), record.expires_at)
-            decided, _ = await self._store.approval_decide(
-                record.id, answer is True, by=TERMINAL, via="chat", now=at
-            )
-            record = decided if decided is not None else record
+            if answer is None:
+                # No answer in time; a decision made elsewhere meanwhile still counts.
+                ended = await self._store.approval_expire(record.id)
+            else:
+                ended, _ = await self._store.approval_decide(
+                    record.id, answer, by=TERMINAL, via="chat"
+                )
+            record = ended if ended is not None else record
         if record.status != "approved":
             raise _Refused("approval_denied", f"the user did not approve {spec.name}")
         return record.id

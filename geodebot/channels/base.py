@@ -9,6 +9,7 @@ and splits it at the platform's limit). The engine never sees an SDK type.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -62,6 +63,83 @@ class OutboundPart:
 @dataclass(frozen=True, slots=True)
 class SentPart:
     message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalCard:
+    """A request for a person's decision on one tool call, as a chat message with two buttons
+    (Approve and Deny, neither the default). Each platform renders it in its own markup;
+    ``outcome`` set means it was decided (or expired): shown instead of the buttons."""
+
+    approval_id: str  # unguessable; the buttons carry it (see press_data)
+    tool: str
+    safety: str
+    summary: str  # the arguments, redacted and shortened
+    approvers: tuple[str, ...]  # platform user ids
+    expires_at: float  # epoch seconds
+    outcome: str | None = None
+
+    def lines(self) -> list[str]:
+        """The card's text, plain (each adapter may format it further)."""
+        head = f"Approval needed: {self.tool} ({self.safety})"
+        lines = [head, f"Arguments: {self.summary}"]
+        lines.append("May decide: " + ", ".join(self.approvers))
+        if self.outcome is None:
+            lines.append("Expires: " + utc_minute(self.expires_at))
+        else:
+            lines.append(self.outcome)
+        return lines
+
+
+# Button payloads: "gb:a:<id>" approves, "gb:d:<id>" denies. Telegram's callback_data holds
+# 64 bytes, Slack's value and Discord's custom_id 100: an id of up to 40 characters fits all.
+_PRESS_PREFIX = "gb:"
+
+
+def press_data(approval_id: str, approve: bool) -> str:
+    return f"{_PRESS_PREFIX}{'a' if approve else 'd'}:{approval_id}"
+
+
+def parse_press_data(data: str) -> tuple[str, bool] | None:
+    """(approval id, approve) from a button's payload; None for anything that is not ours."""
+    if not data.startswith(_PRESS_PREFIX):
+        return None
+    choice, _, approval_id = data[len(_PRESS_PREFIX) :].partition(":")
+    if choice not in ("a", "d") or not 1 <= len(approval_id) <= 40:
+        return None
+    return approval_id, choice == "a"
+
+
+@dataclass(frozen=True, slots=True)
+class Press:
+    """Somebody pressed a card's button. Nothing about it is trusted: the id may be forged,
+    the card expired, the presser not an approver (see chat/approvals.py)."""
+
+    platform: Platform
+    channel: str
+    user: str
+    approval_id: str
+    approve: bool
+    message_id: str = ""  # the card's message, as the platform reports it
+
+
+@dataclass(frozen=True, slots=True)
+class PressAnswer:
+    """What the presser alone is told. ``counted``: the press decided the request (the card
+    is edited for everyone); otherwise nothing changed and the text says why, privately
+    (Telegram callback alert, Slack ephemeral message, Discord ephemeral response)."""
+
+    counted: bool
+    text: str
+
+
+# Decides what a press means. Adapters call it for each button press on a card and answer
+# the presser with its PressAnswer; it never raises for a bad press.
+PressSink = Callable[[Press], Awaitable[PressAnswer]]
+
+
+def utc_minute(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
 
 
 class ChannelError(Exception):
@@ -122,7 +200,9 @@ class Channel(Protocol):
     @property
     def platform(self) -> Platform: ...
 
-    async def start(self, sink: InboundSink) -> None: ...
+    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
+        """Connect and deliver messages to ``sink`` and card button presses to ``presses``
+        (without one, presses are answered as not valid)."""
 
     async def stop(self) -> None: ...
 
@@ -137,6 +217,14 @@ class Channel(Protocol):
 
         Raises NotImplementedError where the platform offers no way to look it up.
         """
+
+    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
+        """Post an approval card. Raises ChannelError (with retry_after on 429) or SendUnknown."""
+
+    async def edit_card(
+        self, destination: Destination, message_id: str, card: ApprovalCard
+    ) -> None:
+        """Replace a posted card (its outcome set: the buttons go). Raises ChannelError."""
 
     async def typing(self, destination: Destination) -> None: ...
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from geodebot.channels.base import (
+    ApprovalCard,
     ChannelError,
     ChannelStatus,
     Destination,
@@ -21,6 +22,9 @@ from geodebot.channels.base import (
     InboundSink,
     OutboundPart,
     Platform,
+    Press,
+    PressAnswer,
+    PressSink,
     SendUnknown,
     SentPart,
 )
@@ -88,13 +92,19 @@ class MemoryChannel:
 
     ``deliver`` plays a platform delivering an event (it awaits the sink, as an adapter would
     before acknowledging); ``sent`` holds every part that went out. ``fail_next`` queues
-    send failures (a ChannelError with retry_after for a 429, a SendUnknown, ...).
+    send failures (a ChannelError with retry_after for a 429, a SendUnknown, ...). Approval
+    cards are kept by message id in ``cards`` (edits replace them); ``press`` plays a
+    button press and returns what the presser alone was told.
     """
 
     def __init__(self, platform: Platform = "telegram", *, limit: int = 4096) -> None:
         self._platform: Platform = platform
         self.limit = limit
         self.sink: InboundSink | None = None
+        self.presses: PressSink | None = None
+        self.cards: dict[str, ApprovalCard] = {}
+        self.card_chats: dict[str, Destination] = {}
+        self.card_edits = 0
         self.sent: list[OutboundPart] = []
         self.sent_ids: dict[str, str] = {}
         self.typing_calls: list[Destination] = []
@@ -107,8 +117,8 @@ class MemoryChannel:
     def platform(self) -> Platform:
         return self._platform
 
-    async def start(self, sink: InboundSink) -> None:
-        self.sink = sink
+    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
+        self.sink, self.presses = sink, presses
 
     async def stop(self) -> None:
         self.sink = None
@@ -161,6 +171,60 @@ class MemoryChannel:
 
     async def typing(self, destination: Destination) -> None:
         self.typing_calls.append(destination)
+
+    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
+        await asyncio.sleep(0)
+        if self.failures:
+            raise self.failures.popleft()
+        self._ids += 1
+        message_id = str(self._ids)
+        self.cards[message_id] = card
+        self.card_chats[message_id] = destination
+        asyncio.get_running_loop().create_task(self._notify())
+        return SentPart(message_id)
+
+    async def edit_card(
+        self, destination: Destination, message_id: str, card: ApprovalCard
+    ) -> None:
+        await asyncio.sleep(0)
+        if message_id not in self.cards:
+            raise ChannelError("message to edit not found", permanent=True)
+        self.cards[message_id] = card
+        self.card_edits += 1
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def wait_card(
+        self, predicate: Callable[[ApprovalCard], bool]
+    ) -> tuple[str, ApprovalCard]:
+        """Wait until a card matching ``predicate`` is up; its message id and the card."""
+
+        def found() -> tuple[str, ApprovalCard] | None:
+            return next(((i, c) for i, c in self.cards.items() if predicate(c)), None)
+
+        async with self._changed:
+            await self._changed.wait_for(lambda: found() is not None)
+        hit = found()
+        assert hit is not None
+        return hit
+
+    async def press(
+        self, message_id: str, user: str, *, approve: bool = True, channel: str | None = None
+    ) -> PressAnswer:
+        """``user`` presses Approve (or Deny) on the card ``message_id``, in the card's chat
+        unless ``channel`` says otherwise."""
+        if self.presses is None:
+            raise RuntimeError("MemoryChannel was started without a press sink")
+        card = self.cards[message_id]
+        return await self.presses(
+            Press(
+                self._platform,
+                channel or self.card_chats[message_id].channel,
+                user,
+                card.approval_id,
+                approve,
+                message_id,
+            )
+        )
 
     def status(self) -> ChannelStatus:
         return ChannelStatus(self._platform, self.sink is not None)

@@ -17,6 +17,7 @@ from geodebot.app.build import App, build_app
 from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
+from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import Config, ConfigError, resolve_secret
@@ -132,6 +133,7 @@ async def _enter_daemon(
 
     # The outbox's window is its own: replies of turns that used the whole grace still go.
     outbox = OutboxSender(store, channels, grace=Grace(turns_grace.seconds))
+    approvals = ChatApprovals(store, channels, redactor=app.services.redactor)
     router = ChatRouter(
         app.run_turn,
         store,
@@ -144,6 +146,7 @@ async def _enter_daemon(
         typing=typing,
         job_status=JobStatus(store).for_binding,
         grace=turns_grace,
+        approvals=approvals,
     )
     scheduler = JobScheduler(
         app.run_turn,
@@ -153,12 +156,13 @@ async def _enter_daemon(
         config_jobs=functools.partial(config_jobs, config),
         grace=turns_grace,
     )
-    supervisor = ChannelSupervisor(channels, router.accept)
+    supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
     daemon = _Daemon(channels, supervisor, router, scheduler)
     if metrics is not None:
         await stack.enter_async_context(_health_server(config, app, daemon, metrics))
     await stack.enter_async_context(supervisor)
     await stack.enter_async_context(outbox)
+    await stack.enter_async_context(approvals)
     await stack.enter_async_context(router)
     recovered = await router.recover()
     if recovered:

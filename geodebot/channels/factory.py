@@ -13,7 +13,7 @@ import random
 import sys
 from collections.abc import Iterator, Mapping
 
-from geodebot.channels.base import Channel, ChannelError, InboundSink
+from geodebot.channels.base import Channel, ChannelError, InboundSink, PressSink
 from geodebot.config.schema import Config, ConfigError, resolve_secret
 from geodebot.store.protocol import Store
 
@@ -101,9 +101,15 @@ class ChannelSupervisor:
     nothing; :meth:`start` does, once whatever must precede the first message is ready.
     """
 
-    def __init__(self, channels: Mapping[str, Channel], sink: InboundSink) -> None:
+    def __init__(
+        self,
+        channels: Mapping[str, Channel],
+        sink: InboundSink,
+        presses: PressSink | None = None,
+    ) -> None:
         self._channels = channels
         self._sink = sink
+        self._presses = presses
         self._tasks: list[asyncio.Task[None]] = []
         self.ready: dict[str, asyncio.Event] = {name: asyncio.Event() for name in channels}
 
@@ -127,7 +133,7 @@ class ChannelSupervisor:
         delay = 1.0
         while True:
             try:
-                await channel.start(self._sink)
+                await channel.start(self._sink, self._presses)
             except Exception as exc:
                 # A ChannelError already says what went wrong; anything else is a bug to trace.
                 expected = isinstance(exc, ChannelError)

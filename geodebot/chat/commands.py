@@ -15,18 +15,23 @@ from geodebot.chat.queues import SessionQueues
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, time_budget
+from geodebot.engine.tools.spec import ApprovalDesk
 from geodebot.store.protocol import Store
 
 # Lines about the scheduled jobs that post in a binding's chat (given by key), for /status.
 JobStatusText = Callable[[str], Awaitable[str]]
 
 
-def session_spec(session_id: str, binding: BindingConfig) -> SessionSpec:
-    """A chat turn's session: the binding's tools, pre-approvals and time budget."""
+def session_spec(
+    session_id: str, binding: BindingConfig, desk: ApprovalDesk | None = None
+) -> SessionSpec:
+    """A chat turn's session: the binding's tools, pre-approvals, approvers' desk and time
+    budget."""
     return SessionSpec(
         session_id,
         tools=binding.tools,
         preapproved=binding.preapproved,
+        desk=desk,
         time_budget_s=binding.time_budget_s,
         # Tools acting for the chat (jobs) go by the binding, not the session, which
         # other bindings may share.

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import cast
 
 from geodebot.channels.base import Destination, Inbound, Platform, command_of
+from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
 from geodebot.chat.gate import Accepted, decide
@@ -80,8 +81,10 @@ class ChatRouter:
         typing_after_s: float = TYPING_AFTER_S,
         job_status: JobStatusText | None = None,
         grace: Grace | None = None,
+        approvals: ChatApprovals | None = None,
     ) -> None:
         self._run_turn = run_turn
+        self._approvals = approvals
         self._store = store
         self._index = BindingIndex.of(bindings)
         self._outbox = outbox
@@ -249,7 +252,11 @@ class ChatRouter:
         try:
             return await self._run_turn(
                 Mode.DAEMON,
-                session_spec(row.session_id, binding),
+                session_spec(
+                    row.session_id,
+                    binding,
+                    self._approvals.desk(row, binding) if self._approvals is not None else None,
+                ),
                 row.text,
                 # Named after the row: a row recovered after a crash continues its turn.
                 turn_id=f"t-inbox-{row.id}",

@@ -89,6 +89,8 @@ class DaemonConfig(_Strict):
     user_burst: Annotated[int, Field(ge=1, le=1000)] = 10
     # On SIGTERM, running turns get this long to finish before they are cancelled.
     shutdown_grace_s: Annotated[float, Field(ge=0, le=600)] = 20.0
+    # A streamed answer edits its chat's message at most once per this interval.
+    stream_edit_interval_s: Annotated[float, Field(ge=0.2, le=60)] = 1.0
     # Health and metrics over HTTP ("host:port"); off when unset. Loopback only unless
     # allow_remote, which also needs a bearer token (http_token_env names its variable).
     allow_remote: bool = False
@@ -286,6 +288,8 @@ class TelegramConfig(_ChannelBase):
     token_env: str = "TELEGRAM_BOT_TOKEN"
     # python-telegram-bot's base_url meaning: the token is appended to it.
     api_base_url: str = "https://api.telegram.org/bot"
+    # python-telegram-bot's base_file_url: where getFile's paths are downloaded from.
+    file_base_url: str = "https://api.telegram.org/file/bot"
     poll_timeout_s: Annotated[int, Field(ge=0, le=60)] = 30
 
 
@@ -329,6 +333,24 @@ class BindingConfig(_Strict):
     # Tools that may run unattended even though they would need approval.
     preapproved: tuple[str, ...] = ()
     time_budget_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    # Platform user ids who may approve this binding's tool calls with the card's buttons;
+    # empty (the default) is nobody, and a call that needs approval is refused as before.
+    approvers: tuple[Annotated[str, Field(min_length=1, max_length=64)], ...] = ()
+    # An unanswered card is a denial after this long (the turn waits outside its budget).
+    approval_timeout_s: Annotated[float, Field(ge=5, le=7 * 86_400)] = 900.0
+    # Edit one message as the answer arrives.
+    stream: bool = True
+    # Accept files and images from users, up to this size each.
+    attachments: bool = True
+    max_attachment_mb: Annotated[float, Field(gt=0, le=2000)] = 20.0
+
+    @field_validator("approvers")
+    @classmethod
+    def _no_wildcard_approver(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Unlike allowed_users, approving is never "anyone": a name must be listed.
+        if "*" in value:
+            raise ValueError("approvers lists user ids; '*' (anyone) is not allowed here")
+        return value
 
     @model_validator(mode="after")
     def _preapproved_listed(self) -> BindingConfig:

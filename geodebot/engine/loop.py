@@ -449,6 +449,7 @@ class AgenticLoop:
             batch.turn_id,
             self._session.mode,
             approver=self._session.approver,
+            desk=self._session.desk,
             origin=self._session.origin,
             waiting_for_a_person=functools.partial(self._waiting_for_a_person, turn),
         )

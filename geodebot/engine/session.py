@@ -18,7 +18,7 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.engine.tools.plan import BoundToolPlan
 from geodebot.engine.tools.runner import ToolRunner
-from geodebot.engine.tools.spec import Approver
+from geodebot.engine.tools.spec import ApprovalDesk, Approver
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.logs.redact import Redactor
 from geodebot.store.protocol import Store
@@ -109,6 +109,8 @@ class SessionSpec:
     time_budget_s: float | None = None
     # The person at the terminal (IPC only); nobody elsewhere.
     approver: Approver | None = field(default=None, compare=False)
+    # The chat's approvers and their cards (DAEMON only); None: nobody approves.
+    desk: ApprovalDesk | None = field(default=None, compare=False)
     # Who asked, opaque to the engine: the calling binding's key (``platform:channel``) for
     # a chat message, None otherwise. Tools that act for a chat (jobs) read it from their
     # call context, since several bindings may share one session.
@@ -165,6 +167,7 @@ class Session:
     time_budget_s: float
     services: EngineServices = field(repr=False)
     approver: Approver | None = field(default=None, repr=False)
+    desk: ApprovalDesk | None = field(default=None, repr=False)
     origin: str | None = None
     # The turn's place under the global cap (see Lanes), given up while it waits for a person.
     slot: Slot | None = field(default=None, repr=False, compare=False)
@@ -211,6 +214,7 @@ async def create_session(
         time_budget_s=budget,
         services=services,
         approver=spec.approver if mode is Mode.IPC else None,
+        desk=spec.desk if mode is Mode.DAEMON else None,
         origin=spec.origin,
         slot=slot,
         _opened=[opened],

@@ -158,6 +158,10 @@ class Store(JobStore, Protocol):
         ``approval_expired`` event; a decided one is returned as it is, an unknown id as None.
         """
 
+    async def approval_card(self, request_id: str, card: dict[str, Any]) -> ApprovalRecord | None:
+        """Record where the request's card is (``{"state": "posting"}`` before it is sent, the
+        message's address after), whatever the request's status; None for an unknown id."""
+
     async def get_approval(self, request_id: str) -> ApprovalRecord | None: ...
 
     async def approvals_pending(self, *, session_id: str | None = None) -> list[ApprovalRecord]:

@@ -147,6 +147,19 @@ class Approvals:
             f"expiring approval request {request_id!r}", expire, durable=True
         )
 
+    async def approval_card(
+        self: Transactions, request_id: str, card: dict[str, Any]
+    ) -> ApprovalRecord | None:
+        def place(db: sqlite3.Connection) -> ApprovalRecord | None:
+            db.execute(
+                "UPDATE approval_requests SET card = ? WHERE id = ?", (dumps(card), request_id)
+            )
+            return _current(db, request_id)
+
+        return await self._transact(
+            f"recording the card of approval request {request_id!r}", place, durable=True
+        )
+
     async def get_approval(self: Transactions, request_id: str) -> ApprovalRecord | None:
         return await self._query(
             f"reading approval request {request_id!r}", lambda db: _current(db, request_id)

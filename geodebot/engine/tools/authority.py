@@ -7,8 +7,9 @@ result and nothing is dispatched):
 2. policy (malformed arguments) and JSON-schema validation;
 3. PreToolUse hooks: block, rewrite (a rewrite that makes the call riskier, a higher safety
    level or data class, is refused; step 2 runs again on the new arguments), or ask;
-4. approval: IPC asks the terminal user; DAEMON and HEADLESS have nobody to ask, so a call
-   that needs approval is refused unless the operator pre-authorised the tool;
+4. approval: IPC asks the terminal user; DAEMON asks the binding's approvers with a card in
+   the chat (a durable request, decided once), if it names any; otherwise, and in HEADLESS,
+   a call that needs approval is refused unless the operator pre-authorised the tool;
 5. effect receipt for effectful tools, admitted before dispatch; a repeated identical call in
    the same turn is a replay and is not run again; an uncertain one is never re-run;
 6. resource locks, then dispatch under the tool's deadline;
@@ -250,27 +251,33 @@ class ToolAuthority:
         if not spec.needs_approval and ask is None:
             return None, None
         if ctx.mode is Mode.IPC and ctx.approver is not None:
-            return True, await self._ask(plan, spec, arguments, ctx, ask)
+            return True, await self._ask_terminal(plan, spec, arguments, ctx, ask)
         # A hook that asks for a person is never overridden by a standing pre-authorisation.
         if ask is None and spec.name in plan.preapproved:
             return True, None
+        if ctx.mode is Mode.DAEMON and ctx.desk is not None and ctx.desk.approvers:
+            return True, await self._ask_desk(plan, spec, arguments, ctx)
         raise _Refused(
             "needs_approval",
             f"{spec.name} needs approval and nobody can approve in {ctx.mode.value} mode"
-            + (f" ({ask})" if ask else "; an operator can pre-authorise it on the binding or job"),
+            + (
+                f" ({ask})"
+                if ask
+                else "; an operator can pre-authorise it, or name approvers, on the binding"
+            ),
         )
 
-    async def _ask(
+    async def _open(
         self,
         plan: BoundToolPlan,
         spec: ToolSpec,
         arguments: Mapping[str, Any],
         ctx: ToolCallContext,
-        ask: str | None,
-    ) -> str:
-        """Ask the session's person through a durable request bound to this exact call (a
-        resumed turn finds its request, and its decision); the request's id once approved."""
-        assert ctx.approver is not None
+        approvers: tuple[str, ...],
+        timeout_s: float,
+    ) -> ApprovalRecord:
+        """The durable request bound to this exact call: a resumed turn finds its own (and
+        any decision on it) instead of asking again."""
         now = time.time()
         call_sha256 = approval_hash(plan, spec.name, arguments)
         record, _ = await self._store.approval_open(
@@ -284,14 +291,29 @@ class ToolAuthority:
                 call_sha256=call_sha256,
                 summary=_summary(arguments),
                 origin=ctx.origin or ctx.mode.value,
-                approvers=(TERMINAL,),
+                approvers=approvers,
                 status="pending",
                 created_at=now,
-                expires_at=now + self._approval_timeout_s,
+                expires_at=now + timeout_s,
             )
         )
         if record.call_sha256 != call_sha256:
+            # The turn's call was asked about with other arguments (a hook rewrote it since):
+            # that decision is not this call's.
             raise _Refused("approval_denied", f"this {spec.name} call changed since it was asked")
+        return record
+
+    async def _ask_terminal(
+        self,
+        plan: BoundToolPlan,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any],
+        ctx: ToolCallContext,
+        ask: str | None,
+    ) -> str:
+        """Ask the person at the terminal; the request's id once approved."""
+        assert ctx.approver is not None
+        record = await self._open(plan, spec, arguments, ctx, (TERMINAL,), self._approval_timeout_s)
         if record.status == "pending":
             request = ApprovalRequest(
                 ctx.session_id,
@@ -314,6 +336,33 @@ class ToolAuthority:
         if record.status != "approved":
             raise _Refused("approval_denied", f"the user did not approve {spec.name}")
         return record.id
+
+    async def _ask_desk(
+        self,
+        plan: BoundToolPlan,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any],
+        ctx: ToolCallContext,
+    ) -> str:
+        """Ask the chat's approvers with a card; the request's id once approved. The turn
+        waits outside its time budget, for as long as the request lives."""
+        desk = ctx.desk
+        assert desk is not None
+        record = await self._open(plan, spec, arguments, ctx, desk.approvers, desk.timeout_s)
+        if record.status == "pending":
+            waiting = ctx.waiting_for_a_person
+            async with waiting() if waiting is not None else contextlib.nullcontext():
+                record = await desk.settle(record)
+        if record.status == "approved":
+            return record.id
+        if record.status == "denied":
+            raise _Refused(
+                "approval_denied", f"{record.decided_by} denied {spec.name}; it was not run"
+            )
+        raise _Refused(
+            "approval_expired",
+            f"nobody approved {spec.name} before the request expired; it was not run",
+        )
 
     async def _wait_for_person(
         self, approver: Approver, request: ApprovalRequest, ctx: ToolCallContext

@@ -22,6 +22,7 @@ REASON_CODES = frozenset(
         "rewrite_escalates",
         "blocked_by_hook",
         "approval_denied",
+        "approval_expired",
         "needs_approval",
         "receipt_uncertain",
         "deadline",

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from geodebot.engine.llm.types import ImageData, ToolSchema
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.schema import ArgumentSchema
+from geodebot.store.records import ApprovalRecord
 
 
 class Safety(StrEnum):
@@ -71,9 +72,24 @@ class ApprovalRequest:
 
 
 class Approver(Protocol):
-    """A person who can say yes or no; only IPC sessions have one."""
+    """The person at the terminal, who can say yes or no (IPC sessions)."""
 
     async def approve(self, request: ApprovalRequest) -> bool: ...
+
+
+class ApprovalDesk(Protocol):
+    """Where listed people decide on a stored request with a card's buttons (a chat's
+    DAEMON session, when its binding names approvers)."""
+
+    @property
+    def approvers(self) -> tuple[str, ...]: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    async def settle(self, request: ApprovalRecord) -> ApprovalRecord:
+        """Show the pending ``request`` to its approvers (once, across restarts too) and
+        return it decided or expired; at its expiry it is expired, never left pending."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +99,7 @@ class ToolCallContext:
     mode: Mode
     call_id: str = ""
     approver: Approver | None = field(default=None, compare=False)
+    desk: ApprovalDesk | None = field(default=None, compare=False)
     # The session spec's ``origin``: the binding a chat message came through, or None.
     origin: str | None = None
     # Entered while the call waits for a person's decision: the turn's time budget stands

@@ -1,0 +1,243 @@
+"""Approvals in the chat: a card with two buttons for each call that needs a person.
+
+A turn whose call needs approval, in a binding that names approvers, gets a :class:`ChatDesk`
+(see ``ChatRouter``). The engine opens the durable request (bound to the exact call) and
+hands it to the desk, which posts the card once, records where it went, and waits until the
+request is decided or expires. A press goes through :meth:`ChatApprovals.press`: nothing in
+it is trusted, so it counts only for a listed approver, in the card's own chat, on a pending
+request that has not expired, and only the first one counts; every other press is answered
+privately and changes nothing. The request, not the waiting turn, is what lasts: after a
+restart the resumed turn finds it (and its card, or its decision) again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from geodebot.channels.base import (
+    ApprovalCard,
+    Channel,
+    ChannelError,
+    Destination,
+    Platform,
+    Press,
+    PressAnswer,
+    utc_minute,
+)
+from geodebot.config.schema import BindingConfig
+from geodebot.logs.redact import Redactor
+from geodebot.store.protocol import Store
+from geodebot.store.records import ApprovalRecord, InboxRow
+
+log = logging.getLogger(__name__)
+
+# Posting a card: attempts, and the longest Retry-After waited between them. A card that
+# cannot be shown cannot be decided, so the request is expired instead of waiting unseen.
+CARD_ATTEMPTS = 4
+MAX_CARD_RETRY_AFTER_S = 60.0
+NOT_VALID = "This button is not valid."
+
+
+@dataclass(frozen=True, slots=True)
+class ChatDesk:
+    """One turn's approvers and the chat their cards go to (an ``ApprovalDesk``)."""
+
+    approvals: ChatApprovals
+    destination: Destination
+    approvers: tuple[str, ...]
+    timeout_s: float
+
+    async def settle(self, request: ApprovalRecord) -> ApprovalRecord:
+        return await self.approvals.settle(self.destination, request)
+
+
+class ChatApprovals:
+    """``async with`` it: leaving stops the card edits still under way."""
+
+    def __init__(
+        self,
+        store: Store,
+        channels: Mapping[str, Channel],
+        *,
+        redactor: Redactor | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._store = store
+        self._channels = channels
+        self._redactor = redactor if redactor is not None else Redactor()
+        self._clock = clock
+        self._sleep = sleep
+        # Per request a turn waits on: set when a press (or the console) decided it here.
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._edits: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> ChatApprovals:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in list(self._edits):
+            task.cancel()
+        await asyncio.gather(*self._edits, return_exceptions=True)
+
+    def desk(self, row: InboxRow, binding: BindingConfig) -> ChatDesk | None:
+        """The desk for a turn answering ``row``; None when nobody may approve there."""
+        if not binding.approvers or row.platform not in self._channels:
+            return None
+        destination = Destination(cast(Platform, row.platform), row.channel, row.thread)
+        return ChatDesk(self, destination, binding.approvers, binding.approval_timeout_s)
+
+    def decided(self, request_id: str) -> None:
+        """A request was decided elsewhere in this process (the console): its turn goes on."""
+        waiter = self._waiters.get(request_id)
+        if waiter is not None:
+            waiter.set()
+
+    # -- the waiting turn -------------------------------------------------------------------
+    async def settle(self, destination: Destination, request: ApprovalRecord) -> ApprovalRecord:
+        # Listening before the request is read again: a press between that read and the
+        # wait still wakes it.
+        waiter = self._waiters.setdefault(request.id, asyncio.Event())
+        try:
+            request = await self._show(destination, request)
+            while request.status == "pending":
+                left = request.expires_at - self._clock()
+                if left <= 0:
+                    request = await self._expire(request)
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await waiter.wait()
+                waiter.clear()
+                request = await self._store.get_approval(request.id) or request
+        finally:
+            self._waiters.pop(request.id, None)
+        return request
+
+    async def _show(self, destination: Destination, request: ApprovalRecord) -> ApprovalRecord:
+        """Post the request's card unless it is up already (a resumed turn's request)."""
+        if request.card.get("message_id"):
+            return request
+        # Marked first: a card posted by a run that then crashed is posted again once, which
+        # is harmless (both cards decide the same request); one never shown is worse.
+        address: dict[str, Any] = {
+            "platform": destination.platform,
+            "channel": destination.channel,
+            "thread": destination.thread,
+        }
+        await self._store.approval_card(request.id, {**address, "state": "posting"})
+        message_id = await self._post(destination, self._card(request))
+        if message_id is None:
+            return await self._expire(request)
+        stored = await self._store.approval_card(request.id, {**address, "message_id": message_id})
+        return stored if stored is not None else request
+
+    async def _post(self, destination: Destination, card: ApprovalCard) -> str | None:
+        channel = self._channels[destination.platform]
+        for attempt in range(1, CARD_ATTEMPTS + 1):
+            try:
+                return (await channel.send_card(destination, card)).message_id
+            except ChannelError as exc:
+                log.warning(
+                    "approval %s: the card could not be posted (attempt %s): %s",
+                    card.approval_id,
+                    attempt,
+                    exc,
+                )
+                if exc.permanent:
+                    break
+                await self._sleep(min(exc.retry_after or 2.0**attempt, MAX_CARD_RETRY_AFTER_S))
+        log.error("approval %s: no card could be shown; the request expires", card.approval_id)
+        return None
+
+    async def _expire(self, request: ApprovalRecord) -> ApprovalRecord:
+        ended = await self._store.approval_expire(request.id)
+        ended = ended if ended is not None else request
+        self._edit_later(ended)
+        return ended
+
+    # -- presses ----------------------------------------------------------------------------
+    async def press(self, press: Press) -> PressAnswer:
+        request = await self._store.get_approval(press.approval_id)
+        # Bound to the card's chat: an id shown in one chat decides nothing from another.
+        if (
+            request is None
+            or request.card.get("platform") != press.platform
+            or request.card.get("channel") != press.channel
+        ):
+            return PressAnswer(False, NOT_VALID)
+        if press.user not in request.approvers:
+            log.info("approval %s: a press by %s, who is not an approver", request.id, press.user)
+            return PressAnswer(False, f"Only {', '.join(request.approvers)} may decide this.")
+        if request.status == "pending":
+            decided, counted = await self._store.approval_decide(
+                request.id, press.approve, by=press.user, via="chat"
+            )
+            if decided is None:
+                return PressAnswer(False, NOT_VALID)
+            request = decided
+            if counted or request.status == "expired":
+                self.decided(request.id)
+                self._edit_later(request)
+            if counted:
+                return PressAnswer(True, "Approved." if press.approve else "Denied.")
+        return PressAnswer(False, _already(request))
+
+    # -- the card ---------------------------------------------------------------------------
+    def _card(self, request: ApprovalRecord) -> ApprovalCard:
+        return ApprovalCard(
+            approval_id=request.id,
+            tool=request.tool,
+            safety=request.safety,
+            summary=self._redactor.redact(request.summary),
+            approvers=tuple(request.approvers),
+            expires_at=request.expires_at,
+            outcome=None if request.status == "pending" else _outcome(request),
+        )
+
+    def _edit_later(self, request: ApprovalRecord) -> None:
+        """Show the outcome on the card, without holding up the press's answer."""
+        if not request.card.get("message_id"):
+            return
+        task = asyncio.create_task(self._edit(request))
+        self._edits.add(task)
+        task.add_done_callback(self._edits.discard)
+
+    async def _edit(self, request: ApprovalRecord) -> None:
+        card = request.card
+        channel = self._channels.get(str(card.get("platform")))
+        if channel is None:
+            return
+        destination = Destination(
+            cast(Platform, card["platform"]), str(card["channel"]), card.get("thread")
+        )
+        for attempt in range(1, CARD_ATTEMPTS + 1):
+            try:
+                await channel.edit_card(destination, str(card["message_id"]), self._card(request))
+                return
+            except ChannelError as exc:
+                if exc.permanent or attempt == CARD_ATTEMPTS:
+                    log.warning("approval %s: the card was not updated: %s", request.id, exc)
+                    return
+                await self._sleep(min(exc.retry_after or 2.0**attempt, MAX_CARD_RETRY_AFTER_S))
+
+
+def _outcome(request: ApprovalRecord) -> str:
+    at = utc_minute(request.decided_at) if request.decided_at is not None else ""
+    if request.status == "approved":
+        return f"Approved by {request.decided_by}, {at}"
+    if request.status == "denied":
+        return f"Denied by {request.decided_by}, {at}: not run"
+    return f"Expired, {at}: nobody decided in time, not run"
+
+
+def _already(request: ApprovalRecord) -> str:
+    if request.status == "expired":
+        return "This request expired; the call was not run."
+    return f"This was decided already: {_outcome(request)}."

@@ -1,0 +1,304 @@
+"""Approvals in the chat, without a platform SDK: card, presses, decision, resumed turn.
+
+The chat side is geodebot.testing.MemoryChannel (cards and presses included); the model is the
+real anthropic SDK against the fake model server; the store, engine and tools are the real
+app's. Each platform's own buttons are tested through its SDK in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geodebot.app.build import App
+from geodebot.channels.base import ApprovalCard, Inbound, Press, PressAnswer
+from geodebot.chat.approvals import NOT_VALID, ChatApprovals
+from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.router import ChatRouter
+from geodebot.engine.lanes import Grace
+from geodebot.testing import MemoryChannel
+from tests.support.app import open_app
+from tests.support.config import make_config, with_sections
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
+from tests.support.tools import marker_lines
+
+ids = itertools.count(5000)
+APPROVER = "4242"
+SESSION = "tg:ops"
+
+
+def message(text: str, *, user: str = "u1") -> Inbound:
+    n = next(ids)
+    return Inbound("telegram", str(n), "c1", None, user, text, f"m{n}")
+
+
+def binding(**extra: Any) -> dict[str, Any]:
+    return {
+        "platform": "telegram",
+        "channel": "c1",
+        "session": SESSION,
+        "allowed_users": ["*"],
+        "tools": ["write_marker", "get_time"],
+        "approvers": [APPROVER, "77"],
+        **extra,
+    }
+
+
+class Clock:
+    """Wall time, or later: ``skip`` makes every pending card expire without waiting."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        import time
+
+        return time.time() + self.offset
+
+
+@dataclass
+class World:
+    app: App
+    chat: MemoryChannel
+    approvals: ChatApprovals
+    router: ChatRouter
+    llm: FakeLLMServer
+    marker: Path
+
+    async def card(self, pending: bool = True) -> tuple[str, ApprovalCard]:
+        async with asyncio.timeout(20):
+            return await self.chat.wait_card(lambda c: (c.outcome is None) == pending)
+
+    async def replies(self, n: int) -> list[str]:
+        async with asyncio.timeout(20):
+            return await self.chat.wait_sent(n)
+
+
+@asynccontextmanager
+async def world(
+    tmp_path: Path,
+    llm: FakeLLMServer,
+    *,
+    chat: MemoryChannel | None = None,
+    clock: Callable[[], float] | None = None,
+    **extra: Any,
+) -> AsyncIterator[World]:
+    config = with_sections(make_config(tmp_path, llm), bindings=[binding(**extra)])
+    chat = chat if chat is not None else MemoryChannel("telegram")
+    marker = tmp_path / "marker"
+    async with AsyncExitStack() as stack:
+        app = await open_app(config, stack, marker)
+        store = app.services.store
+        outbox = OutboxSender(store, {"telegram": chat}, grace=Grace(5.0))
+        approvals = ChatApprovals(store, {"telegram": chat}, **({"clock": clock} if clock else {}))
+        router = ChatRouter(
+            app.run_turn,
+            store,
+            config.bindings,
+            outbox,
+            daemon=config.daemon,
+            model=config.model,
+            budgets=config.budgets,
+            max_chars={"telegram": 4000},
+            approvals=approvals,
+        )
+        await stack.enter_async_context(outbox)
+        await stack.enter_async_context(approvals)
+        await stack.enter_async_context(router)
+        await chat.start(router.accept, approvals.press)
+        yield World(app, chat, approvals, router, llm, marker)
+
+
+def asks_to_write(llm: FakeLLMServer, text: str = "deploy") -> None:
+    llm.script(Reply(tool_calls=[Call("write_marker", {"text": text}, id="w1")]), Reply("over"))
+
+
+def tool_result_seen(llm: FakeLLMServer) -> str:
+    """What the model was told of its write_marker call (the last request's tool result)."""
+    for item in reversed(llm.requests[-1].json["messages"][-1]["content"]):
+        if item.get("type") == "tool_result":
+            content = item["content"]
+            return content if isinstance(content, str) else content[0]["text"]
+    raise AssertionError("no tool result in the last request")
+
+
+async def test_an_approver_approves_and_the_call_runs_once(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server)
+    async with world(tmp_path, llm_server) as w:
+        await w.chat.deliver(message("please deploy"))
+        card_id, card = await w.card()
+        # What the approver reads before pressing: tool, safety, arguments, who, until when.
+        assert (card.tool, card.safety, card.approvers) == ("write_marker", "write", ("4242", "77"))
+        assert '"text":"deploy"' in card.summary.replace(" ", "")
+        assert marker_lines(w.marker) == []
+        answer = await w.chat.press(card_id, APPROVER)
+        assert answer.counted
+        assert answer.text == "Approved."
+        assert await w.replies(1) == ["over"]
+        _, decided = await w.card(pending=False)
+        assert decided.outcome is not None
+        assert decided.outcome.startswith("Approved by 4242")
+        # A second press, by anyone, changes nothing.
+        again = await w.chat.press(card_id, "77", approve=False)
+        assert not again.counted
+        assert "decided already" in again.text
+        events = await w.app.services.store.timeline(SESSION)
+        receipts = await w.app.services.store.list_receipts(session_id=SESSION)
+    assert marker_lines(w.marker) == ["write_marker:deploy"]
+    kinds = [e.kind for e in events]
+    assert kinds.count("approval_requested") == 1
+    assert kinds.count("approval_decided") == 1
+    decided_event = next(e.data for e in events if e.kind == "approval_decided")
+    assert (decided_event["by"], decided_event["via"], decided_event["status"]) == (
+        APPROVER,
+        "chat",
+        "approved",
+    )
+    assert decided_event["approval"] == card.approval_id
+    assert [r.approval_id for r in receipts] == [card.approval_id]
+    assert len(w.chat.cards) == 1
+
+
+async def test_a_non_approver_press_changes_nothing_and_a_denial_is_told_to_the_model(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server)
+    async with world(tmp_path, llm_server) as w:
+        await w.chat.deliver(message("please deploy"))
+        card_id, card = await w.card()
+        stranger = await w.chat.press(card_id, "u1")
+        assert not stranger.counted
+        assert stranger.text == "Only 4242, 77 may decide this."
+        request = await w.app.services.store.get_approval(card.approval_id)
+        assert request is not None
+        assert request.status == "pending"
+        assert w.chat.cards[card_id].outcome is None
+        assert w.chat.texts() == []
+        answer = await w.chat.press(card_id, "77", approve=False)
+        assert answer.counted
+        assert answer.text == "Denied."
+        assert await w.replies(1) == ["over\n\n(Not allowed here, so not run: `write_marker`.)"]
+        _, decided = await w.card(pending=False)
+    assert marker_lines(w.marker) == []
+    assert "77 denied write_marker" in tool_result_seen(llm_server)
+    assert decided.outcome is not None
+    assert decided.outcome.startswith("Denied by 77")
+
+
+async def test_forged_and_foreign_presses_do_nothing(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server)
+    async with world(tmp_path, llm_server) as w:
+        await w.chat.deliver(message("please deploy"))
+        card_id, card = await w.card()
+        presses = w.chat.presses
+        assert presses is not None
+        forged = await presses(Press("telegram", "c1", APPROVER, "not-an-id", True, card_id))
+        # The right id from another chat (or platform) is not this card's press either.
+        foreign = await w.chat.press(card_id, APPROVER, channel="c9")
+        other = await presses(Press("slack", "c1", APPROVER, card.approval_id, True, card_id))
+        assert [forged, foreign, other] == [PressAnswer(False, NOT_VALID)] * 3
+        request = await w.app.services.store.get_approval(card.approval_id)
+        assert request is not None
+        assert request.status == "pending"
+        await w.chat.press(card_id, APPROVER)
+        assert await w.replies(1) == ["over"]
+    assert marker_lines(w.marker) == ["write_marker:deploy"]
+
+
+async def test_an_unanswered_card_expires_as_a_denial_the_model_is_told(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server)
+    clock = Clock()
+    async with world(tmp_path, llm_server, clock=clock) as w:
+        await w.chat.deliver(message("please deploy"))
+        card_id, card = await w.card()
+        clock.offset = 10_000.0
+        w.approvals.decided(card.approval_id)  # wakes the waiting turn, which finds it late
+        assert await w.replies(1) == ["over\n\n(Not allowed here, so not run: `write_marker`.)"]
+        _, expired = await w.card(pending=False)
+        late = await w.chat.press(card_id, APPROVER)
+    assert marker_lines(w.marker) == []
+    assert "expired" in tool_result_seen(llm_server)
+    assert expired.outcome is not None
+    assert expired.outcome.startswith("Expired")
+    assert not late.counted
+    assert "expired" in late.text
+
+
+async def test_the_turn_budget_does_not_run_out_on_a_person(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server)
+    async with world(tmp_path, llm_server, time_budget_s=1.0) as w:
+        await w.chat.deliver(message("please deploy"))
+        card_id, _ = await w.card()
+        # Longer than the whole turn's budget: the wait is outside it.
+        await asyncio.sleep(1.5)
+        await w.chat.press(card_id, APPROVER)
+        assert await w.replies(1) == ["over"]
+    assert marker_lines(w.marker) == ["write_marker:deploy"]
+
+
+async def test_a_pending_card_survives_a_restart_and_a_later_press_resumes_the_turn(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server)
+    chat = MemoryChannel("telegram")
+    async with world(tmp_path, llm_server, chat=chat) as w:
+        await w.chat.deliver(message("please deploy"))
+        card_id, card = await w.card()
+        # The daemon goes away while the card waits (its turn is cancelled, as at a crash's
+        # restart: the inbox row stays running).
+        await w.router.drain(0)
+    assert marker_lines(tmp_path / "marker") == []
+    async with world(tmp_path, llm_server, chat=chat) as w:
+        assert await w.router.recover() == 1
+        pending = await w.app.services.store.approvals_pending(session_id=SESSION)
+        assert [p.id for p in pending] == [card.approval_id]
+        answer = await w.chat.press(card_id, APPROVER)
+        assert answer.counted
+        assert await w.replies(1) == ["over"]
+    # The same card, not a second one; the call ran once; the model was asked once more.
+    assert list(chat.cards) == [card_id]
+    assert marker_lines(tmp_path / "marker") == ["write_marker:deploy"]
+    assert len(llm_server.requests) == 2
+
+
+async def test_a_preapproved_tool_needs_no_card_and_a_binding_without_approvers_refuses(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server, "pre")
+    asks_to_write(llm_server, "nobody")
+    async with world(tmp_path, llm_server, preapproved=["write_marker"]) as w:
+        await w.chat.deliver(message("go"))
+        assert await w.replies(1) == ["over"]
+    async with world(tmp_path, llm_server, approvers=[]) as w:
+        await w.chat.deliver(message("go"))
+        assert (await w.replies(1))[0].startswith("over\n\n(Not allowed here")
+    assert chat_cards_of(w) == {}
+    assert marker_lines(tmp_path / "marker") == ["write_marker:pre"]
+    assert "nobody can approve" in tool_result_seen(llm_server)
+
+
+def chat_cards_of(w: World) -> Mapping[str, ApprovalCard]:
+    return w.chat.cards
+
+
+@pytest.mark.parametrize("approvers", [["*"], [""]])
+def test_approvers_are_named_people(tmp_path: Path, approvers: list[str]) -> None:
+    from geodebot.config.schema import ConfigError, parse_config
+
+    with pytest.raises(ConfigError):
+        parse_config({"bindings": [binding(approvers=approvers)]})

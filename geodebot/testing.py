@@ -9,6 +9,7 @@ these are for exercising the engine and the delivery path.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,7 +34,9 @@ from geodebot.engine.llm.types import (
     LLMRequest,
     LLMResponse,
     Message,
+    StreamListener,
     TextBlock,
+    TextDelta,
     ToolUseBlock,
     Usage,
 )
@@ -71,7 +74,9 @@ class ScriptedLLM:
     def push(self, *items: Script) -> None:
         self._script.extend(items)
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
+    async def complete(
+        self, request: LLMRequest, *, on_stream: StreamListener | None = None
+    ) -> LLMResponse:
         self.requests.append(request)
         await asyncio.sleep(0)
         item = self._script.popleft() if self._script else self.default
@@ -79,9 +84,13 @@ class ScriptedLLM:
             raise LLMInvalidResponse("the script is exhausted", provider="scripted")
         if isinstance(item, LLMError):
             raise item
-        if isinstance(item, LLMResponse):
-            return item
-        return item(request)
+        response = item if isinstance(item, LLMResponse) else item(request)
+        if on_stream is not None:
+            # Streamed word by word, as a provider would.
+            for word in re.findall(r"\S+\s*", response.message.text):
+                on_stream(TextDelta(word))
+                await asyncio.sleep(0)
+        return response
 
     async def aclose(self) -> None:
         return None
@@ -91,7 +100,8 @@ class MemoryChannel:
     """An in-memory chat platform implementing the Channel port.
 
     ``deliver`` plays a platform delivering an event (it awaits the sink, as an adapter would
-    before acknowledging); ``sent`` holds every part that went out. ``fail_next`` queues
+    before acknowledging); ``sent`` holds every part that went out as a new message, and a
+    part with ``edit_of`` edits that message (in ``messages``) instead. ``fail_next`` queues
     send failures (a ChannelError with retry_after for a 429, a SendUnknown, ...). Approval
     cards are kept by message id in ``cards`` (edits replace them); ``press`` plays a
     button press and returns what the presser alone was told.
@@ -106,6 +116,9 @@ class MemoryChannel:
         self.card_chats: dict[str, Destination] = {}
         self.card_edits = 0
         self.sent: list[OutboundPart] = []
+        # Every message's current text by id (edits applied), and the edits themselves.
+        self.messages: dict[str, str] = {}
+        self.edits: list[OutboundPart] = []
         self.sent_ids: dict[str, str] = {}
         self.typing_calls: list[Destination] = []
         self.failures: deque[ChannelError] = deque()
@@ -139,6 +152,7 @@ class MemoryChannel:
         await asyncio.sleep(0)
         if self.failures:
             error = self.failures.popleft()
+            asyncio.get_running_loop().create_task(self._notify())
             if isinstance(error, SendUnknown):
                 # The request reached the platform, but nobody heard the answer.
                 self._record(part)
@@ -146,9 +160,15 @@ class MemoryChannel:
         return self._record(part)
 
     def _record(self, part: OutboundPart) -> SentPart:
+        if part.edit_of is not None and part.edit_of in self.messages:
+            self.messages[part.edit_of] = part.text
+            self.edits.append(part)
+            asyncio.get_running_loop().create_task(self._notify())
+            return SentPart(part.edit_of)
         self._ids += 1
         message_id = str(self._ids)
         self.sent.append(part)
+        self.messages[message_id] = part.text
         self.sent_ids[part.key] = message_id
         asyncio.get_running_loop().create_task(self._notify())
         return SentPart(message_id)
@@ -156,6 +176,11 @@ class MemoryChannel:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    async def wait_until(self, predicate: Callable[[], object]) -> None:
+        """Wait until ``predicate()`` is true, checked after every send, edit and card."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(predicate()))
 
     async def wait_sent(self, n: int, channel: str | None = None) -> list[str]:
         """Wait until at least ``n`` parts went to ``channel`` (or anywhere); their texts."""

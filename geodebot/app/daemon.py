@@ -20,6 +20,7 @@ from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
+from geodebot.chat.stream import ReplyStreams
 from geodebot.config.schema import Config, ConfigError, resolve_secret
 from geodebot.engine.lanes import Grace
 from geodebot.engine.modes import Mode
@@ -147,6 +148,7 @@ async def _enter_daemon(
         job_status=JobStatus(store).for_binding,
         grace=turns_grace,
         approvals=approvals,
+        streams=ReplyStreams(store, channels, interval_s=config.daemon.stream_edit_interval_s),
     )
     scheduler = JobScheduler(
         app.run_turn,

@@ -58,6 +58,13 @@ class OutboundPart:
     key: str
     index: int = 0
     count: int = 1
+    # The message this part replaces (a streamed preview): that message is edited to this
+    # text instead of a new one being sent; an edit repeated is harmless. If the message is
+    # gone, the part is sent as a new message.
+    edit_of: str | None = None
+    # Plain text, shown as is (no markup): a preview of an answer still arriving, whose
+    # markup may be cut anywhere.
+    plain: bool = False
 
 
 @dataclass(frozen=True, slots=True)

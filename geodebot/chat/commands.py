@@ -14,7 +14,12 @@ from geodebot.chat.bindings import binding_key
 from geodebot.chat.queues import SessionQueues
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, time_budget
+from geodebot.engine.session import (
+    COMPUTER_USE_SWITCH,
+    SessionSpec,
+    TurnListener,
+    time_budget,
+)
 from geodebot.engine.tools.spec import ApprovalDesk
 from geodebot.store.protocol import Store
 
@@ -23,15 +28,19 @@ JobStatusText = Callable[[str], Awaitable[str]]
 
 
 def session_spec(
-    session_id: str, binding: BindingConfig, desk: ApprovalDesk | None = None
+    session_id: str,
+    binding: BindingConfig,
+    desk: ApprovalDesk | None = None,
+    listener: TurnListener | None = None,
 ) -> SessionSpec:
     """A chat turn's session: the binding's tools, pre-approvals, approvers' desk and time
-    budget."""
+    budget, and what shows the answer as it arrives."""
     return SessionSpec(
         session_id,
         tools=binding.tools,
         preapproved=binding.preapproved,
         desk=desk,
+        listener=listener,
         time_budget_s=binding.time_budget_s,
         # Tools acting for the chat (jobs) go by the binding, not the session, which
         # other bindings may share.

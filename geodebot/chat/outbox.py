@@ -215,30 +215,36 @@ class OutboxSender:
         for index, text in enumerate(texts):
             if index in row.sent_parts:
                 continue
-            part = OutboundPart(dest, text, part_key(row.id, index), index, len(texts))
-            last = index == len(texts) - 1
-            if begun and index == 0:
-                row = await self._send_part(channel, row, part, last=last, begun=True)
-                if row.status != "pending":
-                    return
-                continue
-            if row.in_flight == index and await self._reconciled(channel, row, part, last=last):
-                row = await self._refresh(row)
-                if row.status != "pending":
-                    return
-                continue
-            if row.in_flight == index:
-                if row.blind_resends >= MAX_BLIND_RESENDS:
-                    await self._store.outbox_finish(
-                        row.id, "failed", error="delivery outcome unknown; not resent again"
-                    )
-                    return
-                row = await self._store.outbox_note_blind_resend(row.id)
-            row = await self._send_part(channel, row, part, last=last)
+            # The first part replaces the answer's streamed preview, if it had one.
+            edit_of = (row.preview or None) if index == 0 else None
+            part = OutboundPart(
+                dest, text, part_key(row.id, index), index, len(texts), edit_of=edit_of
+            )
+            row = await self._deliver_part(
+                channel, row, part, last=index == len(texts) - 1, begun=begun and index == 0
+            )
             if row.status != "pending":
                 return
         # Reached only when every part was recorded as sent before this pass.
         await self._store.outbox_finish(row.id, "sent")
+
+    async def _deliver_part(
+        self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool, begun: bool
+    ) -> OutboxRow:
+        """Send one part not recorded as sent: at once if just begun or an edit (repeating an
+        edit is harmless), else after looking up an open outcome, resent blindly at most
+        MAX_BLIND_RESENDS times where the platform cannot say."""
+        if begun or part.edit_of is not None:
+            return await self._send_part(channel, row, part, last=last, begun=begun)
+        if row.in_flight == part.index:
+            if await self._reconciled(channel, row, part, last=last):
+                return await self._refresh(row)
+            if row.blind_resends >= MAX_BLIND_RESENDS:
+                return await self._store.outbox_finish(
+                    row.id, "failed", error="delivery outcome unknown; not resent again"
+                )
+            row = await self._store.outbox_note_blind_resend(row.id)
+        return await self._send_part(channel, row, part, last=last)
 
     async def _reconciled(
         self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool

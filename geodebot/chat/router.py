@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -36,6 +37,7 @@ from geodebot.chat.replies import (
     reply_to,
     throttle_notice,
 )
+from geodebot.chat.stream import ReplyStreams, StreamedReply
 from geodebot.chat.throttle import UserRateLimiter, Verdict
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
 from geodebot.engine.lanes import Grace
@@ -82,9 +84,11 @@ class ChatRouter:
         job_status: JobStatusText | None = None,
         grace: Grace | None = None,
         approvals: ChatApprovals | None = None,
+        streams: ReplyStreams | None = None,
     ) -> None:
         self._run_turn = run_turn
         self._approvals = approvals
+        self._streams = streams
         self._store = store
         self._index = BindingIndex.of(bindings)
         self._outbox = outbox
@@ -222,8 +226,9 @@ class ChatRouter:
         # turn's own first write (group commit), one round trip to the store less before the
         # model is asked. A row that cannot start (already finished) gets no second answer.
         started = asyncio.ensure_future(self._store.inbox_start(row.id))
+        stream = self._streams.for_row(row, binding) if self._streams is not None else None
         try:
-            result = await self._run(row, binding)
+            result = await self._run(row, binding, stream)
         except BaseException:
             # The turn's own failure (or a stop) is what propagates, not the start's.
             await asyncio.gather(started, return_exceptions=True)
@@ -233,6 +238,9 @@ class ChatRouter:
             # out at once. The start, which committed before it, has nothing left to say.
             _, outbound = result.ended
             if outbound is not None:
+                if stream is not None and stream.preview_id and not outbound.preview:
+                    # Shown after that commit: the store has it now, this copy not yet.
+                    outbound = dataclasses.replace(outbound, preview=stream.preview_id)
                 self._outbox.submit(outbound, first_part_begun=True)
             await asyncio.gather(started, return_exceptions=True)
             return
@@ -240,7 +248,9 @@ class ChatRouter:
         status, text, detail = closing(result)
         await self._record(row, status, text, detail=detail)
 
-    async def _run(self, row: InboxRow, binding: BindingConfig) -> TurnResult:
+    async def _run(
+        self, row: InboxRow, binding: BindingConfig, stream: StreamedReply | None
+    ) -> TurnResult:
         destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
         )
@@ -249,14 +259,11 @@ class ChatRouter:
             self._typing_after_s,
             lambda: typing.append(asyncio.create_task(self._keep_typing(destination))),
         )
+        desk = self._approvals.desk(row, binding) if self._approvals is not None else None
         try:
             return await self._run_turn(
                 Mode.DAEMON,
-                session_spec(
-                    row.session_id,
-                    binding,
-                    self._approvals.desk(row, binding) if self._approvals is not None else None,
-                ),
+                session_spec(row.session_id, binding, desk, stream),
                 row.text,
                 # Named after the row: a row recovered after a crash continues its turn.
                 turn_id=f"t-inbox-{row.id}",
@@ -268,6 +275,9 @@ class ChatRouter:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if stream is not None:
+                # Before the reply goes out: no preview may edit the message after it.
+                await stream.close()
 
     async def _keep_typing(self, destination: Destination) -> None:
         if self._typing is None:

@@ -40,6 +40,9 @@ from geodebot.engine.llm.types import (
     LLMResponse,
     Message,
     StopReason,
+    StreamEvent,
+    StreamListener,
+    TextDelta,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
@@ -48,7 +51,7 @@ from geodebot.engine.llm.types import (
     canonical_json,
 )
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import Ending, Outcome, Session, TurnResult
+from geodebot.engine.session import Ending, Outcome, Session, TurnListener, TurnResult
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
 from geodebot.logs.context import log_context
@@ -70,6 +73,29 @@ CANCELLED_RESULT = "cancelled: the turn's time budget ran out; this tool may or 
 CALLER_CANCELLED_RESULT = (
     "cancelled: the caller cancelled the turn; this tool may or may not have acted"
 )
+
+
+def _relay(listener: TurnListener) -> StreamListener:
+    def on_stream(event: StreamEvent) -> None:
+        if isinstance(event, TextDelta):
+            listener.text(event.text)
+        else:
+            listener.restarted(event.reason)
+
+    return on_stream
+
+
+# Arguments that say what a call works on, for a progress line ("read_file notes/todo.md").
+_HINT_KEYS = ("path", "file", "url", "name", "query", "command")
+_HINT_CHARS = 60
+
+
+def _hint(call: ToolUseBlock) -> str:
+    for key in _HINT_KEYS:
+        value = call.arguments.get(key)
+        if isinstance(value, str) and value:
+            return value if len(value) <= _HINT_CHARS else value[: _HINT_CHARS - 1] + "…"
+    return ""
 
 
 def new_id(prefix: str) -> str:
@@ -364,8 +390,13 @@ class AgenticLoop:
         )
         request_hash = hashlib.sha256(f"[{canonical}]".encode()).hexdigest()
         base = {"session": self._session.id, "turn": turn.id, "request_sha256": request_hash}
+        listener = self._session.listener
         try:
-            response = await llm.complete(request)
+            if listener is None:
+                response = await llm.complete(request)
+            else:
+                listener.round_started()
+                response = await llm.complete(request, on_stream=_relay(listener))
         except LLMError as exc:
             elapsed = round((time.monotonic() - started) * 1000)
             self._svc.ledger.record("model_call", **base, outcome=exc.kind, latency_ms=elapsed)
@@ -453,6 +484,8 @@ class AgenticLoop:
             origin=self._session.origin,
             waiting_for_a_person=functools.partial(self._waiting_for_a_person, turn),
         )
+        if self._session.listener is not None:
+            self._session.listener.tools_started(tuple((c.name, _hint(c)) for c in calls))
         outcomes = await self._svc.runner.run_batch(self._session.plan, calls, ctx)
         for outcome in outcomes:
             self._svc.ledger.record(

@@ -45,6 +45,23 @@ Observer = Callable[[str, Mapping[str, Any]], None]
 Ending = Callable[["TurnResult"], InboxEnding]
 
 
+class TurnListener(Protocol):
+    """Watches a turn as it happens, to show it (a chat's streamed preview). It never decides
+    anything, is called synchronously, and must return at once."""
+
+    def round_started(self) -> None:
+        """A model call begins: text shown from an earlier round is not the answer."""
+
+    def text(self, delta: str) -> None:
+        """The next piece of the model's answer."""
+
+    def restarted(self, reason: str) -> None:
+        """The model's answer broke off and is asked for again: what was shown is void."""
+
+    def tools_started(self, calls: tuple[tuple[str, str], ...]) -> None:
+        """Tools begin to run: (name, a short hint of what it works on) for each call."""
+
+
 class TurnRunner(Protocol):
     """Runs one turn of a session: what the chat router, the job scheduler and the IPC
     server are given instead of the composition root (see ``App.run_turn``)."""
@@ -111,6 +128,8 @@ class SessionSpec:
     approver: Approver | None = field(default=None, compare=False)
     # The chat's approvers and their cards (DAEMON only); None: nobody approves.
     desk: ApprovalDesk | None = field(default=None, compare=False)
+    # Sees the answer as it is generated (the model is then called streamed).
+    listener: TurnListener | None = field(default=None, compare=False)
     # Who asked, opaque to the engine: the calling binding's key (``platform:channel``) for
     # a chat message, None otherwise. Tools that act for a chat (jobs) read it from their
     # call context, since several bindings may share one session.
@@ -168,6 +187,7 @@ class Session:
     services: EngineServices = field(repr=False)
     approver: Approver | None = field(default=None, repr=False)
     desk: ApprovalDesk | None = field(default=None, repr=False)
+    listener: TurnListener | None = field(default=None, repr=False)
     origin: str | None = None
     # The turn's place under the global cap (see Lanes), given up while it waits for a person.
     slot: Slot | None = field(default=None, repr=False, compare=False)
@@ -215,6 +235,7 @@ async def create_session(
         services=services,
         approver=spec.approver if mode is Mode.IPC else None,
         desk=spec.desk if mode is Mode.DAEMON else None,
+        listener=spec.listener,
         origin=spec.origin,
         slot=slot,
         _opened=[opened],

@@ -291,6 +291,10 @@ class Store(JobStore, Protocol):
         Raises :class:`StoreError` (and writes nothing) for an unknown id or a finished row.
         """
 
+    async def inbox_preview(self, inbox_id: int, message_id: str) -> None:
+        """Remember the streamed preview shown for the row's answer (and give it to the
+        row's reply if that is written already), durably."""
+
     async def inbox_unfinished(self) -> list[InboxRow]:
         """``pending`` and ``running`` rows in arrival order."""
 

@@ -207,6 +207,8 @@ class InboxRow:
     attempts: int  # how many times a turn was started for it
     detail: str = ""
     finished_at: float | None = None
+    # The streamed preview's platform message id ("" until one was shown).
+    preview: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +247,8 @@ class OutboxRow:
     created_at: float
     updated_at: float
     error: str = ""
+    # The streamed preview this reply replaces: part 0 edits that message ("" for none).
+    preview: str = ""
     # Times an in-flight part the platform could not look up was sent again regardless; kept
     # so that a crash loop cannot turn "resend at most once" into "resend on every restart".
     blind_resends: int = 0

@@ -35,11 +35,11 @@ _OUTBOX_FINISHES: frozenset[str] = frozenset(get_args(OutboxFinish))
 
 _INBOX_COLS = (
     "id, platform, event_id, session_id, channel, thread, user_id, text, message_id, "
-    "received_at, status, attempts, detail, finished_at"
+    "received_at, status, attempts, detail, finished_at, preview"
 )
 _OUTBOX_COLS = (
     "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
-    "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends"
+    "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends, preview"
 )
 
 # DO NOTHING + RETURNING yields a row only when this call inserted it, so "was it mine?" needs
@@ -66,8 +66,9 @@ RETURNING {_INBOX_COLS}
 """
 _ADD_OUTBOX = f"""
 INSERT INTO outbox (inbox_id, session_id, platform, channel, thread, reply_to, text, kind,
-    status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0)
+    status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends,
+    preview)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0, ?)
 RETURNING {_OUTBOX_COLS}
 """
 _BEGIN_PART = f"""
@@ -113,6 +114,7 @@ def _inbox(row: sqlite3.Row) -> InboxRow:
         attempts=row["attempts"],
         detail=row["detail"],
         finished_at=row["finished_at"],
+        preview=row["preview"],
     )
 
 
@@ -137,6 +139,7 @@ def _outbox(row: sqlite3.Row) -> OutboxRow:
         updated_at=row["updated_at"],
         error=row["error"],
         blind_resends=row["blind_resends"],
+        preview=row["preview"],
     )
 
 
@@ -144,9 +147,11 @@ def _encode_parts(parts: Mapping[int, str]) -> str:
     return dumps({str(index): parts[index] for index in sorted(parts)})
 
 
-def _outbound_params(reply: NewOutbound, inbox_id: int | None, now: float) -> tuple[Any, ...]:
+def _outbound_params(
+    reply: NewOutbound, inbox_id: int | None, now: float, preview: str = ""
+) -> tuple[Any, ...]:
     head = (inbox_id, reply.session_id, reply.platform, reply.channel, reply.thread)
-    return (*head, reply.reply_to, reply.text, reply.kind, now, now)
+    return (*head, reply.reply_to, reply.text, reply.kind, now, now, preview)
 
 
 def _counts(rows: Any, statuses: tuple[str, ...]) -> dict[str, int]:
@@ -240,6 +245,16 @@ class ChatInboxOutbox:
         what, finish = finishing(InboxEnding(inbox_id, status, detail, reply, begin_first_part))
         # A begun part is sent next, so the commit that begins it must be on disk first.
         return await self._transact(what, finish, durable=begin_first_part and reply is not None)
+
+    async def inbox_preview(self: Transactions, inbox_id: int, message_id: str) -> None:
+        def note(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE inbox SET preview = ? WHERE id = ?", (message_id, inbox_id))
+            db.execute(
+                "UPDATE outbox SET preview = ? WHERE inbox_id = ? AND status = 'pending'",
+                (message_id, inbox_id),
+            )
+
+        await self._transact(f"recording the preview of inbox row {inbox_id}", note, durable=True)
 
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
@@ -412,7 +427,8 @@ def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], 
             raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
         outbound = None
         if ending.reply is not None:
-            params = _outbound_params(ending.reply, inbox_id, now)
+            # The answer replaces its streamed preview, if the turn showed one.
+            params = _outbound_params(ending.reply, inbox_id, now, row["preview"])
             added = db.execute(_ADD_OUTBOX, params).fetchone()
             if ending.begin_first_part:
                 added = db.execute(_BEGIN_PART, (0, now, added["id"])).fetchone()

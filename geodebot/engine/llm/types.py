@@ -7,7 +7,7 @@ adapter: the engine, the store and the timeline see only these frozen dataclasse
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -175,6 +175,20 @@ class LLMResponse:
     provider: str = ""
     model: str = ""
     request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str  # the next piece of the answer's visible text
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRestart:
+    reason: str  # the stream broke (or the call is retried/falls back): text so far is void
+
+
+StreamEvent = TextDelta | StreamRestart
+StreamListener = Callable[[StreamEvent], None]
 
 
 class LLMAdapter(Protocol):

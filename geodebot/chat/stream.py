@@ -1,0 +1,201 @@
+"""Streamed replies: one message in the chat, edited as the answer arrives.
+
+A :class:`StreamedReply` watches its turn (it is the turn's ``TurnListener``) and keeps a
+preview message up to date: the answer so far as plain text, or a progress line while tools
+run. It never holds up the turn: edits go out in the background, at most one per chat per
+``stream_edit_interval_s`` (:class:`EditPacer`, shared by every turn in the chat), and a rate
+limit or a failed edit only skips previews. The preview's message id is recorded with the
+inbox row as soon as it exists, so the final answer, which goes through the outbox like
+every reply, replaces that message (after a crash too) instead of arriving a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import cast
+
+from geodebot.channels.base import Channel, ChannelError, Destination, OutboundPart, Platform
+from geodebot.config.schema import BindingConfig
+from geodebot.store.protocol import Store
+from geodebot.store.records import InboxRow, StoreError
+
+log = logging.getLogger(__name__)
+
+# An answer that is complete sooner goes out as one message, with no preview at all.
+FIRST_PREVIEW_AFTER_S = 0.3
+# The preview holds this much of the answer; the final reply brings the rest, continued in
+# further messages past the platform's limit.
+PREVIEW_CHARS = 3500
+RETRYING_TEXT = "(The answer broke off; asking the model again…)"
+
+_ChatKey = tuple[str, str, str | None]
+
+
+class EditPacer:
+    """When each chat may get its next preview request: one per interval, and none before a
+    rate limit's Retry-After has passed."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._next: dict[_ChatKey, float] = {}
+
+    def wait_s(self, key: _ChatKey, now: float) -> float:
+        return max(0.0, self._next.get(key, 0.0) - now)
+
+    def used(self, key: _ChatKey, now: float) -> None:
+        self._next[key] = max(self._next.get(key, 0.0), now + self._interval_s)
+        if len(self._next) > 10_000:
+            # Chats long past their slot need no entry: drop those, so the map stays small.
+            self._next = {k: t for k, t in self._next.items() if t > now}
+
+    def back_off(self, key: _ChatKey, seconds: float, now: float) -> None:
+        self._next[key] = max(self._next.get(key, 0.0), now + seconds)
+
+
+class ReplyStreams:
+    """Makes each chat turn's StreamedReply, where its binding streams."""
+
+    def __init__(self, store: Store, channels: Mapping[str, Channel], *, interval_s: float) -> None:
+        self._store = store
+        self._channels = channels
+        self._pacer = EditPacer(interval_s)
+
+    def for_row(self, row: InboxRow, binding: BindingConfig) -> StreamedReply | None:
+        channel = self._channels.get(row.platform)
+        if not binding.stream or channel is None:
+            return None
+        return StreamedReply(channel, self._store, row, self._pacer)
+
+
+class StreamedReply:
+    """A ``TurnListener`` that shows the turn in one chat message; :meth:`close` when the
+    turn is over, before its reply is delivered."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        store: Store,
+        row: InboxRow,
+        pacer: EditPacer,
+        *,
+        first_after_s: float = FIRST_PREVIEW_AFTER_S,
+    ) -> None:
+        self._channel = channel
+        self._store = store
+        self._row = row
+        self._pacer = pacer
+        self._key: _ChatKey = (row.platform, row.channel, row.thread)
+        self._destination = Destination(
+            cast(Platform, row.platform), row.channel, row.thread, row.message_id
+        )
+        self._loop = asyncio.get_running_loop()
+        # A turn resumed after a crash goes on editing the preview it showed before.
+        self.preview_id: str | None = row.preview or None
+        self._not_before = self._loop.time() + (0.0 if self.preview_id else first_after_s)
+        self._answer: list[str] = []
+        self._status = ""
+        self._shown = ""
+        self._dirty = False
+        self._closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: asyncio.Task[None] | None = None
+
+    # -- TurnListener -----------------------------------------------------------------------
+    def round_started(self) -> None:
+        self._answer.clear()
+
+    def text(self, delta: str) -> None:
+        self._answer.append(delta)
+        self._status = ""
+        self._changed()
+
+    def restarted(self, reason: str) -> None:
+        self._answer.clear()
+        self._status = RETRYING_TEXT
+        self._changed()
+
+    def tools_started(self, calls: tuple[tuple[str, str], ...]) -> None:
+        named = [f"{name} {hint}".strip() for name, hint in calls[:3]]
+        more = f" and {len(calls) - 3} more" if len(calls) > 3 else ""
+        self._status = f"(running {', '.join(named)}{more}…)"
+        self._changed()
+
+    # -- the preview ------------------------------------------------------------------------
+    async def close(self) -> str | None:
+        """Stop previewing; waits for a preview request under way, so that nothing edits the
+        message after the final answer. The preview's message id, if one was shown."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._sending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._sending)
+        return self.preview_id
+
+    def _changed(self) -> None:
+        self._dirty = True
+        if self._timer is None and self._sending is None and not self._closed:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        now = self._loop.time()
+        delay = max(self._not_before - now, self._pacer.wait_s(self._key, now))
+        self._timer = self._loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._closed or not self._dirty:
+            return
+        self._dirty = False
+        text = self._view()
+        if text == self._shown:
+            return
+        self._pacer.used(self._key, self._loop.time())
+        self._sending = asyncio.create_task(self._show(text))
+        self._sending.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending = None
+        if self._dirty and not self._closed:
+            self._schedule()
+
+    def _view(self) -> str:
+        answer = "".join(self._answer).strip()
+        if len(answer) > PREVIEW_CHARS:
+            answer = answer[: PREVIEW_CHARS - 1] + "…"
+        if self._status:
+            return f"{answer}\n\n{self._status}" if answer else self._status
+        return answer
+
+    async def _show(self, text: str) -> None:
+        part = OutboundPart(
+            self._destination,
+            text,
+            f"gb-preview-{self._row.id}",
+            edit_of=self.preview_id,
+            plain=True,
+        )
+        try:
+            sent = await self._channel.send(part)
+        except ChannelError as exc:
+            if exc.retry_after is not None:
+                # Previews wait out the limit; the final answer does not wait for them.
+                self._pacer.back_off(self._key, exc.retry_after, self._loop.time())
+            log.info("inbox %s: preview skipped: %s", self._row.id, exc)
+            return
+        except Exception:
+            log.exception("inbox %s: preview failed", self._row.id)
+            return
+        self._shown = text
+        if sent.message_id != self.preview_id:
+            self.preview_id = sent.message_id
+            try:
+                await self._store.inbox_preview(self._row.id, sent.message_id)
+            except StoreError as exc:
+                # The turn still knows it and hands it to its reply; only a crash now would
+                # leave the preview behind as a message of its own.
+                log.warning("inbox %s: preview not recorded: %s", self._row.id, exc)

@@ -1,0 +1,143 @@
+"""The streamed preview on its own: pacing, progress lines, rate limits, the recorded id.
+
+MemoryChannel is the chat and the real SQLite store keeps the preview's id; the turn is
+played by calling the listener as the loop would. The whole path, through the model's stream
+and the outbox's final edit, is in test_stream_replies.py and tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from geodebot.channels.base import ChannelError
+from geodebot.chat.stream import RETRYING_TEXT, EditPacer, StreamedReply
+from geodebot.store.records import InboxRow
+from geodebot.store.sqlite import SQLiteStore
+from geodebot.testing import MemoryChannel
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    async with SQLiteStore(tmp_path / "db.sqlite") as opened:
+        yield opened
+
+
+async def inbox_row(store: SQLiteStore) -> InboxRow:
+    row, _ = await store.inbox_add(
+        platform="telegram",
+        event_id="e1",
+        session_id="s1",
+        channel="c1",
+        thread=None,
+        user="u1",
+        text="hello",
+        message_id="m1",
+    )
+    return row
+
+
+async def until(chat: MemoryChannel, predicate: Callable[[], object]) -> None:
+    async with asyncio.timeout(10):
+        await chat.wait_until(predicate)
+
+
+async def test_an_answer_done_before_the_first_preview_shows_none(store: SQLiteStore) -> None:
+    chat = MemoryChannel()
+    reply = StreamedReply(chat, store, await inbox_row(store), EditPacer(1.0), first_after_s=5.0)
+    reply.round_started()
+    reply.text("Quick ")
+    reply.text("answer.")
+    assert await reply.close() is None
+    assert chat.sent == []
+
+
+async def test_previews_are_one_message_edited_at_most_once_per_interval(
+    store: SQLiteStore,
+) -> None:
+    chat = MemoryChannel()
+    row = await inbox_row(store)
+    interval = 0.2
+    reply = StreamedReply(chat, store, row, EditPacer(interval), first_after_s=0.0)
+    reply.round_started()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    words = [f"w{i} " for i in range(40)]
+    for word in words:
+        reply.text(word)
+        await asyncio.sleep(0.025)
+    await until(
+        chat, lambda: chat.messages and next(iter(chat.messages.values())) == "".join(words).strip()
+    )
+    elapsed = loop.time() - started
+    preview_id = await reply.close()
+    # One message, edited; never more requests than one per interval (plus the first).
+    assert len(chat.sent) == 1
+    assert preview_id == chat.sent_ids[f"gb-preview-{row.id}"]
+    requests = 1 + len(chat.edits)
+    assert 2 <= requests <= elapsed / interval + 1
+    assert all(p.plain and p.edit_of == preview_id for p in chat.edits)
+    # Recorded with the inbox row: a resumed turn, and the reply, find it.
+    stored = await store.get_inbox(row.id)
+    assert stored is not None
+    assert stored.preview == preview_id
+
+
+async def test_tools_show_a_progress_line_and_a_broken_stream_says_so(store: SQLiteStore) -> None:
+    chat = MemoryChannel()
+    reply = StreamedReply(chat, store, await inbox_row(store), EditPacer(0.0), first_after_s=0.0)
+    reply.round_started()
+    reply.text("Let me look.")
+    reply.tools_started((("read_file", "notes/todo.md"), ("get_time", "")))
+    await until(
+        chat,
+        lambda: (
+            "Let me look.\n\n(running read_file notes/todo.md, get_time…)" in chat.messages.values()
+        ),
+    )
+    reply.round_started()
+    reply.text("Half an ans")
+    await until(chat, lambda: "Half an ans" in chat.messages.values())
+    reply.restarted("connection cut")
+    await until(chat, lambda: RETRYING_TEXT in chat.messages.values())
+    await reply.close()
+    assert len(chat.sent) == 1
+
+
+async def test_a_rate_limited_preview_is_skipped_and_close_does_not_wait_for_it(
+    store: SQLiteStore,
+) -> None:
+    chat = MemoryChannel()
+    reply = StreamedReply(chat, store, await inbox_row(store), EditPacer(0.0), first_after_s=0.0)
+    reply.round_started()
+    reply.text("first")
+    await until(chat, lambda: "first" in chat.messages.values())
+    chat.fail_next(ChannelError("429", retry_after=30.0))
+    reply.text(" second")
+    await until(chat, lambda: not chat.failures)
+    reply.text(" third")
+    # The 429 said 30 s: nothing more is sent meanwhile, and closing is at once.
+    async with asyncio.timeout(2):
+        preview_id = await reply.close()
+    assert list(chat.messages.values()) == ["first"]
+    assert preview_id is not None
+
+
+async def test_a_resumed_turn_edits_the_preview_it_showed_before(store: SQLiteStore) -> None:
+    chat = MemoryChannel()
+    row = await inbox_row(store)
+    first = StreamedReply(chat, store, row, EditPacer(0.0), first_after_s=0.0)
+    first.text("before the crash")
+    await until(chat, lambda: chat.sent)
+    await first.close()
+    resumed_row = await store.get_inbox(row.id)
+    assert resumed_row is not None
+    again = StreamedReply(chat, store, resumed_row, EditPacer(0.0), first_after_s=5.0)
+    again.text("after the restart")
+    # No first-preview delay for a preview that exists: it is edited at once.
+    await until(chat, lambda: "after the restart" in chat.messages.values())
+    assert await again.close() == first.preview_id
+    assert len(chat.sent) == 1

@@ -24,6 +24,15 @@
   part within Discord's window returns the first message. discord.py sleeps through 429s
   (one wait is capped by ``max_ratelimit_timeout``, beyond that ``RateLimited``) and retries
   500/502/504 itself; ``SEND_TIMEOUT_S`` bounds the whole call.
+* Approval cards. A card is a message with one action row of two buttons whose custom_id
+  is ``press_data(...)``; its text is escaped (the summary is the model's words). A press is
+  a component interaction, handled in ``on_interaction`` and decided by the press sink
+  against the durable request, so it still works after a restart, which a view kept in
+  memory would not. The view that builds the buttons is therefore stopped before it is sent:
+  discord.py's view store never holds it (nor grows by one view per card) and, holding
+  none, answers no press itself, so each press gets exactly one response. Discord drops an
+  interaction not answered within 3 s: a sink slower than ``PRESS_ANSWER_S`` gets a deferred
+  update first, and a not counted answer then comes as an ephemeral followup.
 """
 
 from __future__ import annotations
@@ -32,10 +41,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 import time
 import warnings
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import aiohttp
 import yarl
@@ -49,6 +59,7 @@ with warnings.catch_warnings():
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    ApprovalCard,
     ChannelError,
     ChannelStatus,
     CursorStore,
@@ -57,8 +68,13 @@ from geodebot.channels.base import (
     InboundSink,
     OutboundPart,
     Platform,
+    Press,
+    PressAnswer,
+    PressSink,
     SendUnknown,
     SentPart,
+    parse_press_data,
+    press_data,
 )
 from geodebot.channels.render import render_for
 from geodebot.config.schema import DiscordConfig
@@ -74,13 +90,62 @@ GUILD_READY_TIMEOUT_S = 0.5  # discord.py waits this long after the last GUILD_C
 CATCH_UP_LIMIT = 100
 FIND_SENT_LOOKBACK = 50
 INTERACTION_TTL_S = 14 * 60.0  # interaction tokens live 15 minutes
+PRESS_ANSWER_S = 2.5  # Discord drops an interaction not answered within 3 s
 _CURSOR = "discord:last:{}"
 _NET_ERRORS = (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError)
+_CALLBACK = "/interactions/{interaction_id}/{interaction_token}/callback"
+_NOT_VALID = "This button is not valid."
+_RETRY = "That did not work; please try again."
+_EPHEMERAL = 64  # message flag: only the presser sees it
+# Discord renders a backslash before any ASCII punctuation as that character alone, so
+# escaping more than strictly needed loses nothing. "<" covers mentions, channels,
+# timestamps, custom emoji and <url> links; "[" masked links; the rest inline styles.
+_MARKUP = re.compile(r"([\\*_~|`<@\[])")
+# Block syntax counts only at the start of a line: quotes, headings, subtext, lists.
+_LINE_MARKUP = re.compile(r"^(\s*)([>#+-])", re.MULTILINE)
+_NUMBERED = re.compile(r"^(\s*\d+)\.", re.MULTILINE)
+_T = TypeVar("_T")
 
 
 def nonce_for(key: str) -> str:
     """24 hex chars (Discord allows 25), stable for the part key."""
     return hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
+
+
+def escape_markup(text: str) -> str:
+    """``text`` shown literally by Discord, whatever markup it carries."""
+    text = _LINE_MARKUP.sub(r"\1\\\2", _MARKUP.sub(r"\\\1", text))
+    return _NUMBERED.sub(r"\1\\.", text)
+
+
+def card_text(card: ApprovalCard) -> str:
+    """The card as message content: its head in bold, every line escaped, within MAX_CHARS
+    (the longest line after the head gives way)."""
+    head, *rest = [escape_markup(line) for line in card.lines()]
+    lines = [f"**{head}**", *rest]
+    excess = sum(map(len, lines)) + len(lines) - 1 - MAX_CHARS
+    if excess > 0 and len(lines) > 1:
+        longest = max(range(1, len(lines)), key=lambda n: len(lines[n]))
+        cut = lines[longest][: max(0, len(lines[longest]) - excess - 1)]
+        if (len(cut) - len(cut.rstrip("\\"))) % 2:  # never leave half an escape behind
+            cut = cut[:-1]
+        lines[longest] = cut + "…"
+    return "\n".join(lines)
+
+
+def card_view(card: ApprovalCard) -> discord.ui.View | None:
+    """Approve and Deny (neither the default) while the card is open; None once decided."""
+    if card.outcome is not None:
+        return None
+    view = discord.ui.View(timeout=None)
+    for label, style, approve in (
+        ("Approve", discord.ButtonStyle.success, True),
+        ("Deny", discord.ButtonStyle.danger, False),
+    ):
+        custom_id = press_data(card.approval_id, approve)
+        view.add_item(discord.ui.Button(label=label, style=style, custom_id=custom_id))
+    view.stop()  # never stored in discord.py's view store (see the module docstring)
+    return view
 
 
 def _place(channel: object) -> tuple[str, str | None]:
@@ -220,6 +285,7 @@ class DiscordChannel:
         self._cursors = cursor_store
         self._client: _Client | None = None
         self._sink: InboundSink | None = None
+        self._presses: PressSink | None = None
         self._runner: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -230,16 +296,22 @@ class DiscordChannel:
         # interaction id -> (token, when, acknowledged)
         self._interactions: dict[str, tuple[str, float, asyncio.Future[bool]]] = {}
         self._last_error = ""
-        self.counters: dict[str, int] = {"received": 0, "sent": 0, "caught_up": 0, "malformed": 0}
+        self.counters: dict[str, int] = {
+            "received": 0,
+            "sent": 0,
+            "caught_up": 0,
+            "malformed": 0,
+            "presses": 0,
+        }
 
     @property
     def platform(self) -> Platform:
         return "discord"
 
-    async def start(self, sink: InboundSink) -> None:
+    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
         if self._client is not None:
             raise RuntimeError("discord channel already started")
-        self._sink, self._stale = sink, set(self._bound)
+        self._sink, self._presses, self._stale = sink, presses, set(self._bound)
         client = self._client = _Client(self, self._config)
         try:
             await self._connect(client)
@@ -396,6 +468,9 @@ class DiscordChannel:
             self._stale.discard(channel)
 
     async def _on_interaction(self, interaction: discord.Interaction) -> None:
+        if interaction.type == discord.InteractionType.component:
+            await self._on_press(interaction)
+            return
         inbound = interaction_to_inbound(interaction)
         if inbound is None or self._client is None or self._sink is None:
             return
@@ -409,8 +484,9 @@ class DiscordChannel:
         try:
             await self._sink(inbound)
             # Deferred ("thinking…") until the reply edits the original response.
-            path = "/interactions/{interaction_id}/{interaction_token}/callback"
-            route = Route("POST", path, interaction_id=key, interaction_token=interaction.token)
+            route = Route(
+                "POST", _CALLBACK, interaction_id=key, interaction_token=interaction.token
+            )
             await self._client.http.request(route, json={"type": 5})
             acked.set_result(True)
             self.counters["received"] += 1
@@ -419,6 +495,85 @@ class DiscordChannel:
         finally:
             if not acked.done():  # failed, or cancelled by stop()
                 acked.set_result(False)
+
+    async def _on_press(self, interaction: discord.Interaction) -> None:
+        """A card's button: decided by the press sink, answered to the presser alone."""
+        press = self._press_of(interaction)
+        if press is None or self._presses is None:
+            await self._respond(interaction, _private(_NOT_VALID))
+            return
+        self.counters["presses"] += 1
+        task = asyncio.current_task()
+        if task is not None:  # discord.py's event task: stop() must be able to end it
+            self._tasks.add(task)
+        decided = asyncio.ensure_future(self._decide(self._presses, press))
+        try:
+            done, _ = await asyncio.wait({decided}, timeout=PRESS_ANSWER_S)
+            if decided in done:
+                answer = decided.result()
+                await self._respond(
+                    interaction, {"type": 6} if answer.counted else _private(answer.text)
+                )
+                return
+            # Past Discord's window the interaction would fail for the presser: acknowledge
+            # now, tell them later if the press did not count.
+            await self._respond(interaction, {"type": 6})
+            answer = await decided
+            if not answer.counted:
+                await self._follow_up(interaction, answer.text)
+        finally:
+            decided.cancel()  # done by now, unless stop() ended this task
+            if task is not None:
+                self._tasks.discard(task)
+
+    @staticmethod
+    def _press_of(interaction: discord.Interaction) -> Press | None:
+        parsed = parse_press_data(str(dict(interaction.data or {}).get("custom_id", "")))
+        user = getattr(interaction.user, "id", None)  # MISSING when Discord sent no user
+        if parsed is None or user is None:
+            return None
+        channel, _ = _place(interaction.channel)
+        message = interaction.message
+        return Press(
+            platform="discord",
+            channel=channel or str(interaction.channel_id),
+            user=str(user),
+            approval_id=parsed[0],
+            approve=parsed[1],
+            message_id=str(message.id) if message is not None else "",
+        )
+
+    @staticmethod
+    async def _decide(presses: PressSink, press: Press) -> PressAnswer:
+        try:
+            return await presses(press)
+        except Exception:
+            log.exception("discord: press on approval %s not decided", press.approval_id)
+            return PressAnswer(False, _RETRY)
+
+    async def _respond(self, interaction: discord.Interaction, body: dict[str, Any]) -> None:
+        """The interaction's one response; a failure is logged, the gateway goes on."""
+        if self._client is None:
+            return
+        route = Route(
+            "POST", _CALLBACK, interaction_id=interaction.id, interaction_token=interaction.token
+        )
+        try:
+            await self._client.http.request(route, json=body)
+        except _NET_ERRORS as exc:
+            log.warning("discord: press %s not answered: %s", interaction.id, exc)
+
+    async def _follow_up(self, interaction: discord.Interaction, text: str) -> None:
+        if self._client is None:
+            return
+        path = "/webhooks/{webhook_id}/{webhook_token}"
+        route = Route(
+            "POST", path, webhook_id=interaction.application_id, webhook_token=interaction.token
+        )
+        try:
+            await self._client.http.request(route, json=_private(text)["data"])
+        except _NET_ERRORS as exc:
+            log.warning("discord: press %s answer not sent: %s", interaction.id, exc)
 
     def render(self, markdown: str) -> list[str]:
         return render_for("discord", markdown)
@@ -446,11 +601,7 @@ class DiscordChannel:
         now = time.monotonic()
         self._attempted = {k: v for k, v in self._attempted.items() if now - v < NONCE_WINDOW_S}
         self._attempted.setdefault(part.key, now)
-        try:
-            async with asyncio.timeout(SEND_TIMEOUT_S):
-                sent = await self._send(part)
-        except Exception as exc:
-            raise _translate(exc) from exc
+        sent = await _bounded(self._send(part))
         self.counters["sent"] += 1
         return sent
 
@@ -508,6 +659,41 @@ class DiscordChannel:
             return await self.send(part)
         return None
 
+    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
+        return await _bounded(self._send_card(destination, card))
+
+    async def _send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
+        target = await self._messageable(destination.thread or destination.channel)
+        message = await target.send(
+            card_text(card),
+            view=card_view(card),
+            # A resend after an unknown outcome returns the first card, not a second one.
+            nonce=nonce_for(f"card:{card.approval_id}"),
+            allowed_mentions=discord.AllowedMentions.none(),
+            suppress_embeds=True,  # a link in the summary must not unfurl a preview
+        )
+        return SentPart(str(message.id))
+
+    async def edit_card(
+        self, destination: Destination, message_id: str, card: ApprovalCard
+    ) -> None:
+        await _bounded(self._edit_card(destination, message_id, card))
+
+    async def _edit_card(
+        self, destination: Destination, message_id: str, card: ApprovalCard
+    ) -> None:
+        if self._client is None:
+            raise ChannelError("discord channel is not started")
+        target = self._client.get_partial_messageable(
+            int(destination.thread or destination.channel)
+        )
+        # view=None sends an empty components list: the buttons go.
+        await target.get_partial_message(int(message_id)).edit(
+            content=card_text(card),
+            view=card_view(card),
+            allowed_mentions=discord.AllowedMentions.none(),
+        )
+
     async def typing(self, destination: Destination) -> None:
         with contextlib.suppress(*_NET_ERRORS, ChannelError):
             async with asyncio.timeout(10):
@@ -517,6 +703,21 @@ class DiscordChannel:
         client = self._client
         connected = client is not None and client.is_ready() and not client.is_closed()
         return ChannelStatus("discord", connected, self._last_error, dict(self.counters))
+
+
+def _private(text: str) -> dict[str, Any]:
+    """An ephemeral interaction response: only the presser sees it."""
+    data = {"content": text, "flags": _EPHEMERAL, "allowed_mentions": {"parse": []}}
+    return {"type": 4, "data": data}
+
+
+async def _bounded(call: Awaitable[_T]) -> _T:
+    """One platform call under SEND_TIMEOUT_S, its failure as a ChannelError."""
+    try:
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            return await call
+    except Exception as exc:
+        raise _translate(exc) from exc
 
 
 def _translate(exc: Exception) -> ChannelError:

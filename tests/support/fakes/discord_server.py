@@ -21,6 +21,12 @@ Close to the real service where discord.py can tell:
   compressobj per socket, Z_SYNC_FLUSH per frame; ``zstd-stream`` if a zstd module imports).
   Sessions keep their events so RESUME replays what a dropped socket missed.
 * Without the MESSAGE_CONTENT intent, unmentioned guild text arrives empty, as on Discord.
+* Components: created messages keep their ``components`` (and ``flags``); PATCH of a message
+  replaces the fields it names and dispatches MESSAGE_UPDATE. :meth:`push_press` dispatches
+  a button press (INTERACTION_CREATE type 3 carrying the stored message). Each interaction
+  takes one response (a second is 400/40060, as on Discord), recorded in ``responses``; a
+  followup (``POST /webhooks/{app}/{token}``) needs that response first and is recorded in
+  ``followups``, and only a non-ephemeral one appears in the channel.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from aiohttp import WSMsgType, web
 
 DISCORD_EPOCH_MS = 1_420_070_400_000
 MESSAGE_CONTENT_INTENT = 1 << 15
+EPHEMERAL = 1 << 6  # message flag
 _SAME_GUILD: Any = object()
 Json = dict[str, Any]
 
@@ -108,6 +115,10 @@ class FakeDiscord:
         self.typing: list[str] = []
         self.commands: list[list[Json]] = []  # each bulk overwrite
         self.callbacks: list[tuple[str, int]] = []  # (interaction id, response type)
+        # interaction id -> its one response: {"type", "data", "flags"}
+        self.responses: dict[str, Json] = {}
+        self.followups: dict[str, list[Json]] = defaultdict(list)  # interaction id -> bodies
+        self.edits: list[Json] = []  # each message PATCH: {"id", "channel_id", "body"}
         self.interaction_replies: dict[str, str] = {}  # interaction id -> @original content
         self.identify_count = self.resume_count = 0
         self.intents: int | None = None
@@ -115,6 +126,7 @@ class FakeDiscord:
         self._nonces: dict[tuple[str, str], tuple[float, Json]] = {}
         self._created: dict[str, float] = {}
         self._interactions: dict[str, tuple[str, str]] = {}  # token -> (id, channel)
+        self._changed = asyncio.Condition()  # notified when a response or followup arrives
         self._sessions: dict[str, _Session] = {}
         self._conns: set[_Conn] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -133,10 +145,12 @@ class FakeDiscord:
             ("GET", "/channels/{cid}", self._get_channel),
             ("POST", "/channels/{cid}/messages", self._create_message),
             ("GET", "/channels/{cid}/messages", self._list_messages),
+            ("PATCH", "/channels/{cid}/messages/{mid}", self._edit_message),
             ("POST", "/channels/{cid}/typing", self._typing),
             ("PUT", "/applications/{app}/commands", self._put_commands),
             ("POST", "/interactions/{iid}/{tok}/callback", self._callback),
             ("PATCH", "/webhooks/{app}/{tok}/messages/@original", self._edit_original),
+            ("POST", "/webhooks/{app}/{tok}", self._followup),
         ):
             app.router.add_route(method, "/api/v10" + path, handler)
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -216,13 +230,52 @@ class FakeDiscord:
 
     def push_interaction(self, channel_id: str, name: str, *, user_id: str) -> str:
         """The slash command ``/name`` used in ``channel_id``; returns the interaction id."""
+        inner = {"id": self._next_id(), "name": name, "type": 1}
+        return self._push_interaction(channel_id, user_id, {"type": 2, "data": inner})
+
+    def push_press(self, message_id: str, custom_id: str, *, user_id: str) -> str:
+        """``user_id`` presses the button ``custom_id`` on the stored message ``message_id``
+        (any custom_id: a forged one too); returns the interaction id."""
+        msg = self.message(message_id)
+        inner = {"custom_id": custom_id, "component_type": 2}
+        event = {"type": 3, "data": inner, "message": dict(msg)}
+        return self._push_interaction(msg["channel_id"], user_id, event)
+
+    def message(self, message_id: str) -> Json:
+        """The stored message as it is now (edits applied); KeyError if there is none."""
+        for msgs in self.history.values():
+            for msg in msgs:
+                if msg["id"] == message_id:
+                    return msg
+        raise KeyError(message_id)
+
+    async def wait_callback(self, interaction_id: str, within: float = 5.0) -> Json:
+        """The interaction's response once the client sent it: ``{"type", "data", "flags"}``."""
+        return await self._wait(lambda: self.responses.get(interaction_id), within)
+
+    async def wait_followup(self, interaction_id: str, within: float = 5.0) -> Json:
+        """The interaction's first followup body (``content``, ``flags``, ...) once sent."""
+        return await self._wait(lambda: next(iter(self.followups[interaction_id]), None), within)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    async def _wait(self, probe: Callable[[], Json | None], within: float) -> Json:
+        async with asyncio.timeout(within), self._changed:
+            await self._changed.wait_for(lambda: probe() is not None)
+            found = probe()
+        assert found is not None
+        return found
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _push_interaction(self, channel_id: str, user_id: str, event: Json) -> str:
         iid, token = self._next_id(), "itok-" + secrets.token_hex(8)
         self._interactions[token] = (iid, channel_id)
-        data: Json = {
+        data: Json = event | {
             "id": iid,
             "application_id": self.app_id,
-            "type": 2,
-            "data": {"id": self._next_id(), "name": name, "type": 1},
             "channel_id": channel_id,
             "channel": self._channel(channel_id, user_id),
             "token": token,
@@ -238,8 +291,6 @@ class FakeDiscord:
             data["user"] = self.user(user_id)
         self._dispatch("INTERACTION_CREATE", data)
         return iid
-
-    # ---- internals -------------------------------------------------------------------------
 
     def _in_guild(self, channel_id: str) -> bool:
         return channel_id in (self.channel_id, self.thread_id)
@@ -264,6 +315,8 @@ class FakeDiscord:
             "attachments": [],
             "embeds": [],
             "type": 19 if extra.get("reference") else 0,
+            "components": extra.get("components") or [],
+            "flags": int(extra.get("flags") or 0),
         }
         if guild_id:
             msg["guild_id"] = guild_id
@@ -376,10 +429,21 @@ class FakeDiscord:
             if ref:  # clients may send ids as numbers; Discord answers with strings
                 ref = {k: str(v) if k.endswith("_id") else v for k, v in ref.items()}
             guild = self.guild_id if self._in_guild(cid) else None
-            msg = self._store(cid, guild, self.bot_user(), content, nonce=nonce, reference=ref)
+            components, flags = body.get("components") or [], int(body.get("flags") or 0)
+            msg = self._store(
+                cid,
+                guild,
+                self.bot_user(),
+                content,
+                nonce=nonce,
+                reference=ref,
+                components=components,
+                flags=flags,
+            )
             self.posted[cid].append(
                 {"id": msg["id"], "content": content, "nonce": nonce, "message_reference": ref}
                 | {"allowed_mentions": body.get("allowed_mentions")}
+                | {"components": components, "flags": flags}
             )
             if nonce is not None:
                 self._nonces[(cid, str(nonce))] = (time.monotonic(), msg)
@@ -403,6 +467,24 @@ class FakeDiscord:
                 m.pop("nonce", None)
         return _json(shown)
 
+    async def _edit_message(self, request: web.Request) -> web.StreamResponse:
+        cid, mid = request.match_info["cid"], request.match_info["mid"]
+        msg = next((m for m in self.history[cid] if m["id"] == mid), None)
+        if msg is None:
+            return _error(404, 10008, "Unknown Message")
+        if msg["author"]["id"] != self.bot_id:
+            return _error(403, 50005, "Cannot edit a message authored by another user")
+        body = await request.json()
+        if len(str(body.get("content") or "")) > 2000:
+            return _error(400, 50035, "Invalid Form Body")
+        for key in ("content", "components", "flags"):
+            if key in body:  # fields left out stay as they were, like Discord
+                msg[key] = body[key] if key != "flags" else int(body[key] or 0)
+        msg["edited_timestamp"] = _now()
+        self.edits.append({"id": mid, "channel_id": cid, "body": body})
+        self._dispatch("MESSAGE_UPDATE", dict(msg))
+        return _json(msg)
+
     async def _typing(self, request: web.Request) -> web.StreamResponse:
         self.typing.append(request.match_info["cid"])
         return web.Response(status=204)
@@ -417,8 +499,36 @@ class FakeDiscord:
         iid, token = request.match_info["iid"], request.match_info["tok"]
         if self._interactions.get(token, ("",))[0] != iid:
             return _error(404, 10062, "Unknown interaction")
-        self.callbacks.append((iid, int((await request.json())["type"])))
+        if iid in self.responses:
+            return _error(400, 40060, "Interaction has already been acknowledged.")
+        body = await request.json()
+        data = body.get("data")
+        flags = int((data or {}).get("flags") or 0)
+        self.responses[iid] = {"type": int(body["type"]), "data": data, "flags": flags}
+        self.callbacks.append((iid, int(body["type"])))
+        await self._notify()
         return web.Response(status=204)
+
+    async def _followup(self, request: web.Request) -> web.StreamResponse:
+        known = self._interactions.get(request.match_info["tok"])
+        if request.match_info["app"] != self.app_id or known is None:
+            return _error(404, 10015, "Unknown Webhook")
+        if known[0] not in self.responses:  # a followup needs the interaction answered first
+            return _error(404, 10015, "Unknown Webhook")
+        body = await request.json()
+        content, flags = str(body.get("content") or ""), int(body.get("flags") or 0)
+        guild = self.guild_id if self._in_guild(known[1]) else None
+        if flags & EPHEMERAL:  # only the presser sees it: not in the channel's history
+            msg: Json = {"id": self._next_id(), "channel_id": known[1], "content": content}
+            msg |= {"author": self.bot_user(), "timestamp": _now(), "flags": flags, "type": 0}
+            msg |= {"mentions": [], "attachments": [], "embeds": [], "edited_timestamp": None}
+        else:
+            msg = self._store(known[1], guild, self.bot_user(), content)
+            self.posted[known[1]].append({"id": msg["id"], "content": content})
+            self._dispatch("MESSAGE_CREATE", msg)
+        self.followups[known[0]].append(body)
+        await self._notify()
+        return _json(msg)
 
     async def _edit_original(self, request: web.Request) -> web.StreamResponse:
         known = self._interactions.get(request.match_info["tok"])

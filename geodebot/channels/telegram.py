@@ -4,7 +4,8 @@ Not ``Application``/``Updater``: their updater asks for the next batch (which co
 previous one to Telegram) before the handlers ran, so a crash loses messages. Here an update is
 confirmed only after the sink committed it: the next ``getUpdates`` offset moves past it then,
 and the offset is persisted so a restart resumes right after the last committed update.
-Anything not committed is simply delivered again by Telegram.
+Anything not committed is simply delivered again by Telegram. A press of an approval card's
+button (a callback query) goes the same way: handed to the press sink, answered, then confirmed.
 """
 
 from __future__ import annotations
@@ -20,14 +21,26 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-from telegram import Bot, BotCommand, Message, MessageEntity, ReplyParameters, Update, User
+from telegram import (
+    Bot,
+    BotCommand,
+    CallbackQuery,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    MessageEntity,
+    ReplyParameters,
+    Update,
+    User,
+)
 from telegram import error as tg
-from telegram.constants import ChatAction, ChatType, ParseMode
+from telegram.constants import CallbackQueryLimit, ChatAction, ChatType, MessageLimit, ParseMode
 from telegram.request import RequestData
 from telegram.request._requestparameter import RequestParameter  # what Bot._post builds
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    ApprovalCard,
     ChannelError,
     ChannelStatus,
     CursorStore,
@@ -36,8 +49,12 @@ from geodebot.channels.base import (
     InboundSink,
     OutboundPart,
     Platform,
+    Press,
+    PressSink,
     SendUnknown,
     SentPart,
+    parse_press_data,
+    press_data,
 )
 from geodebot.channels.render import render_for
 from geodebot.channels.telegram_request import AiohttpRequest, never_sent
@@ -53,8 +70,9 @@ os.environ.setdefault("PTB_TIMEDELTA", "true")
 log = logging.getLogger(__name__)
 
 CURSOR_NAME = "telegram:offset"
-# Channel posts count as messages; edits would re-run a turn for an old message.
-ALLOWED_UPDATES: tuple[str, ...] = ("message", "channel_post")
+# Channel posts count as messages; edits would re-run a turn for an old message. Callback
+# queries are presses of an approval card's buttons.
+ALLOWED_UPDATES: tuple[str, ...] = ("message", "channel_post", "callback_query")
 _BACKOFF_FIRST_S = 0.5
 _BACKOFF_MAX_S = 30.0
 _RAW_TIMEOUT_S = 15.0
@@ -63,6 +81,9 @@ _STOP_GRACE_S = 5.0
 # lie above the new ids, and passing it would confirm (drop) them unseen.
 _CURSOR_MAX_AGE_S = 6 * 86_400
 _ENTITY_ERROR = "can't parse entities"
+_NOT_MODIFIED = "message is not modified"
+_NOT_VALID = "This button is not valid."
+_TRY_AGAIN = "That did not work; please try again."
 _HTML_TAG = re.compile(
     r"</?(?:b|strong|i|em|u|ins|s|strike|del|span|tg-spoiler|a|code|pre|blockquote|tg-emoji)"
     r"(?:\s[^<>]*)?>",
@@ -134,9 +155,55 @@ def html_to_plain(text: str) -> str:
     return html.unescape(_HTML_TAG.sub("", text))
 
 
+def card_html(card: ApprovalCard) -> str:
+    """The card as Telegram HTML: the head in bold, every line escaped, so the summary (the
+    model's words) shows literally and can never be rejected as bad entities."""
+    head, *rest = _card_lines(card)
+    escaped = [html.escape(line, quote=False) for line in rest]
+    return "\n".join([f"<b>{html.escape(head, quote=False)}</b>", *escaped])
+
+
+def _card_lines(card: ApprovalCard) -> list[str]:
+    """The card's lines, each clipped to an equal share of the message limit if together
+    they would not fit: a card over the limit would never be posted at all."""
+    lines = card.lines()
+    if sum(_utf16(line) + 1 for line in lines) <= MessageLimit.MAX_TEXT_LENGTH:
+        return lines
+    share = MessageLimit.MAX_TEXT_LENGTH // len(lines) - 1
+    return [_clip(line, share) for line in lines]
+
+
+def card_markup(card: ApprovalCard) -> InlineKeyboardMarkup | None:
+    """Approve and Deny for an open card; none once it has an outcome. An edit without a
+    keyboard removes the buttons (PTB drops an empty keyboard from the request anyway)."""
+    if card.outcome is not None:
+        return None
+    approve = InlineKeyboardButton("Approve", callback_data=press_data(card.approval_id, True))
+    deny = InlineKeyboardButton("Deny", callback_data=press_data(card.approval_id, False))
+    return InlineKeyboardMarkup(((approve, deny),))
+
+
+def _utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _clip(text: str, units: int) -> str:
+    """At most ``units`` UTF-16 code units (Telegram's measure), marked where cut."""
+    if _utf16(text) <= units:
+        return text
+    cut = text[: max(units - 1, 0)]
+    while _utf16(cut) > units - 1:
+        cut = cut[:-1]
+    return cut + "\u2026"
+
+
 def _retry_seconds(exc: tg.RetryAfter) -> float:
     value = exc.retry_after
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _decided(press: Press) -> str:
+    return "Approved." if press.approve else "Denied."
 
 
 def _chat_id(channel: str) -> int | str:
@@ -167,6 +234,7 @@ class TelegramChannel:
         )
         self._me: User | None = None
         self._sink: InboundSink | None = None
+        self._presses: PressSink | None = None
         self._task: asyncio.Task[None] | None = None
         self._first_poll = asyncio.Event()
         self._offset: int | None = None
@@ -177,7 +245,7 @@ class TelegramChannel:
         self._sink_failures = 0
         self._counters = dict.fromkeys(
             ("received", "delivered", "skipped", "sink_errors", "poll_errors", "sent",
-             "send_errors", "plain_fallbacks"),
+             "send_errors", "plain_fallbacks", "presses", "press_errors"),
             0,
         )  # fmt: skip
 
@@ -190,10 +258,10 @@ class TelegramChannel:
         return None if self._me is None else self._me.username
 
     # -- lifecycle ------------------------------------------------------------------------
-    async def start(self, sink: InboundSink) -> None:
+    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
         if self._task is not None:
             raise RuntimeError("TelegramChannel already started")
-        self._sink, self._stopping = sink, False
+        self._sink, self._presses, self._stopping = sink, presses, False
         try:
             await self._connect()
             self._offset = await self._load_offset()
@@ -395,6 +463,11 @@ class TelegramChannel:
         assert self._me is not None
         assert self._sink is not None
         self._counters["received"] += 1
+        if update.callback_query is not None:
+            # Handled here and then confirmed like a message: a press is answered once and
+            # never reaches the inbox.
+            await self._press(update.update_id, update.callback_query)
+            return True
         try:
             inbound = to_inbound(update, self._me)
         except Exception:
@@ -419,6 +492,59 @@ class TelegramChannel:
         self._counters["delivered"] += 1
         return True
 
+    # -- button presses -------------------------------------------------------------------
+    async def _press(self, update_id: int, query: CallbackQuery) -> None:
+        """Hand a card's button press to the press sink and answer the presser: exactly one
+        answerCallbackQuery per query, or Telegram shows the presser a spinner."""
+        self._counters["presses"] += 1
+        press = self._press_of(query)
+        if press is None or self._presses is None:
+            await self._answer(update_id, query, _NOT_VALID, alert=True)
+            return
+        try:
+            answer = await self._presses(press)
+        except Exception:
+            # The sink is not meant to raise; the presser may simply press again.
+            self._counters["press_errors"] += 1
+            log.exception("telegram: the press in update %s was not handled", update_id)
+            await self._answer(update_id, query, _TRY_AGAIN, alert=True)
+            return
+        if answer.counted:
+            await self._answer(update_id, query, _decided(press), alert=False)
+        else:
+            # An alert only the presser sees: nothing is posted in the chat.
+            await self._answer(update_id, query, answer.text, alert=True)
+
+    @staticmethod
+    def _press_of(query: CallbackQuery) -> Press | None:
+        """The press, if the button is one of our cards' on a message the bot can still see."""
+        parsed = parse_press_data(query.data or "")
+        message = query.message
+        if parsed is None or message is None or not message.is_accessible:
+            return None
+        approval_id, approve = parsed
+        return Press(
+            platform="telegram",
+            channel=str(message.chat.id),
+            user=str(query.from_user.id),
+            approval_id=approval_id,
+            approve=approve,
+            message_id=str(message.message_id),
+        )
+
+    async def _answer(
+        self, update_id: int, query: CallbackQuery, text: str, *, alert: bool
+    ) -> None:
+        limit = CallbackQueryLimit.ANSWER_CALLBACK_QUERY_TEXT_LENGTH
+        try:
+            await self._bot.answer_callback_query(query.id, _clip(text, limit), show_alert=alert)
+        except tg.TelegramError as exc:
+            # The press itself was handled; only the presser's notice is lost (Telegram lets
+            # the query expire), so it is not worth a redelivery.
+            log.warning(
+                "telegram: cannot answer the press in update %s: %s", update_id, self._safe(exc)
+            )
+
     # -- sending --------------------------------------------------------------------------
     def render(self, markdown: str) -> list[str]:
         return render_for("telegram", markdown)
@@ -441,7 +567,47 @@ class TelegramChannel:
         self._counters["sent"] += 1
         return sent
 
-    async def _send_text(self, dest: Destination, text: str, parse_mode: str | None) -> SentPart:
+    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
+        try:
+            sent = await self._send_text(
+                destination, card_html(card), ParseMode.HTML, card_markup(card)
+            )
+        except tg.TelegramError as exc:
+            self._counters["send_errors"] += 1
+            raise self._send_error(exc) from exc
+        self._counters["sent"] += 1
+        return sent
+
+    async def edit_card(
+        self, destination: Destination, message_id: str, card: ApprovalCard
+    ) -> None:
+        try:
+            message = int(message_id)
+        except ValueError:
+            raise ChannelError(
+                f"telegram: not a message id: {message_id!r}", permanent=True
+            ) from None
+        try:
+            await self._bot.edit_message_text(
+                card_html(card),
+                chat_id=_chat_id(destination.channel),
+                message_id=message,
+                parse_mode=ParseMode.HTML,
+                reply_markup=card_markup(card),
+            )
+        except tg.TelegramError as exc:
+            if isinstance(exc, tg.BadRequest) and _NOT_MODIFIED in str(exc).lower():
+                return  # a repeated edit (a retry, say): the card already shows this
+            self._counters["send_errors"] += 1
+            raise self._send_error(exc) from exc
+
+    async def _send_text(
+        self,
+        dest: Destination,
+        text: str,
+        parse_mode: str | None,
+        reply_markup: InlineKeyboardMarkup | None = None,
+    ) -> SentPart:
         """sendMessage through PTB's request layer (its form encoding, status handling and
         error classes), reading only the new message's id from the answer.
 
@@ -460,6 +626,8 @@ class TelegramChannel:
             fields["message_thread_id"] = thread
         if reply is not None:
             fields["reply_parameters"] = ReplyParameters(reply, allow_sending_without_reply=True)
+        if reply_markup is not None:
+            fields["reply_markup"] = reply_markup
         data = RequestData([RequestParameter.from_input(k, v) for k, v in fields.items()])
         result = await self._requests[1].post(f"{self._bot.base_url}/sendMessage", data)
         message_id = result.get("message_id") if isinstance(result, dict) else None

@@ -13,7 +13,6 @@ restart the resumed turn finds it (and its card, or its decision) again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -77,6 +76,7 @@ class ChatApprovals:
         # Per request a turn waits on: set when a press (or the console) decided it here.
         self._waiters: dict[str, asyncio.Event] = {}
         self._edits: set[asyncio.Task[None]] = set()
+        self._parking = asyncio.Event()
 
     async def __aenter__(self) -> ChatApprovals:
         return self
@@ -90,7 +90,11 @@ class ChatApprovals:
         """The desk for a turn answering ``row``; None when nobody may approve there."""
         if not binding.approvers or row.platform not in self._channels:
             return None
-        destination = Destination(cast(Platform, row.platform), row.channel, row.thread)
+        # Where the reply goes: in its thread, answering the message (Slack threads a
+        # channel's reply under the message it answers).
+        destination = Destination(
+            cast(Platform, row.platform), row.channel, row.thread, row.message_id
+        )
         return ChatDesk(self, destination, binding.approvers, binding.approval_timeout_s)
 
     def decided(self, request_id: str) -> None:
@@ -111,14 +115,40 @@ class ChatApprovals:
                 if left <= 0:
                     request = await self._expire(request)
                     break
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(left):
-                        await waiter.wait()
-                waiter.clear()
+                await self._wait(waiter, left)
                 request = await self._store.get_approval(request.id) or request
+        except asyncio.CancelledError:
+            if not self._parking.is_set():
+                # The turn was stopped (/stop): nobody waits for this decision any more.
+                await asyncio.shield(self._expire(request))
+            raise
         finally:
             self._waiters.pop(request.id, None)
         return request
+
+    async def _wait(self, waiter: asyncio.Event, left: float) -> None:
+        """Until a decision here, the expiry, or the daemon stopping: a waiting turn is then
+        cancelled at once (its request stays pending, and the resumed turn waits again)
+        rather than holding up the shutdown for its whole grace."""
+        parking = asyncio.ensure_future(self._parking.wait())
+        decided = asyncio.ensure_future(waiter.wait())
+        try:
+            await asyncio.wait(
+                (parking, decided), timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            parking.cancel()
+            decided.cancel()
+        waiter.clear()
+        if self._parking.is_set():
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+
+    def park(self) -> None:
+        """The daemon is stopping: turns waiting for a person stop now, requests kept."""
+        self._parking.set()
 
     async def _show(self, destination: Destination, request: ApprovalRecord) -> ApprovalRecord:
         """Post the request's card unless it is up already (a resumed turn's request)."""

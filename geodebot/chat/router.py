@@ -192,8 +192,11 @@ class ChatRouter:
     async def drain(self, grace_s: float) -> None:
         """Stop taking new work; give running turns ``grace_s``, then cancel them.
 
-        A cancelled turn's inbox row stays ``running`` and is answered after the restart.
+        A cancelled turn's inbox row stays ``running`` and is answered after the restart;
+        a turn waiting for an approval stops at once (its card stays up for the restart).
         """
+        if self._approvals is not None:
+            self._approvals.park()
         await self._queues.close(grace_s)
 
     # -- queued turns -----------------------------------------------------------------------

@@ -259,9 +259,13 @@ async def test_a_pending_card_survives_a_restart_and_a_later_press_resumes_the_t
     async with world(tmp_path, llm_server, chat=chat) as w:
         await w.chat.deliver(message("please deploy"))
         card_id, card = await w.card()
-        # The daemon goes away while the card waits (its turn is cancelled, as at a crash's
-        # restart: the inbox row stays running).
-        await w.router.drain(0)
+        # The daemon stops while the card waits: the waiting turn does not hold up the
+        # shutdown for its grace, and its request stays pending (the inbox row running).
+        async with asyncio.timeout(5):
+            await w.router.drain(60)
+        still = await w.app.services.store.get_approval(card.approval_id)
+        assert still is not None
+        assert still.status == "pending"
     assert marker_lines(tmp_path / "marker") == []
     async with world(tmp_path, llm_server, chat=chat) as w:
         assert await w.router.recover() == 1
@@ -302,3 +306,22 @@ def test_approvers_are_named_people(tmp_path: Path, approvers: list[str]) -> Non
 
     with pytest.raises(ConfigError):
         parse_config({"bindings": [binding(approvers=approvers)]})
+
+
+async def test_stop_while_a_card_waits_expires_the_request(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    asks_to_write(llm_server)
+    async with world(tmp_path, llm_server) as w:
+        await w.chat.deliver(message("please deploy"))
+        card_id, card = await w.card()
+        await w.chat.deliver(message("/stop"))
+        _, ended = await w.card(pending=False)
+        late = await w.chat.press(card_id, APPROVER)
+        request = await w.app.services.store.get_approval(card.approval_id)
+    assert ended.outcome is not None
+    assert ended.outcome.startswith("Expired")
+    assert not late.counted
+    assert request is not None
+    assert request.status == "expired"
+    assert marker_lines(w.marker) == []

@@ -122,7 +122,7 @@ async def test_start_registers_commands_and_polls(fake: FakeTelegram, open_chann
     assert channel.status().connected
     assert channel.bot_username == "geode_test_bot"
     polls = [p for m, p in fake.requests if m == "getupdates"]
-    assert polls[0]["allowed_updates"] == ["message", "channel_post"]
+    assert polls[0]["allowed_updates"] == ["message", "channel_post", "callback_query"]
 
 
 async def test_messages_arrive_with_their_fields(fake: FakeTelegram, open_channel: OpenChannel):

@@ -19,6 +19,16 @@ Behaviour worth knowing in tests:
   ``>`` is accepted.
 * ``fail_next`` answers the next calls of a method with an error before anything else;
   ``answer_next`` answers the next call with ``ok: true`` and the given result, unexecuted.
+* Inline keyboards: sendMessage and editMessageText take ``reply_markup``
+  (``{"inline_keyboard": [[{"text", "callback_data"}]]}``), refusing buttons without an action
+  or with callback_data outside 1-64 bytes as Telegram does; the message keeps the keyboard
+  until an edit replaces it (an edit without one, or with an empty one, removes it). An edit
+  that changes nothing is refused with Telegram's "message is not modified".
+* Presses: ``push_callback_query`` (or ``press_button``, by the button's label) queues a
+  ``callback_query`` update on a stored message and returns the query's id; Telegram lets each
+  query be answered once, so answerCallbackQuery refuses an unknown or answered id with
+  "query is too old and response timeout expired or query ID is invalid". The answers are in
+  ``callback_answers`` (and ``wait_for_callback_answer``).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import re
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from aiohttp import web
@@ -41,8 +51,20 @@ DEFAULT_TOKEN = "7000001234:AAHfake-token_for-tests-0123456789abcdef"
 MAX_TEXT = 4096
 
 _PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)$")
-_JSON_PARAMS = {"allowed_updates", "commands", "entities", "reply_parameters", "scope"}
-_INT_PARAMS = {"offset", "limit", "timeout", "message_thread_id", "reply_to_message_id"}
+_JSON_PARAMS = {
+    "allowed_updates", "commands", "entities", "reply_parameters", "scope", "reply_markup",
+}  # fmt: skip
+_INT_PARAMS = {
+    "offset", "limit", "timeout", "message_thread_id", "reply_to_message_id", "message_id",
+}  # fmt: skip
+MAX_CALLBACK_DATA = 64  # bytes
+MAX_ANSWER_TEXT = 200
+_QUERY_INVALID = "Bad Request: query is too old and response timeout expired or query ID is invalid"
+_NOT_MODIFIED = (
+    "Bad Request: message is not modified: specified new message content and reply markup are "
+    "exactly the same as a content and reply markup of the current content and reply markup "
+    "of the message"
+)
 _TAGS = {
     "b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler",
     "a", "code", "pre", "blockquote", "tg-emoji",
@@ -65,6 +87,21 @@ class SentMessage:
     reply_to_message_id: int | None
     allow_sending_without_reply: bool | None
     thread_id: int | None
+    # As the bot sent it, {"inline_keyboard": [[button, ...], ...]}; None without a keyboard.
+    reply_markup: dict[str, Any] | None = None
+
+    @property
+    def buttons(self) -> list[tuple[str, str]]:
+        """Every inline button's (label, callback_data), row by row; [] without a keyboard."""
+        rows = (self.reply_markup or {}).get("inline_keyboard", [])
+        return [(str(b["text"]), str(b.get("callback_data", ""))) for row in rows for b in row]
+
+
+@dataclass(frozen=True)
+class CallbackAnswer:
+    query_id: str
+    text: str | None
+    show_alert: bool
 
 
 @dataclass(frozen=True)
@@ -154,6 +191,8 @@ class FakeTelegram:
         self.bot_user: dict[str, Any] = {"id": self.bot_id, "is_bot": True, "first_name": "Geode"}
         self.bot_user.update(username=bot_username, can_read_all_group_messages=False)
         self.sent: defaultdict[int, list[SentMessage]] = defaultdict(list)
+        self.edits: list[SentMessage] = []  # each edit: the message as it was made to read
+        self.callback_answers: dict[str, CallbackAnswer] = {}
         self.actions: list[SentAction] = []
         self.commands: list[dict[str, str]] | None = None
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -166,6 +205,9 @@ class FakeTelegram:
             lambda: itertools.count(1)
         )
         self._messages: dict[tuple[int, int], dict[str, Any]] = {}
+        self._shown: dict[tuple[int, int], SentMessage] = {}  # the bot's, as they read now
+        self._query_ids = itertools.count(1)
+        self._open_queries: set[str] = set()
         self._allowed: set[str] = set()
         self._failures: defaultdict[str, deque[_Failure]] = defaultdict(deque)
         self._canned: defaultdict[str, deque[Any]] = defaultdict(deque)
@@ -272,6 +314,51 @@ class FakeTelegram:
         self._notify()
         return update_id
 
+    def push_callback_query(
+        self,
+        chat_id: int,
+        message_id: int,
+        data: str,
+        *,
+        user_id: int,
+        username: str | None = None,
+        first_name: str = "Test",
+        inaccessible: bool = False,
+        update_id: int | None = None,
+    ) -> str:
+        """Queue a press of a button with ``data`` on stored message ``message_id``; returns
+        the callback query's id. Telegram passes whatever data a client sends, so ``data`` need
+        not be on the message. ``inaccessible`` sends the message as Telegram does once the
+        bot can no longer see it (deleted, say): only chat, id and date 0."""
+        stored = self._messages.get((chat_id, message_id))
+        if stored is None:
+            raise KeyError(f"no message {message_id} in chat {chat_id}")
+        if inaccessible:
+            message = {"chat": stored["chat"], "message_id": message_id, "date": 0}
+        else:
+            message = dict(stored)
+        sender: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": first_name}
+        if username:
+            sender["username"] = username
+        query_id = f"{self.bot_id}{next(self._query_ids):08d}"
+        self._open_queries.add(query_id)
+        query = {"id": query_id, "from": sender, "message": message, "data": data}
+        query["chat_instance"] = f"instance{chat_id}"
+        self.push_update({"callback_query": query}, update_id=update_id)
+        return query_id
+
+    def press_button(self, chat_id: int, message_id: int, label: str, *, user_id: int) -> str:
+        """Press the button labelled ``label`` on the bot's message as it reads now; returns
+        the callback query's id."""
+        found = [data for text, data in self.shown(chat_id, message_id).buttons if text == label]
+        if not found:
+            raise KeyError(f"message {message_id} in chat {chat_id} has no button {label!r}")
+        return self.push_callback_query(chat_id, message_id, found[0], user_id=user_id)
+
+    def shown(self, chat_id: int, message_id: int) -> SentMessage:
+        """The bot's message ``message_id`` as it reads now: as sent, or as last edited."""
+        return self._shown[(chat_id, message_id)]
+
     def fail_next(
         self,
         method: str,
@@ -294,6 +381,30 @@ class FakeTelegram:
     ) -> list[SentMessage]:
         await self._wait(lambda: len(self.sent[chat_id]) >= n, timeout)
         return list(self.sent[chat_id])
+
+    async def wait_for_edit(
+        self,
+        chat_id: int,
+        message_id: int,
+        n: int = 1,
+        timeout: float = 5.0,
+    ) -> SentMessage:
+        """Until the bot's message was edited ``n`` times in total; how it reads then."""
+
+        def edited() -> int:
+            return sum(1 for e in self.edits if (e.chat_id, e.message_id) == (chat_id, message_id))
+
+        await self._wait(lambda: edited() >= n, timeout)
+        return self.shown(chat_id, message_id)
+
+    async def wait_for_callback_answer(
+        self,
+        query_id: str,
+        timeout: float = 5.0,
+    ) -> CallbackAnswer:
+        """Until the callback query ``query_id`` was answered; that answer."""
+        await self._wait(lambda: query_id in self.callback_answers, timeout)
+        return self.callback_answers[query_id]
 
     async def wait_for_confirmed(self, offset: int, timeout: float = 5.0) -> None:
         await self._wait(lambda: self.confirmed_offset >= offset, timeout)
@@ -468,6 +579,7 @@ class FakeTelegram:
         replied = self._messages.get((chat_id, int(reply_id))) if reply_id is not None else None
         if reply_id is not None and replied is None and not allow_flag:
             raise ApiError(400, "Bad Request: message to be replied not found")
+        keyboard = _inline_keyboard(params.get("reply_markup"))
         thread = params.get("message_thread_id")
         message_id = next(self._message_ids[chat_id])
         chat = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
@@ -475,13 +587,86 @@ class FakeTelegram:
         message.update(chat=chat, text=visible, **{"from": self.bot_user})
         if thread is not None:
             message.update(message_thread_id=thread, is_topic_message=True)
+        if keyboard is not None:
+            message["reply_markup"] = keyboard
         self._messages[(chat_id, message_id)] = dict(message)
         if replied is not None:
             message["reply_to_message"] = replied
         reply_to = None if reply_id is None else int(reply_id)
-        sent = SentMessage(chat_id, message_id, text, parse_mode, reply_to, allow_flag, thread)
+        sent = SentMessage(
+            chat_id, message_id, text, parse_mode, reply_to, allow_flag, thread, keyboard
+        )
         self.sent[chat_id].append(sent)
+        self._shown[(chat_id, message_id)] = sent
         return message
+
+    async def _m_editmessagetext(self, params: dict[str, Any]) -> Any:
+        if "inline_message_id" in params:
+            raise ApiError(400, "Bad Request: inline messages are not stored here")
+        chat_id, message_id = int(params["chat_id"]), int(params["message_id"])
+        stored = self._messages.get((chat_id, message_id))
+        if stored is None:
+            raise ApiError(400, "Bad Request: message to edit not found")
+        before = self._shown.get((chat_id, message_id))
+        if before is None:  # not one the bot sent
+            raise ApiError(400, "Bad Request: message can't be edited")
+        text = str(params.get("text", ""))
+        parse_mode = params.get("parse_mode")
+        visible = html_visible(text) if parse_mode == "HTML" else text
+        if not visible.strip():
+            raise ApiError(400, "Bad Request: message text is empty")
+        if _utf16_len(visible) > MAX_TEXT:
+            raise ApiError(400, "Bad Request: message is too long")
+        # Telegram keeps only a keyboard the edit names: none, or an empty one, removes it.
+        keyboard = _inline_keyboard(params.get("reply_markup"))
+        if (text, parse_mode, keyboard) == (before.text, before.parse_mode, before.reply_markup):
+            raise ApiError(400, _NOT_MODIFIED)
+        message = {k: v for k, v in stored.items() if k != "reply_markup"}
+        message.update(text=visible, edit_date=int(time.time()))
+        if keyboard is not None:
+            message["reply_markup"] = keyboard
+        self._messages[(chat_id, message_id)] = message
+        shown = replace(before, text=text, parse_mode=parse_mode, reply_markup=keyboard)
+        self._shown[(chat_id, message_id)] = shown
+        self.edits.append(shown)
+        return message
+
+    async def _m_answercallbackquery(self, params: dict[str, Any]) -> Any:
+        query_id = str(params.get("callback_query_id", ""))
+        if query_id not in self._open_queries:
+            raise ApiError(400, _QUERY_INVALID)
+        text = params.get("text")
+        if text is not None and len(str(text)) > MAX_ANSWER_TEXT:
+            raise ApiError(400, "Bad Request: MESSAGE_TOO_LONG")
+        self._open_queries.discard(query_id)
+        alert = params.get("show_alert") in (True, "true", "True")
+        answer = CallbackAnswer(query_id, None if text is None else str(text), alert)
+        self.callback_answers[query_id] = answer
+        return True
+
+
+def _inline_keyboard(markup: Any) -> dict[str, Any] | None:
+    """A reply_markup's inline keyboard, checked as Telegram checks it; None when it has no
+    buttons (Telegram then shows, and returns, no keyboard)."""
+    if markup is None:
+        return None
+    rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        raise ApiError(400, "Bad Request: can't parse reply keyboard markup JSON object")
+    for button in (b for row in rows for b in row):
+        if not isinstance(button, dict) or not str(button.get("text", "")).strip():
+            raise ApiError(400, "Bad Request: can't parse inline keyboard button: text is empty")
+        actions = button.keys() - {"text"}
+        if not actions:
+            raise ApiError(
+                400,
+                "Bad Request: can't parse inline keyboard button: "
+                "Text buttons are unallowed in the inline keyboard",
+            )
+        data = button.get("callback_data")
+        if data is not None and not 1 <= len(str(data).encode()) <= MAX_CALLBACK_DATA:
+            raise ApiError(400, "Bad Request: BUTTON_DATA_INVALID")
+    return {"inline_keyboard": rows} if any(rows) else None
 
 
 async def _params(request: web.Request) -> dict[str, Any]:

@@ -29,8 +29,10 @@
   so it needs no nonce. If Discord says the message is gone (10008, deleted by someone), the
   part is sent as a new message under its own nonce: the final answer must arrive, once. A
   ``plain`` part is a preview of an answer still arriving: sent as is (our markdown is
-  Discord's, so there is nothing to convert), cut to the limit, and a reply that pings
-  nobody, not even the asker: the final answer edits it later, and an edit notifies nobody.
+  Discord's, so there is nothing to convert) as a reply that pings nobody, not even the
+  asker: the final answer edits it later, and an edit notifies nobody. A preview over the
+  limit is refused before any request, like any part: cutting it instead would repeat the
+  same 2000 characters in an edit per interval for the rest of a long answer.
 * Approval cards. A card is a message with one action row of two buttons whose custom_id
   is ``press_data(...)``; its text is escaped (the summary is the model's words). A press is
   a component interaction, handled in ``on_interaction`` and decided by the press sink
@@ -46,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import re
@@ -605,9 +606,6 @@ class DiscordChannel:
         return None  # never acknowledged: answer as a plain message
 
     async def send(self, part: OutboundPart) -> SentPart:
-        if part.plain and len(part.text) > MAX_CHARS:
-            # A preview only shows how far the answer got; the final answer brings all of it.
-            part = dataclasses.replace(part, text=part.text[: MAX_CHARS - 1] + "…")
         if len(part.text) > MAX_CHARS:
             raise ChannelError(f"part is {len(part.text)} chars, over {MAX_CHARS}", permanent=True)
         now = time.monotonic()

@@ -112,18 +112,23 @@ async def test_plain_preview_arrives_literally_and_pings_nobody(
     assert edit["body"]["allowed_mentions"]["parse"] == []
 
 
-async def test_plain_preview_over_the_limit_is_cut_an_answer_part_is_refused(
+async def test_a_part_over_the_limit_is_refused_before_any_request(
     fake: FakeDiscord, chan: DiscordChannel
 ) -> None:
     asked = fake.push_message(fake.channel_id, "deploy?", author_id=USER)
-    long = "x" * (MAX_CHARS + 500)
-    shown = await chan.send(preview(fake, long, asked))
-    [text] = fake.texts(shown.message_id)
-    assert text == "x" * (MAX_CHARS - 1) + "…"
-    with pytest.raises(ChannelError) as too_long:
-        await chan.send(final(fake, long, asked, shown.message_id))
-    assert too_long.value.permanent
-    assert fake.texts(shown.message_id) == [text]
+    shown = await chan.send(preview(fake, "Deploying", asked))
+    long = "x" * (MAX_CHARS + 1)
+    for too_long in (
+        preview(fake, long, asked),
+        preview(fake, long, asked, edit_of=shown.message_id),
+        final(fake, long, asked, shown.message_id),
+    ):
+        with pytest.raises(ChannelError) as refused:
+            await chan.send(too_long)
+        assert refused.value.permanent
+    assert fake.texts(shown.message_id) == ["Deploying"]
+    assert len(fake.posted[fake.channel_id]) == 1
+    assert not fake.edits
 
 
 async def test_long_rate_limit_on_an_edit_is_a_channel_error_with_retry_after(

@@ -15,6 +15,14 @@ The claims live in memory: a restart between the two events can let both through
 Sending: the client has no retry handlers; the outbox decides about retries, and a blind SDK
 retry after a timeout could post a message twice. Every message carries the part's key as
 message metadata, which ``find_sent`` looks for after an unknown outcome.
+
+Approval cards: a section block (the card's lines, escaped; the untrusted summary in a code
+block, where Slack applies no formatting) and an actions block with an Approve and a Deny
+button, whose values are the press payloads. A press arrives as a ``block_actions``
+interaction. Slack shows the presser an error unless it is acked within 3 s, and it never
+redelivers one, so the envelope is acked at once and the press is decided afterwards, in a
+task of its own; an answer that did not count goes to the presser alone, as an ephemeral
+message. The outcome shows on the card when the core edits it (the buttons go then).
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -31,9 +40,11 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    ApprovalCard,
     ChannelError,
     ChannelStatus,
     Destination,
@@ -41,8 +52,12 @@ from geodebot.channels.base import (
     InboundSink,
     OutboundPart,
     Platform,
+    Press,
+    PressSink,
     SendUnknown,
     SentPart,
+    parse_press_data,
+    press_data,
 )
 from geodebot.channels.render import render_for
 from geodebot.config.schema import SlackConfig
@@ -63,6 +78,8 @@ _PERMANENT_ERRORS = frozenset({
     "restricted_action_thread_only_channel", "restricted_action_non_threadable_channel",
     "cannot_reply_to_message", "invalid_metadata_format", "invalid_metadata_schema",
     "metadata_too_large", "team_access_not_granted", "ekm_access_denied", "invalid_arguments",
+    "invalid_blocks", "invalid_blocks_format", "message_not_found", "cant_update_message",
+    "edit_window_closed",
 })
 # fmt: on
 # Slack documents these as "some aspect of the operation may have succeeded".
@@ -72,6 +89,10 @@ _HISTORY_PAGES, _HISTORY_LIMIT = 2, 100
 _REPLIES_PAGES, _REPLIES_LIMIT = 10, 200
 _CLAIMS_KEPT = 4096
 COMMAND_NAMES = frozenset(c.name for c in CHAT_COMMANDS)
+APPROVE_ACTION, DENY_ACTION = "geodebot_approve", "geodebot_deny"
+NOT_VALID = "This button is not valid."
+SECTION_CHARS = 3000  # Slack refuses a section block whose text is longer
+PRESS_FAILED = "That did not work; please try again."
 
 
 def to_inbound(
@@ -149,6 +170,113 @@ def command_to_inbound(body: Mapping[str, Any]) -> Inbound | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Presser:
+    """Who pressed a button, and where a private answer to them goes."""
+
+    channel: str
+    user: str
+    thread: str | None  # the card's thread: an ephemeral answer shows next to the card
+
+
+def presser_of(body: Mapping[str, Any]) -> Presser | None:
+    """The presser of a ``block_actions`` payload, or None when it names no user or channel."""
+    container, message = _member(body, "container"), _member(body, "message")
+    user_id = _member(body, "user").get("id")
+    channel_id = _member(body, "channel").get("id") or container.get("channel_id")
+    if not (isinstance(user_id, str) and user_id and isinstance(channel_id, str) and channel_id):
+        return None
+    thread = container.get("thread_ts") or message.get("thread_ts")
+    return Presser(channel_id, user_id, thread if isinstance(thread, str) and thread else None)
+
+
+def _member(body: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = body.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def to_press(body: Mapping[str, Any]) -> Press | None:
+    """A ``block_actions`` payload as a Press, or None for a button that is not a card's."""
+    presser = presser_of(body)
+    actions = body.get("actions")
+    action = actions[0] if isinstance(actions, list) and actions else None
+    if presser is None or not isinstance(action, Mapping):
+        return None
+    value = action.get("value")
+    parsed = parse_press_data(value) if isinstance(value, str) else None
+    if parsed is None:
+        return None
+    approval_id, approve = parsed
+    # The value decides, but only on the button that says the same: a layout mix-up must not
+    # turn a press on Deny into an approval.
+    if action.get("action_id") != (APPROVE_ACTION if approve else DENY_ACTION):
+        return None
+    ts = _member(body, "container").get("message_ts") or _member(body, "message").get("ts")
+    return Press(
+        platform="slack",
+        channel=presser.channel,
+        user=presser.user,
+        approval_id=approval_id,
+        approve=approve,
+        message_id=ts if isinstance(ts, str) else "",
+    )
+
+
+def card_blocks(card: ApprovalCard) -> list[dict[str, Any]]:
+    """The card as Block Kit blocks: its text, and the two buttons while it is undecided."""
+    # verbatim: no auto-linking of URLs, channel names or mentions in what the model wrote.
+    section = {"type": "mrkdwn", "text": card_mrkdwn(card), "verbatim": True}
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": section}]
+    if card.outcome is None:
+        buttons = [
+            _button(APPROVE_ACTION, "Approve", press_data(card.approval_id, True), "primary"),
+            _button(DENY_ACTION, "Deny", press_data(card.approval_id, False), "danger"),
+        ]
+        blocks.append({"type": "actions", "block_id": "geodebot_card", "elements": buttons})
+    return blocks
+
+
+def card_mrkdwn(card: ApprovalCard) -> str:
+    """The card's lines as a section's mrkdwn, within Slack's limit for one (else the whole
+    card is refused): a summary that escaping made too long is shortened."""
+    shown = card.summary
+    text = _mrkdwn_lines(card)
+    while len(text) > SECTION_CHARS and shown:
+        shown = shown[: len(shown) // 2]
+        text = _mrkdwn_lines(replace(card, summary=shown + "…"))
+    return text[:SECTION_CHARS]
+
+
+def _mrkdwn_lines(card: ApprovalCard) -> str:
+    # lines() writes the summary as "Arguments: ..."; that line shows it as code instead.
+    summary_line = f"Arguments: {card.summary}"
+    return "\n".join(
+        f"Arguments:\n{_code_block(card.summary)}" if line == summary_line else _escape(line)
+        for line in card.lines()
+    )
+
+
+def card_text(card: ApprovalCard) -> str:
+    """The card's fallback text, shown in notifications and by clients without blocks."""
+    return "\n".join(_escape(line) for line in card.lines())
+
+
+def _button(action_id: str, label: str, value: str, style: str) -> dict[str, Any]:
+    text = {"type": "plain_text", "text": label, "emoji": False}
+    return {"type": "button", "action_id": action_id, "text": text, "value": value, "style": style}
+
+
+def _escape(text: str) -> str:
+    """&, < and > as Slack wants them in any text it parses (else ``<!here>`` pings)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _code_block(text: str) -> str:
+    # Slack has no longer fences: a ``` inside gets zero-width spaces or it would end the block.
+    text = re.sub(r"`{3,}", lambda m: "\u200b".join(m[0]), text)
+    return f"```\n{_escape(text)}\n```"
+
+
 class SlackChannel:
     """The Slack adapter; tokens are resolved by the caller (``config.*_env`` name them)."""
 
@@ -174,12 +302,16 @@ class SlackChannel:
         self._client: AsyncWebClient | None = None
         self._handler: AsyncSocketModeHandler | None = None
         self._sink: InboundSink | None = None
+        self._presses: PressSink | None = None
         self._bot_user_id = ""
         self._bot_id: str | None = None
         self._claims: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._inflight: set[asyncio.Task[Any]] = set()
         self._stopping = False
-        names = "received delivered ignored duplicates sink_errors errors sent send_errors"
+        names = (
+            "received delivered ignored duplicates sink_errors errors sent send_errors"
+            " presses press_errors"
+        )
         self._counters: dict[str, int] = dict.fromkeys(names.split(), 0)
 
     @property
@@ -190,10 +322,11 @@ class SlackChannel:
     def bot_user_id(self) -> str:
         return self._bot_user_id
 
-    async def start(self, sink: InboundSink) -> None:
+    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
         if self._handler is not None:
             raise RuntimeError("SlackChannel already started")
         self._sink = sink
+        self._presses = presses
         self._stopping = False
         # Both SDK clients need a running loop at construction (aiohttp sessions, and the
         # Socket Mode client starts its message processor task in __init__).
@@ -248,6 +381,12 @@ class SlackChannel:
             await self._deliver_command(body)
             await ack()
 
+        async def on_press(ack: AsyncAck, body: dict[str, Any]) -> None:
+            # Acked before deciding: Slack never redelivers an interaction, and the presser
+            # gets an answer either way (see _answer_press).
+            await ack()
+            self._spawn(self._answer_press(body))
+
         async def on_other(body: dict[str, Any]) -> None:
             # An unhandled event is answered 404 by Bolt, i.e. never acked and redelivered.
             self._counters["ignored"] += 1
@@ -265,6 +404,8 @@ class SlackChannel:
         app.event("app_mention")(on_message)
         app.event(re.compile(".*"))(on_other)
         app.command(re.compile(".*"))(on_command)
+        for action_id in (APPROVE_ACTION, DENY_ACTION):
+            app.action({"type": "block_actions", "action_id": action_id})(on_press)
         app.error(on_error)
         return app
 
@@ -315,6 +456,65 @@ class SlackChannel:
             raise
         self._counters["delivered"] += 1
 
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        # Kept until done: the loop holds tasks weakly, and stop() waits for these too.
+        self._inflight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._counters["press_errors"] += 1
+            log.error("slack: a button press was not answered", exc_info=task.exception())
+
+    async def _answer_press(self, body: dict[str, Any]) -> None:
+        """Decide a press and answer the presser; nothing here reaches the receive loop."""
+        self._counters["presses"] += 1
+        presser = presser_of(body)
+        if presser is None:
+            self._counters["ignored"] += 1
+            log.warning("slack: a button press without a user or channel was dropped")
+            return
+        text = await self._decide(to_press(body))
+        if text is not None:
+            await self._tell(presser, text)
+
+    async def _decide(self, press: Press | None) -> str | None:
+        """What the presser is told privately; None when the press counted (the card's edit
+        shows it to everyone)."""
+        if press is None or self._presses is None:
+            return NOT_VALID
+        if self._stopping:
+            return PRESS_FAILED
+        try:
+            answer = await self._presses(press)
+        except Exception:
+            # The press sink is not supposed to raise: this is its one catch-all.
+            self._counters["press_errors"] += 1
+            log.exception("slack: the press on approval %s failed", press.approval_id)
+            return PRESS_FAILED
+        return None if answer.counted else answer.text
+
+    async def _tell(self, presser: Presser, text: str) -> None:
+        client = self._client
+        if client is None:
+            return
+        try:
+            await client.chat_postEphemeral(
+                channel=presser.channel,
+                user=presser.user,
+                text=_escape(text),
+                thread_ts=presser.thread,
+            )
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            # Nothing to retry for: the presser may press again.
+            self._counters["press_errors"] += 1
+            log.warning(
+                "slack: the answer to a press was not sent: %s",
+                _to_channel_error(exc, "chat.postEphemeral"),
+            )
+
     async def stop(self) -> None:
         # In-flight sink calls get a moment to commit and be acked over the still-open socket;
         # whatever is cut off is not acked and comes again after a restart.
@@ -348,19 +548,56 @@ class SlackChannel:
     async def send(self, part: OutboundPart) -> SentPart:
         client = self._require_client()
         dest = part.destination
-        try:
-            response = await client.chat_postMessage(
+        response = await self._call(
+            "chat.postMessage",
+            client.chat_postMessage(
                 channel=dest.channel,
                 text=part.text,
                 thread_ts=_thread_ts(dest),
                 mrkdwn=True,
                 metadata={"event_type": METADATA_EVENT_TYPE, "event_payload": {"key": part.key}},
-            )
+            ),
+        )
+        return SentPart(str(response["ts"]))
+
+    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
+        client = self._require_client()
+        response = await self._call(
+            "chat.postMessage",
+            client.chat_postMessage(
+                channel=destination.channel,
+                text=card_text(card),
+                blocks=card_blocks(card),
+                thread_ts=_thread_ts(destination),
+            ),
+        )
+        return SentPart(str(response["ts"]))
+
+    async def edit_card(
+        self, destination: Destination, message_id: str, card: ApprovalCard
+    ) -> None:
+        client = self._require_client()
+        # The blocks replace the message's blocks as a whole, so an outcome's card has no
+        # actions block left: its buttons are gone for everyone.
+        await self._call(
+            "chat.update",
+            client.chat_update(
+                channel=destination.channel,
+                ts=message_id,
+                text=card_text(card),
+                blocks=card_blocks(card),
+            ),
+        )
+
+    async def _call(self, what: str, request: Awaitable[AsyncSlackResponse]) -> AsyncSlackResponse:
+        """One request that posts or changes a message, with Slack's errors as ours."""
+        try:
+            response = await request
         except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
             self._counters["send_errors"] += 1
-            raise _to_channel_error(exc, "chat.postMessage") from exc
+            raise _to_channel_error(exc, what) from exc
         self._counters["sent"] += 1
-        return SentPart(str(response["ts"]))
+        return response
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
         client = self._require_client()

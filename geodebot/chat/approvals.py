@@ -90,7 +90,11 @@ class ChatApprovals:
         """The desk for a turn answering ``row``; None when nobody may approve there."""
         if not binding.approvers or row.platform not in self._channels:
             return None
-        destination = Destination(cast(Platform, row.platform), row.channel, row.thread)
+        # Where the reply goes: in its thread, answering the message (Slack threads a
+        # channel's reply under the message it answers).
+        destination = Destination(
+            cast(Platform, row.platform), row.channel, row.thread, row.message_id
+        )
         return ChatDesk(self, destination, binding.approvers, binding.approval_timeout_s)
 
     def decided(self, request_id: str) -> None:

@@ -12,8 +12,14 @@ Point ``AsyncWebClient(base_url=fake.api_base_url)`` at it. ``apps.connections.o
 * ``fail(method, ...)`` queues a :class:`Fault` for the next call(s) of a method: an error code,
   an HTTP status with ``Retry-After``, a delay, or a dropped connection (optionally after the
   message was stored: the "did it arrive?" case).
+* ``chat.postMessage`` keeps ``blocks`` too; ``chat.update`` replaces a message's text (and its
+  blocks, when given: an empty list or blocks without an actions block remove the buttons);
+  ``chat.postEphemeral`` lands in ``ephemeral`` (only that user would see it). ``message``
+  and ``buttons`` read a stored message; ``wait_until`` waits for any condition on the fake.
 * Socket Mode: ``hello`` on connect; ``push_event`` sends an ``events_api`` envelope and the
   client's ``{"envelope_id"}`` answer is recorded (``acks``, ``wait_for_ack``).
+  ``push_action`` presses a button of a stored message: an ``interactive`` envelope with a
+  ``block_actions`` payload, as Slack sends it for Block Kit buttons.
   ``disconnect_clients`` closes the sockets; ``send_disconnect`` asks for a refresh.
 * Redelivery (``redeliver_after_s``): like Slack, an events envelope not acked within that
   time is sent again (``retry_attempt`` + 1, a new envelope id, the same event id), up to
@@ -30,6 +36,7 @@ import json
 import time
 import uuid
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -37,6 +44,7 @@ from typing import Any, Self
 from aiohttp import WSMsgType, web
 
 MAX_TEXT = 40_000
+MAX_SECTION_TEXT = 3000  # Slack answers invalid_blocks for a longer section text
 
 
 @dataclass
@@ -63,6 +71,17 @@ class Posted:
     text: str
     thread_ts: str | None
     metadata: dict[str, Any] | None
+    blocks: list[dict[str, Any]] | None = None
+    edits: int = 0  # chat.update calls on it; text and blocks are the latest
+
+
+@dataclass
+class Ephemeral:
+    channel: str
+    user: str  # the only one who sees it
+    text: str
+    thread_ts: str | None
+    blocks: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -98,6 +117,7 @@ class FakeSlack:
         self.team_id = team_id
         self.calls: list[Call] = []
         self.posted: dict[str, list[Posted]] = defaultdict(list)
+        self.ephemeral: list[Ephemeral] = []
         self.acks: dict[str, Ack] = {}
         self.connections = 0  # websockets accepted so far
         self.redeliver_after_s = redeliver_after_s
@@ -183,6 +203,32 @@ class FakeSlack:
     async def wait_for_no_sockets(self, timeout: float = 5.0) -> None:
         async with asyncio.timeout(timeout), self._changed:
             await self._changed.wait_for(lambda: self.open_sockets == 0)
+
+    async def wait_until(self, check: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Until ``check()`` holds; it is tried again after every Web API call and socket
+        change (a post, an update, an ephemeral message, an ack)."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(check)
+
+    async def wait_for_ephemeral(self, count: int, timeout: float = 5.0) -> list[Ephemeral]:
+        """Until ``count`` ephemeral messages were posted in total; all of them."""
+        await self.wait_until(lambda: len(self.ephemeral) >= count, timeout)
+        return list(self.ephemeral)
+
+    def message(self, channel: str, ts: str) -> dict[str, Any] | None:
+        """The stored message ``ts`` of ``channel`` as conversations.history returns it."""
+        return next((m for m in self._history.get(channel, []) if m["ts"] == ts), None)
+
+    def buttons(self, channel: str, ts: str) -> list[dict[str, Any]]:
+        """The button elements of a stored message's actions blocks, in order."""
+        message = self.message(channel, ts) or {}
+        return [
+            element
+            for block in message.get("blocks") or []
+            if block.get("type") == "actions"
+            for element in block.get("elements") or []
+            if element.get("type") == "button"
+        ]
 
     async def disconnect_clients(self, *, abort: bool = False) -> None:
         """Close every socket; ``abort`` cuts the TCP connection without a close frame."""
@@ -310,6 +356,84 @@ class FakeSlack:
         await self._send(envelope)
         return envelope_id
 
+    async def push_action(
+        self,
+        channel: str,
+        message_ts: str,
+        user: str,
+        *,
+        action_id: str | None = None,
+        value: str | None = None,
+        timeout: float = 5.0,
+    ) -> Ack:
+        """``user`` presses a button of the stored message ``message_ts``; waits for the ack.
+
+        The button is the one with ``action_id`` (or, without one, the one whose value is
+        ``value``); its value is sent unless ``value`` says otherwise (a forged payload).
+        A button the message does not have (any more: an edited card) can still be pressed
+        with both given, as a client showing the old message would.
+        """
+        message = self.message(channel, message_ts)
+        if message is None:
+            raise LookupError(f"no message {message_ts} in {channel}")
+        button = next(
+            (
+                b
+                for b in self.buttons(channel, message_ts)
+                if b.get("action_id") == action_id or (action_id is None and b["value"] == value)
+            ),
+            None,
+        )
+        if button is None and (action_id is None or value is None):
+            raise LookupError(f"message {message_ts} has no such button")
+        action = dict(button or {"type": "button", "action_id": action_id})
+        action.update(block_id="fake-block", action_ts=f"{time.time():.6f}")
+        if value is not None:
+            action["value"] = value
+        envelope_id = str(uuid.uuid4())
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": "interactive",
+            "accepts_response_payload": False,
+            "payload": self._block_actions(channel, message, user, action, envelope_id),
+        }
+        self._envelopes[envelope_id] = _Envelope()
+        await self._send(envelope)
+        return await self.wait_for_ack(envelope_id, timeout)
+
+    def _block_actions(
+        self,
+        channel: str,
+        message: dict[str, Any],
+        user: str,
+        action: dict[str, Any],
+        envelope_id: str,
+    ) -> dict[str, Any]:
+        container: dict[str, Any] = {
+            "type": "message",
+            "message_ts": message["ts"],
+            "channel_id": channel,
+            "is_ephemeral": False,
+        }
+        if message.get("thread_ts"):
+            container["thread_ts"] = message["thread_ts"]
+        return {
+            "type": "block_actions",
+            "user": {"id": user, "username": "someone", "name": "someone", "team_id": self.team_id},
+            "api_app_id": "AFAKE0001",
+            "token": "fake-verification-token",
+            "container": container,
+            "trigger_id": f"{next(self._event_ids)}.{envelope_id[:8]}",
+            "team": {"id": self.team_id, "domain": "fake"},
+            "enterprise": None,
+            "is_enterprise_install": False,
+            "channel": {"id": channel, "name": "fake-channel"},
+            "message": dict(message),
+            "state": {"values": {}},
+            "response_url": f"{self.root}/actions/{envelope_id}",
+            "actions": [action],
+        }
+
     def acked(self, envelope_id: str) -> bool:
         envelope = self._envelopes.get(envelope_id)
         return envelope is not None and envelope.ack is not None
@@ -349,6 +473,7 @@ class FakeSlack:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
                     self._record_ack(msg.data)
+                    await self._notify()
         finally:
             self._requests.pop(ws, None)
             async with self._changed:
@@ -387,7 +512,12 @@ class FakeSlack:
         if handler is None:
             return _error("unknown_method", status=404)
         result: web.StreamResponse = handler(args)
+        await self._notify()
         return result
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
     async def _fault(self, request: web.Request, fault: Fault) -> web.StreamResponse:
         if fault.delay:
@@ -418,13 +548,52 @@ class FakeSlack:
     def _m_chat_postMessage(self, args: dict[str, Any]) -> web.Response:
         if not args.get("channel"):
             return _error("channel_not_found")
-        text = str(args.get("text") or "")
-        if not text and not args.get("blocks"):
-            return _error("no_text")
-        if len(text) > MAX_TEXT:
-            return _error("msg_too_long")
+        refused = _refused_content(args)
+        if refused is not None:
+            return refused
         message = self._post(args)
         return _ok(channel=args["channel"], ts=message["ts"], message=message)
+
+    def _m_chat_update(self, args: dict[str, Any]) -> web.Response:
+        channel, ts = str(args.get("channel") or ""), str(args.get("ts") or "")
+        message = self.message(channel, ts)
+        if message is None:
+            return _error("message_not_found")
+        if message.get("bot_id") != self.bot_id:
+            return _error("cant_update_message")
+        refused = _refused_content(args)
+        if refused is not None:
+            return refused
+        message["text"] = str(args.get("text") or "")
+        message["edited"] = {"user": self.bot_user_id, "ts": f"{time.time():.6f}"}
+        # As Slack does: blocks left out of the call stay, blocks given replace them all.
+        if "blocks" in args:
+            message["blocks"] = _blocks(args)
+        posted = next(p for p in self.posted[channel] if p.ts == ts)
+        posted.text, posted.blocks = message["text"], message.get("blocks")
+        posted.edits += 1
+        return _ok(channel=channel, ts=ts, text=message["text"], message=message)
+
+    def _m_chat_postEphemeral(self, args: dict[str, Any]) -> web.Response:
+        if not args.get("channel"):
+            return _error("channel_not_found")
+        if not args.get("user"):
+            return _error("user_not_found")
+        refused = _refused_content(args)
+        if refused is not None:
+            return refused
+        thread_ts = args.get("thread_ts") or None
+        self.ephemeral.append(
+            Ephemeral(
+                str(args["channel"]),
+                str(args["user"]),
+                str(args.get("text") or ""),
+                thread_ts,
+                _blocks(args),
+            )
+        )
+        self._last_ts = max(time.time(), self._last_ts + 0.000001)
+        return _ok(message_ts=f"{self._last_ts:.6f}")
 
     def _m_conversations_history(self, args: dict[str, Any]) -> web.Response:
         channel = str(args.get("channel", ""))
@@ -462,6 +631,7 @@ class FakeSlack:
             metadata = json.loads(metadata)
         thread_ts = args.get("thread_ts") or None
         channel = str(args["channel"])
+        blocks = _blocks(args)
         message: dict[str, Any] = {
             "type": "message",
             "ts": ts,
@@ -474,9 +644,55 @@ class FakeSlack:
             message["thread_ts"] = thread_ts
         if metadata:
             message["metadata"] = metadata
+        if blocks is not None:
+            message["blocks"] = blocks
         self._history[channel].append(message)
-        self.posted[channel].append(Posted(channel, ts, message["text"], thread_ts, metadata))
+        self.posted[channel].append(
+            Posted(channel, ts, message["text"], thread_ts, metadata, blocks)
+        )
         return message
+
+
+def _blocks(args: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The call's blocks: a JSON body carries a list, a form body a JSON string."""
+    blocks = args.get("blocks")
+    if isinstance(blocks, str):
+        blocks = json.loads(blocks)
+    return list(blocks) if blocks is not None else None
+
+
+def _refused_content(args: dict[str, Any]) -> web.Response | None:
+    """The error Slack answers for a message's text and blocks, or None when they are fine."""
+    text = str(args.get("text") or "")
+    try:
+        blocks = _blocks(args)
+    except ValueError:
+        return _error("invalid_blocks_format")
+    if not text and not blocks:
+        return _error("no_text")
+    if len(text) > MAX_TEXT:
+        return _error("msg_too_long")
+    if blocks is not None and not _valid_blocks(blocks):
+        return _error("invalid_blocks")
+    return None
+
+
+def _valid_blocks(blocks: list[Any]) -> bool:
+    """The Block Kit rules a card meets or breaks: section text within 3000 characters,
+    buttons with a plain_text label, unique action ids and values of at most 2000."""
+    if not all(isinstance(block, dict) for block in blocks):
+        return False
+    sections = [
+        str((b.get("text") or {}).get("text") or "") for b in blocks if b["type"] == "section"
+    ]
+    buttons = [e for b in blocks if b["type"] == "actions" for e in b.get("elements") or []]
+    action_ids = [str(e.get("action_id") or "") for e in buttons]
+    return (
+        all(len(text) <= MAX_SECTION_TEXT for text in sections)
+        and all((e.get("text") or {}).get("type") == "plain_text" for e in buttons)
+        and all(len(str(e.get("value", ""))) <= 2000 for e in buttons)
+        and len(action_ids) == len(set(action_ids))
+    )
 
 
 def _ok(**data: Any) -> web.Response:

@@ -232,8 +232,15 @@ class ChatApprovals:
             if counted or request.status == "expired":
                 self.decided(request.id)
                 self._edit_later(request)
+                if press.message_id and press.message_id != request.card.get("message_id"):
+                    # A card posted again after a crash (or whose id was not recorded yet):
+                    # the one pressed shows the outcome too.
+                    self._edit_later(request, press.message_id)
             if counted:
                 return PressAnswer(True, "Approved." if press.approve else "Denied.")
+        elif press.message_id and press.message_id != request.card.get("message_id"):
+            # A stale copy of the card (posted twice over a crash) still shows its buttons.
+            self._edit_later(request, press.message_id)
         return PressAnswer(False, _already(request))
 
     # -- the card ---------------------------------------------------------------------------
@@ -248,15 +255,17 @@ class ChatApprovals:
             outcome=None if request.status == "pending" else _outcome(request),
         )
 
-    def _edit_later(self, request: ApprovalRecord) -> None:
-        """Show the outcome on the card, without holding up the press's answer."""
-        if not request.card.get("message_id"):
+    def _edit_later(self, request: ApprovalRecord, message_id: str | None = None) -> None:
+        """Show the outcome on the card (or on the card ``message_id``), without holding up
+        the press's answer."""
+        message_id = message_id or request.card.get("message_id")
+        if not message_id or not request.card.get("platform"):
             return
-        task = asyncio.create_task(self._edit(request))
+        task = asyncio.create_task(self._edit(request, str(message_id)))
         self._edits.add(task)
         task.add_done_callback(self._edits.discard)
 
-    async def _edit(self, request: ApprovalRecord) -> None:
+    async def _edit(self, request: ApprovalRecord, message_id: str) -> None:
         card = request.card
         channel = self._channels.get(str(card.get("platform")))
         if channel is None:
@@ -266,7 +275,7 @@ class ChatApprovals:
         )
         for attempt in range(1, CARD_ATTEMPTS + 1):
             try:
-                await channel.edit_card(destination, str(card["message_id"]), self._card(request))
+                await channel.edit_card(destination, message_id, self._card(request))
                 return
             except ChannelError as exc:
                 if exc.permanent or attempt == CARD_ATTEMPTS:

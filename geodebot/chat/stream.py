@@ -23,7 +23,8 @@ from geodebot.store.records import InboxRow, StoreError
 
 log = logging.getLogger(__name__)
 
-# An answer that is complete sooner goes out as one message, with no preview at all.
+# An answer complete this soon after its first text (or progress line) goes out as one
+# message, with no preview at all.
 FIRST_PREVIEW_AFTER_S = 0.3
 # The preview holds this much of the answer, within each platform's message limit; the final
 # reply brings the rest, continued in further messages past the limit.
@@ -96,7 +97,10 @@ class StreamedReply:
         self._loop = asyncio.get_running_loop()
         # A turn resumed after a crash goes on editing the preview it showed before.
         self.preview_id: str | None = row.preview or None
-        self._not_before = self._loop.time() + (0.0 if self.preview_id else first_after_s)
+        # Counted from the turn's first event, not its start: a model that is slow to begin
+        # (its first call loading the SDK, say) must not turn a quick answer into a preview.
+        self._first_after_s = 0.0 if self.preview_id else first_after_s
+        self._not_before: float | None = None
         self._answer: list[str] = []
         self._status = ""
         self._shown = ""
@@ -146,13 +150,16 @@ class StreamedReply:
         self._changed()
 
     def _changed(self) -> None:
+        if self._not_before is None:
+            self._not_before = self._loop.time() + self._first_after_s
         self._dirty = True
         if self._timer is None and self._sending is None and not self._closed:
             self._schedule()
 
     def _schedule(self) -> None:
         now = self._loop.time()
-        delay = max(self._not_before - now, self._pacer.wait_s(self._key, now))
+        not_before = self._not_before if self._not_before is not None else now
+        delay = max(not_before - now, self._pacer.wait_s(self._key, now))
         self._timer = self._loop.call_later(delay, self._fire)
 
     def _fire(self) -> None:

@@ -22,6 +22,7 @@ from tests.support.chat_e2e_telegram import (
     CAROL,
     STREAM_INTERVAL_S,
     WRITE_NOTE,
+    CardKillingTelegram,
     Chat,
     ChatWorld,
     answers,
@@ -33,7 +34,6 @@ from tests.support.control import CONTROL_ANSWER
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import (
     CallbackAnswer,
-    FakeTelegram,
     SentMessage,
     html_visible,
 )
@@ -41,7 +41,7 @@ from tests.support.fakes.telegram_server import (
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 APPROVE, REFUSE, DENY, EXPIRE, RESUME = -5001, -5002, -5003, -5004, -5005
-STREAM, MIDSTREAM, STORM = -5006, -5007, -5008
+STREAM, MIDSTREAM, STORM, REPOST = -5006, -5007, -5008, -5009
 CHATS = (
     Chat(APPROVE),
     Chat(REFUSE),
@@ -51,6 +51,7 @@ CHATS = (
     Chat(STREAM),
     Chat(MIDSTREAM),
     Chat(STORM),
+    Chat(REPOST),
 )
 ONLY_APPROVERS = f"Only {BOB}, {CAROL} may decide this."
 NOT_RUN = f"\n\n(Not allowed here, so not run: <code>{WRITE_NOTE}</code>.)"
@@ -66,7 +67,7 @@ PLAN_HTML = (
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChatWorld]:
-    async with FakeTelegram() as telegram, FakeLLMServer() as llm:
+    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
         world = ChatWorld(telegram, llm, tmp_path_factory.mktemp("chat-telegram"), CHATS)
         await world.start()
         try:
@@ -262,6 +263,30 @@ async def test_a_card_pending_over_a_sigkill_is_decided_after_the_restart(
     assert [m.message_id for m in world.cards(RESUME)] == [card.message_id]
     assert world.notes_written("after restart") == 1
     assert world.model.rounds(prompt) == [0, 1]
+
+
+async def test_a_card_posted_as_the_daemon_dies_shows_the_outcome_once_pressed(
+    world: ChatWorld,
+) -> None:
+    ask_to_note(world, REPOST, "posted twice", "Noted in the end.")
+    world.kill_at_next_card()
+    first = await world.card(REPOST)
+    await world.kill()  # reaps it: the fake killed it as the card went up
+    await world.start()
+    # The daemon never learnt the first card's id (the Bot API cannot look it up), so the
+    # resumed turn posts the card again; both decide the same request.
+    await world.telegram.wait_until(lambda: len(world.cards(REPOST)) == 2, timeout=30)
+    second = world.cards(REPOST)[1]
+    assert (await press(world, first, "Approve", BOB)).text == "Approved."
+    await world.showing(REPOST, "Noted in the end.")
+    await world.card_outcome(REPOST, second.message_id)
+    messages = await world.control(REPOST)
+    assert_one_answer(world, REPOST, "Noted in the end.", messages)
+    assert world.notes_written("posted twice") == 1
+    # The card that was pressed must not go on offering Approve and Deny.
+    pressed = world.telegram.shown(REPOST, first.message_id)
+    assert pressed.buttons == [], "the pressed card still shows its buttons"
+    assert html_visible(pressed.text).splitlines()[-1].startswith(f"Approved by {BOB}, ")
 
 
 # -- streamed answers -----------------------------------------------------------------------

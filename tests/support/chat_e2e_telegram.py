@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,22 @@ WRITE_NOTE = "mcp__fake__write_note"
 ALICE, BOB, CAROL = 4242, 5151, 6262  # Alice asks; Bob and Carol may approve
 APPROVERS = (BOB, CAROL)
 STREAM_INTERVAL_S = 0.2
+
+
+class CardKillingTelegram(FakeTelegram):
+    """The fake Bot API, able to SIGKILL the daemon the moment it posted a card: the card is
+    in the chat, but the answer with its message id never reaches the daemon."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kill_at_card: int | None = None  # the daemon's pid, for the next card
+
+    async def _m_sendmessage(self, params: dict[str, Any]) -> Any:
+        result = await super()._m_sendmessage(params)
+        if self.kill_at_card is not None and params.get("reply_markup"):
+            os.kill(self.kill_at_card, signal.SIGKILL)
+            self.kill_at_card = None
+        return result
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,13 @@ class ChatWorld:
     async def kill(self) -> None:
         assert self.daemon is not None
         await self.daemon.kill()
+
+    def kill_at_next_card(self) -> None:
+        """SIGKILL the daemon as it posts its next card, before it learns the card's id."""
+        assert isinstance(self.telegram, CardKillingTelegram)
+        assert self.daemon is not None
+        assert self.daemon.proc is not None
+        self.telegram.kill_at_card = self.daemon.proc.pid
 
     def running(self) -> bool:
         proc = None if self.daemon is None else self.daemon.proc

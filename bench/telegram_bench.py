@@ -72,6 +72,9 @@ TURN_TIMEOUT_S = 30.0
 SEQ_PAUSE_S = 0.005
 THROUGHPUT_SLOTS = 4
 
+# Lines every geodebot binding gets (``--no-stream``: its answers are not streamed).
+BINDING_EXTRA: list[str] = []
+
 # Targets.
 LATENCY_RATIO_MAX = 1.5
 THROUGHPUT_RATIO_MIN = 0.8
@@ -219,6 +222,7 @@ def geodebot_config(
             f'session = "s{abs(chat)}"',
             f'allowed_users = ["{USER}"]',
             "tools = []",
+            *BINDING_EXTRA,
         ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -615,7 +619,12 @@ def parse(argv: list[str] | None) -> Sizes:
     parser.add_argument("--growth-per-chat", type=int, default=10, help="turns per chat")
     parser.add_argument("--extra-bindings", type=int, default=10_000)
     parser.add_argument("--no-concurrency", action="store_true")
+    parser.add_argument(
+        "--no-stream", action="store_true", help="geodebot's bindings do not stream answers"
+    )
     args = parser.parse_args(argv)
+    if args.no_stream:
+        BINDING_EXTRA.append("stream = false")
     if args.quick:
         args.warmup, args.seq, args.window, args.growth_per_chat = 5, 50, 4.0, 2
     return Sizes(

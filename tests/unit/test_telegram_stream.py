@@ -58,7 +58,7 @@ def question(fake: FakeTelegram) -> None:
 
 async def test_the_final_answer_edits_the_preview_into_html(
     fake: FakeTelegram, channel: TelegramChannel
-):
+) -> None:
     question(fake)
     preview = await channel.send(part("The **answer** so f", plain=True))
     final = await channel.send(
@@ -81,9 +81,24 @@ async def test_the_final_answer_edits_the_preview_into_html(
     assert (counters["sent"], counters["send_errors"]) == (3, 0)
 
 
+async def test_a_final_answer_the_preview_shows_already_is_done(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    # Without markup, the HTML answer shows exactly what the plain preview does: Telegram
+    # refuses the edit as "not modified", and that is the answer delivered.
+    preview = await channel.send(part("Fish & chips, 3 > 2", plain=True))
+    final = await channel.send(part("Fish &amp; chips, 3 &gt; 2", edit_of=preview.message_id))
+    assert final == preview
+    assert fake.count("editMessageText") == 1
+    [only] = fake.history(GROUP, int(preview.message_id))
+    assert only.text == "Fish & chips, 3 > 2"
+    assert len(fake.sent[GROUP]) == 1
+    assert channel.status().counters["send_errors"] == 0
+
+
 async def test_an_edit_of_a_deleted_preview_arrives_as_a_new_message(
     fake: FakeTelegram, channel: TelegramChannel
-):
+) -> None:
     question(fake)
     preview = await channel.send(part("Thinking", plain=True))
     fake.delete_message(GROUP, int(preview.message_id))
@@ -103,7 +118,7 @@ async def test_an_edit_of_a_deleted_preview_arrives_as_a_new_message(
 
 async def test_an_id_that_is_no_message_id_sends_the_part_anew(
     fake: FakeTelegram, channel: TelegramChannel
-):
+) -> None:
     sent = await channel.send(part("Answer", edit_of="not-a-number"))
     assert sent == SentPart("1")
     assert fake.count("editMessageText") == 0
@@ -112,7 +127,7 @@ async def test_an_id_that_is_no_message_id_sends_the_part_anew(
 
 async def test_a_plain_preview_shows_its_text_literally_with_no_link_preview(
     fake: FakeTelegram, channel: TelegramChannel
-):
+) -> None:
     question(fake)
     # Cut mid-answer: an open tag, a bare "<" and "&" would all be refused as HTML.
     cut = "See <b>https://example.org & the **notes** <i"
@@ -130,7 +145,7 @@ async def test_a_plain_preview_shows_its_text_literally_with_no_link_preview(
 
 async def test_a_final_edit_refused_as_html_is_made_as_plain_text(
     fake: FakeTelegram, channel: TelegramChannel
-):
+) -> None:
     preview = await channel.send(part("so far", plain=True))
     await channel.send(part("<b>bold</b> <blink>x</blink>", edit_of=preview.message_id))
     shown = fake.shown(GROUP, int(preview.message_id))
@@ -141,7 +156,7 @@ async def test_a_final_edit_refused_as_html_is_made_as_plain_text(
 
 async def test_a_rate_limited_edit_raises_with_retry_after_and_changes_nothing(
     fake: FakeTelegram, channel: TelegramChannel
-):
+) -> None:
     preview = await channel.send(part("so far", plain=True))
     fake.fail_edits(2, retry_after=3)
     for edit in (part("so far and", edit_of="1", plain=True), part("Done", edit_of="1")):
@@ -159,7 +174,7 @@ async def test_a_rate_limited_edit_raises_with_retry_after_and_changes_nothing(
 
 async def test_other_edit_errors_map_like_sends_and_post_nothing(
     fake: FakeTelegram, channel: TelegramChannel
-):
+) -> None:
     await channel.send(part("so far", plain=True))
     fake.fail_next("editMessageText", 403, "Forbidden: bot was kicked from the supergroup chat")
     with pytest.raises(ChannelError) as kicked:

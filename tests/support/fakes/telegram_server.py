@@ -23,7 +23,9 @@ Behaviour worth knowing in tests:
   (``{"inline_keyboard": [[{"text", "callback_data"}]]}``), refusing buttons without an action
   or with callback_data outside 1-64 bytes as Telegram does; the message keeps the keyboard
   until an edit replaces it (an edit without one, or with an empty one, removes it). An edit
-  that changes nothing is refused with Telegram's "message is not modified".
+  that changes nothing is refused with Telegram's "message is not modified": Telegram compares
+  what the message shows (``SentMessage.shows``), so plain ``a & b`` and HTML ``a &amp; b``
+  are the same.
 * Presses: ``push_callback_query`` (or ``press_button``, by the button's label) queues a
   ``callback_query`` update on a stored message and returns the query's id; Telegram lets each
   query be answered once, so answerCallbackQuery refuses an unknown or answered id with
@@ -101,6 +103,11 @@ class SentMessage:
     at: float = field(default=0.0, compare=False)
 
     @property
+    def shows(self) -> tuple[str, str]:
+        """What the message shows, as Telegram compares it: see :func:`shown_content`."""
+        return shown_content(self.text, self.parse_mode)
+
+    @property
     def buttons(self) -> list[tuple[str, str]]:
         """Every inline button's (label, callback_data), row by row; [] without a keyboard."""
         rows = (self.reply_markup or {}).get("inline_keyboard", [])
@@ -172,6 +179,14 @@ def html_visible(text: str) -> str:
     if stack:
         raise _entities_error(f'Can\'t find end tag corresponding to start tag "{stack[-1]}"')
     return "".join(out)
+
+
+def shown_content(text: str, parse_mode: str | None) -> tuple[str, str]:
+    """The visible text and its formatting (the HTML source, when it has any tag): what
+    Telegram compares to refuse an edit as "not modified"."""
+    if parse_mode != "HTML":
+        return text, ""
+    return html_visible(text), text if _TAG.search(text) else ""
 
 
 def _entities_error(detail: str) -> ApiError:
@@ -466,8 +481,15 @@ class FakeTelegram:
         """Until ``n`` calls of ``method`` arrived in total (failed ones included)."""
         await self._wait(lambda: self.count(method) >= n, timeout)
 
-    def count(self, method: str) -> int:
-        return sum(1 for name, _ in self.requests if name == method.lower())
+    def count(self, method: str, chat_id: int | None = None) -> int:
+        """Calls of ``method`` that arrived (failed ones included); with ``chat_id``, those
+        for that chat."""
+        return sum(
+            1
+            for name, params in self.requests
+            if name == method.lower()
+            and (chat_id is None or str(params.get("chat_id")) == str(chat_id))
+        )
 
     # -- plumbing -------------------------------------------------------------------------
     def _new_message(
@@ -662,7 +684,7 @@ class FakeTelegram:
             raise ApiError(400, "Bad Request: message is too long")
         # Telegram keeps only a keyboard the edit names: none, or an empty one, removes it.
         keyboard = _inline_keyboard(params.get("reply_markup"))
-        if (text, parse_mode, keyboard) == (before.text, before.parse_mode, before.reply_markup):
+        if (shown_content(text, parse_mode), keyboard) == (before.shows, before.reply_markup):
             raise ApiError(400, _NOT_MODIFIED)
         message = {k: v for k, v in stored.items() if k != "reply_markup"}
         message.update(text=visible, edit_date=int(time.time()))

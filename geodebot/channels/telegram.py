@@ -27,6 +27,7 @@ from telegram import (
     CallbackQuery,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
+    LinkPreviewOptions,
     Message,
     MessageEntity,
     ReplyParameters,
@@ -82,6 +83,10 @@ _STOP_GRACE_S = 5.0
 _CURSOR_MAX_AGE_S = 6 * 86_400
 _ENTITY_ERROR = "can't parse entities"
 _NOT_MODIFIED = "message is not modified"
+# What Telegram answers an edit of a message that is gone (deleted by someone) or that it
+# will not change any more: the part then goes out as a new message, so it is not lost.
+_EDIT_GONE = ("message to edit not found", "message_id_invalid", "message can't be edited")
+_NO_LINK_PREVIEW = LinkPreviewOptions(is_disabled=True)
 _NOT_VALID = "This button is not valid."
 _TRY_AGAIN = "That did not work; please try again."
 _HTML_TAG = re.compile(
@@ -550,22 +555,81 @@ class TelegramChannel:
         return render_for("telegram", markdown)
 
     async def send(self, part: OutboundPart) -> SentPart:
+        """Send the part, or edit ``part.edit_of`` to it (a streamed preview it replaces)."""
         try:
-            try:
-                sent = await self._send_text(part.destination, part.text, ParseMode.HTML)
-            except tg.BadRequest as exc:
-                # PTB capitalises Telegram's "can't parse entities", hence lower().
-                if _ENTITY_ERROR not in str(exc).lower():
-                    raise
-                log.warning("telegram: part %s rejected as HTML (%s); sent as plain", part.key, exc)
-                self._counters["plain_fallbacks"] += 1
-                plain = html_to_plain(part.text)
-                sent = await self._send_text(part.destination, plain, None)
+            if part.edit_of is not None:
+                sent = await self._edit_or_send(part, part.edit_of)
+            else:
+                sent = await self._send_part(part)
         except tg.TelegramError as exc:
             self._counters["send_errors"] += 1
             raise self._send_error(exc) from exc
         self._counters["sent"] += 1
         return sent
+
+    async def _send_part(self, part: OutboundPart) -> SentPart:
+        if part.plain:
+            # A preview: its text is cut anywhere, so markup in it means nothing yet.
+            return await self._send_text(part.destination, part.text, None, link_preview=False)
+        try:
+            return await self._send_text(part.destination, part.text, ParseMode.HTML)
+        except tg.BadRequest as exc:
+            # PTB capitalises Telegram's "can't parse entities", hence lower().
+            if _ENTITY_ERROR not in str(exc).lower():
+                raise
+            log.warning("telegram: part %s rejected as HTML (%s); sent as plain", part.key, exc)
+            self._counters["plain_fallbacks"] += 1
+            return await self._send_text(part.destination, html_to_plain(part.text), None)
+
+    async def _edit_or_send(self, part: OutboundPart, edit_of: str) -> SentPart:
+        """Edit the message to the part; a message that is gone gets the part as a new one
+        (the final answer must arrive). An edit to what the message shows already (a repeat
+        after a crash, say) is Telegram's "not modified": done, not an error."""
+        try:
+            message_id = int(edit_of)
+        except ValueError:
+            log.warning("telegram: part %s: %r is no message id; sent anew", part.key, edit_of)
+            return await self._send_part(part)
+        try:
+            await self._edit_part(part, message_id)
+        except tg.BadRequest as exc:
+            reason = str(exc).lower()
+            if _NOT_MODIFIED in reason:
+                return SentPart(edit_of)
+            if not any(gone in reason for gone in _EDIT_GONE):
+                raise
+            log.info(
+                "telegram: part %s: message %s cannot be edited (%s); sent anew",
+                part.key,
+                edit_of,
+                self._safe(exc),
+            )
+            return await self._send_part(part)
+        return SentPart(edit_of)
+
+    async def _edit_part(self, part: OutboundPart, message_id: int) -> None:
+        if part.plain:
+            await self._edit_text(part, message_id, part.text, None)
+            return
+        try:
+            await self._edit_text(part, message_id, part.text, ParseMode.HTML)
+        except tg.BadRequest as exc:
+            if _ENTITY_ERROR not in str(exc).lower():
+                raise
+            log.warning("telegram: part %s rejected as HTML (%s); edited as plain", part.key, exc)
+            self._counters["plain_fallbacks"] += 1
+            await self._edit_text(part, message_id, html_to_plain(part.text), None)
+
+    async def _edit_text(
+        self, part: OutboundPart, message_id: int, text: str, parse_mode: str | None
+    ) -> None:
+        await self._bot.edit_message_text(
+            text,
+            chat_id=_chat_id(part.destination.channel),
+            message_id=message_id,
+            parse_mode=parse_mode,
+            link_preview_options=_NO_LINK_PREVIEW if part.plain else None,
+        )
 
     async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
         try:
@@ -607,6 +671,8 @@ class TelegramChannel:
         text: str,
         parse_mode: str | None,
         reply_markup: InlineKeyboardMarkup | None = None,
+        *,
+        link_preview: bool = True,
     ) -> SentPart:
         """sendMessage through PTB's request layer (its form encoding, status handling and
         error classes), reading only the new message's id from the answer.
@@ -628,6 +694,8 @@ class TelegramChannel:
             fields["reply_parameters"] = ReplyParameters(reply, allow_sending_without_reply=True)
         if reply_markup is not None:
             fields["reply_markup"] = reply_markup
+        if not link_preview:
+            fields["link_preview_options"] = _NO_LINK_PREVIEW
         data = RequestData([RequestParameter.from_input(k, v) for k, v in fields.items()])
         result = await self._requests[1].post(f"{self._bot.base_url}/sendMessage", data)
         message_id = result.get("message_id") if isinstance(result, dict) else None

@@ -1,4 +1,4 @@
-"""Anthropic Messages API adapter (``anthropic`` SDK 2.x, non-streaming).
+"""Anthropic Messages API adapter (``anthropic`` SDK 2.x), unstreamed or streamed.
 
 One call to :meth:`AnthropicAdapter.complete` is one HTTP attempt: the SDK client is built with
 ``max_retries=0`` because retries and fallbacks belong to ``ResilientLLM``, which needs to see
@@ -8,6 +8,11 @@ every failure to put it on the timeline. Every SDK exception is mapped here, onc
 SDK 2.x notes that shape this file: it speaks API version 2026-10-21, sends the key as
 ``Authorization: Bearer``, and no longer has sampling parameters (the API answers 400 to
 ``temperature``), so ``LLMRequest.temperature`` is not sent.
+
+A streamed call goes through the SDK's own event stream (``AsyncStream``: its SSE decoding,
+``ping`` skipping and ``error`` events raised as status errors) and is put back together by
+:class:`~geodebot.engine.llm.anthropic_stream.StreamedMessage` into the body an unstreamed
+call returns, which is then read by the same code.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from collections.abc import Iterator
 
 import anthropic
 import httpx2
+from anthropic import AsyncStream
 from anthropic.types import (
     ToolParam,
 )
 
 from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON, dumps
+from geodebot.engine.llm.anthropic_stream import StreamedMessage
 from geodebot.engine.llm.common import ErrorText, connection_detail, retry_after
 from geodebot.engine.llm.errors import (
     LLMAuthError,
@@ -37,17 +44,20 @@ from geodebot.engine.llm.errors import (
     LLMServerError,
     LLMTimeoutError,
 )
+from geodebot.engine.llm.stream_listener import GuardedListener
 from geodebot.engine.llm.types import (
     Block,
     LLMRequest,
     LLMResponse,
     Message,
     StopReason,
+    StreamListener,
     TextBlock,
     ToolSchema,
+    ToolUseBlock,
     Usage,
 )
-from geodebot.engine.llm.untrusted import clean_text, loads_response, tool_use
+from geodebot.engine.llm.untrusted import clean_text, loads_response, tool_use, tool_use_json
 from geodebot.logs.redact import Redactor
 
 PROVIDER = "anthropic"
@@ -74,6 +84,9 @@ _BILLING_RE = re.compile(
 )
 # SDK 2.x reports spend caps as 429s; waiting does not lift them, so they are billing errors.
 _SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
+# What a body that cannot be read raises while it is read (a value of the wrong shape, JSON
+# that is not JSON, nesting too deep for the parser).
+_MALFORMED = (AttributeError, KeyError, TypeError, ValueError, RecursionError)
 
 
 class AnthropicAdapter:
@@ -113,9 +126,13 @@ class AnthropicAdapter:
     def model(self) -> str:
         return self._model
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
+    async def complete(
+        self, request: LLMRequest, *, on_stream: StreamListener | None = None
+    ) -> LLMResponse:
         if self._client is None:
             raise LLMMissingCredential(self._api_key_env, provider=PROVIDER, model=self._model)
+        if on_stream is not None:
+            return await self._stream(self._client, request, GuardedListener(on_stream))
         with self._sdk_errors():
             content = self._body(request)
             # The SDK's documented call for a raw request: its transport, headers, auth and
@@ -127,13 +144,50 @@ class AnthropicAdapter:
             raw = await self._client.post("/v1/messages", content=content, cast_to=httpx2.Response)
         try:
             return self._response(loads_response(raw.content), raw.headers.get("request-id"))
-        except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
+        except _MALFORMED as exc:
             # A body that is not JSON, or a JSON value of the wrong shape.
-            raise LLMInvalidResponse(
-                self._err.detail(f"malformed body: {exc!r}"), **self._err.ids()
-            ) from exc
+            raise self._malformed("body", exc) from exc
 
-    def _body(self, request: LLMRequest) -> bytes:
+    async def _stream(
+        self, client: anthropic.AsyncAnthropic, request: LLMRequest, listener: GuardedListener
+    ) -> LLMResponse:
+        message = StreamedMessage(lambda text: listener.text(clean_text(text)))
+        with self._sdk_errors():
+            content = self._body(request, stream=True)
+            # The raw-body request of complete(), streamed: the SDK's own event stream, with
+            # each event left as its JSON (cast to object) for StreamedMessage to read.
+            stream = await client.post(
+                "/v1/messages",
+                content=content,
+                cast_to=object,
+                stream=True,
+                stream_cls=AsyncStream[object],
+            )
+            async with stream:
+                try:
+                    async for event in stream:
+                        message.add(event)
+                except _MALFORMED as exc:
+                    raise self._malformed("stream event", exc) from exc
+        if not message.done:
+            # The HTTP body ended cleanly but the answer did not: what arrived is not the
+            # whole answer, and a retry may get it.
+            if not message.started:
+                raise LLMInvalidResponse(
+                    self._err.detail("the response is not an event stream"), **self._err.ids()
+                )
+            raise LLMConnectionError(
+                self._err.detail("the stream ended before message_stop"), **self._err.ids()
+            )
+        try:
+            return self._response(message.body(), stream.response.headers.get("request-id"))
+        except _MALFORMED as exc:
+            raise self._malformed("streamed message", exc) from exc
+
+    def _malformed(self, what: str, exc: BaseException) -> LLMInvalidResponse:
+        return LLMInvalidResponse(self._err.detail(f"malformed {what}: {exc!r}"), **self._err.ids())
+
+    def _body(self, request: LLMRequest, *, stream: bool = False) -> bytes:
         """The request body as the SDK itself would encode it (compact UTF-8, no NaN), the
         history from the messages' cached JSON."""
         head: dict[str, object] = {"model": self._model, "max_tokens": request.max_tokens}
@@ -141,6 +195,8 @@ class AnthropicAdapter:
             head["system"] = request.system
         if request.tools:
             head["tools"] = [_tool_param(t) for t in request.tools]
+        if stream:
+            head["stream"] = True
         try:
             messages = self._history(request.messages)
             return f'{dumps(head)[:-1]},"messages":{messages}}}'.encode()
@@ -162,6 +218,9 @@ class AnthropicAdapter:
         try:
             yield
         except anthropic.APIStatusError as exc:
+            # The SDK raises an in-stream error event as a status error of the 200 response.
+            if exc.status_code < 400:
+                raise self._stream_error(exc) from exc
             raise self._status_error(exc) from exc
         except anthropic.APITimeoutError as exc:
             raise LLMTimeoutError(self._err.detail("request timed out"), **self._err.ids()) from exc
@@ -169,6 +228,12 @@ class AnthropicAdapter:
             raise LLMConnectionError(
                 self._err.detail(connection_detail(exc)), **self._err.ids()
             ) from exc
+        # While a stream is read the SDK lets its transport's errors through unwrapped.
+        except httpx2.TimeoutException as exc:
+            raise LLMTimeoutError(self._err.detail("stream timed out"), **self._err.ids()) from exc
+        except httpx2.TransportError as exc:
+            detail = f"the stream broke ({type(exc).__name__}: {exc})"
+            raise LLMConnectionError(self._err.detail(detail), **self._err.ids()) from exc
         except anthropic.AnthropicError as exc:
             # Raised before any HTTP exchange (client-side validation): retrying cannot help.
             raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
@@ -189,7 +254,7 @@ class AnthropicAdapter:
                 if block["text"]:
                     blocks.append(TextBlock(clean_text(str(block["text"]))))
             elif kind == "tool_use":
-                blocks.append(tool_use(str(block["id"]), str(block["name"]), block["input"]))
+                blocks.append(_tool_use(block))
             # Thinking and server-tool blocks are never requested; nothing to map them to.
         # An empty answer is well-formed (the loop's verifier asks again), so it is returned.
         stop: StopReason = _STOP_REASONS.get(str(data.get("stop_reason")), "other")
@@ -237,6 +302,19 @@ class AnthropicAdapter:
             return LLMServerError(detail, status=status, **ids)
         return LLMBadRequest(detail, status=status, **ids)
 
+    def _stream_error(self, exc: anthropic.APIStatusError) -> LLMError:
+        """An ``error`` event in place of the next event, after a 200 began the stream: the
+        API's way of reporting a failure part way through the answer (``overloaded_error``,
+        ``api_error``), which a new attempt may not meet."""
+        kind = exc.type or "error"
+        text = exc.api_message or _body_text(exc.body)
+        detail = self._err.detail(f"error event in the stream: {kind}: {text}")
+        if kind == "billing_error" or exc.error_code in _SPEND_LIMIT_CODES:
+            return LLMBillingError(detail, **self._err.ids())
+        if kind in ("rate_limit_error", "overloaded_error"):
+            return LLMRateLimited(detail, status=None, **self._err.ids())
+        return LLMServerError(detail, **self._err.ids())
+
 
 def _tool_param(tool: ToolSchema) -> ToolParam:
     return {
@@ -244,6 +322,14 @@ def _tool_param(tool: ToolSchema) -> ToolParam:
         "description": tool.description,
         "input_schema": dict(tool.input_schema),
     }
+
+
+def _tool_use(block: dict[str, object]) -> ToolUseBlock:
+    call_id, name = str(block["id"]), str(block["name"])
+    if "partial_json" in block:
+        # Streamed: the input is the JSON text it arrived in (see anthropic_stream).
+        return tool_use_json(call_id, name, str(block["partial_json"]))
+    return tool_use(call_id, name, block["input"])
 
 
 def _body_text(body: object) -> str:

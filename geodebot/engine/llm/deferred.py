@@ -14,7 +14,7 @@ import importlib
 import logging
 from collections.abc import Callable
 
-from geodebot.engine.llm.types import LLMAdapter, LLMRequest, LLMResponse
+from geodebot.engine.llm.types import LLMAdapter, LLMRequest, LLMResponse, StreamListener
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,10 @@ class DeferredAdapter:
             return False
         return True
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
-        return await (await self.adapter()).complete(request)
+    async def complete(
+        self, request: LLMRequest, *, on_stream: StreamListener | None = None
+    ) -> LLMResponse:
+        return await (await self.adapter()).complete(request, on_stream=on_stream)
 
     async def aclose(self) -> None:
         if self._inner is not None:

@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions adapter (``openai`` SDK 3.x, non-streaming).
+"""OpenAI Chat Completions adapter (``openai`` SDK 3.x), unstreamed or streamed.
 
 Serves both ``provider="openai"`` and ``provider="openai-compatible"`` (Ollama, vLLM, OpenRouter
 and similar servers reached through ``base_url``, which includes ``/v1``). Chat Completions is
@@ -6,6 +6,10 @@ used rather than the Responses API because it is the dialect those servers actua
 
 As with the Anthropic adapter, one call is one HTTP attempt (``max_retries=0``) and every SDK
 exception is mapped once into :mod:`geodebot.engine.llm.errors`.
+
+A streamed call asks for the usage chunk (``stream_options.include_usage``) and is put back
+together by :class:`~geodebot.engine.llm.openai_stream.StreamedCompletion` into the
+``ChatCompletion`` an unstreamed call returns, which is then read by the same code.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import openai
 from openai.types.chat import (
@@ -41,19 +46,22 @@ from geodebot.engine.llm.errors import (
     LLMServerError,
     LLMTimeoutError,
 )
+from geodebot.engine.llm.openai_stream import StreamedCompletion
+from geodebot.engine.llm.stream_listener import GuardedListener
 from geodebot.engine.llm.types import (
     Block,
     LLMRequest,
     LLMResponse,
     Message,
     StopReason,
+    StreamListener,
     TextBlock,
     ToolResultBlock,
     ToolSchema,
     ToolUseBlock,
     Usage,
 )
-from geodebot.engine.llm.untrusted import clean_text, loads_response, tool_use
+from geodebot.engine.llm.untrusted import clean_text, tool_use_json
 from geodebot.logs.redact import Redactor
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -75,6 +83,9 @@ _BILLING_RE = re.compile(
     re.IGNORECASE,
 )
 _BILLING_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
+# The SDK parses leniently: a body that is not JSON raises json's own error, and a
+# wrong-shaped one only fails when a missing field is read.
+_MALFORMED = (AttributeError, KeyError, TypeError, ValueError, RecursionError)
 
 
 class OpenAIAdapter:
@@ -115,30 +126,69 @@ class OpenAIAdapter:
     def model(self) -> str:
         return self._model
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
+    async def complete(
+        self, request: LLMRequest, *, on_stream: StreamListener | None = None
+    ) -> LLMResponse:
         if self._client is None:
             raise LLMMissingCredential(self._api_key_env, **self._err.ids())
-        # OpenAI's own reasoning models reject max_tokens; compatible servers may not know
-        # max_completion_tokens yet, and all of them accept max_tokens.
-        limit = request.max_tokens
+        if on_stream is not None:
+            return await self._stream(self._client, request, GuardedListener(on_stream))
         with self._sdk_errors():
             raw = await self._client.chat.completions.with_raw_response.create(
-                model=self._model,
-                messages=to_openai_messages(request.system, request.messages),
-                tools=[_tool_param(t) for t in request.tools] if request.tools else openai.omit,
-                max_completion_tokens=limit if self._provider == "openai" else openai.omit,
-                max_tokens=openai.omit if self._provider == "openai" else limit,
-                temperature=openai.omit if request.temperature is None else request.temperature,
+                **self._params(request)
             )
         try:
             # with_raw_response is the SDK's legacy wrapper here: parse() is synchronous.
             return self._response(raw.parse(), raw.request_id)
-        except (AttributeError, TypeError, ValueError, RecursionError) as exc:
-            # The SDK parses leniently: a body that is not JSON raises json's own error, and a
-            # wrong-shaped one only fails when a missing field is read.
-            raise LLMInvalidResponse(
-                self._err.detail(f"malformed body: {exc}"), **self._err.ids()
-            ) from exc
+        except _MALFORMED as exc:
+            raise self._malformed("body", exc) from exc
+
+    async def _stream(
+        self, client: openai.AsyncOpenAI, request: LLMRequest, listener: GuardedListener
+    ) -> LLMResponse:
+        completion = StreamedCompletion(lambda text: listener.text(clean_text(text)))
+        with self._sdk_errors():
+            stream = await client.chat.completions.create(
+                **self._params(request), stream=True, stream_options={"include_usage": True}
+            )
+            async with stream:
+                try:
+                    async for chunk in stream:
+                        completion.add(chunk)
+                except _MALFORMED as exc:
+                    raise self._malformed("stream chunk", exc) from exc
+        if not completion.done:
+            # The HTTP body ended cleanly but the answer did not: what arrived is not the
+            # whole answer, and a retry may get it.
+            if not completion.started:
+                raise LLMInvalidResponse(
+                    self._err.detail("the response is not an event stream"), **self._err.ids()
+                )
+            raise LLMConnectionError(
+                self._err.detail("the stream ended before a finish_reason"), **self._err.ids()
+            )
+        try:
+            return self._response(
+                completion.completion(), stream.response.headers.get("x-request-id")
+            )
+        except _MALFORMED as exc:
+            raise self._malformed("streamed completion", exc) from exc
+
+    def _params(self, request: LLMRequest) -> dict[str, Any]:
+        # OpenAI's own reasoning models reject max_tokens; compatible servers may not know
+        # max_completion_tokens yet, and all of them accept max_tokens.
+        limit = request.max_tokens
+        return {
+            "model": self._model,
+            "messages": to_openai_messages(request.system, request.messages),
+            "tools": [_tool_param(t) for t in request.tools] if request.tools else openai.omit,
+            "max_completion_tokens": limit if self._provider == "openai" else openai.omit,
+            "max_tokens": openai.omit if self._provider == "openai" else limit,
+            "temperature": openai.omit if request.temperature is None else request.temperature,
+        }
+
+    def _malformed(self, what: str, exc: BaseException) -> LLMInvalidResponse:
+        return LLMInvalidResponse(self._err.detail(f"malformed {what}: {exc}"), **self._err.ids())
 
     async def probe(self) -> str:
         """The provider's record of the model, spending no tokens (``geodebot check``)."""
@@ -161,6 +211,9 @@ class OpenAIAdapter:
             raise LLMConnectionError(
                 self._err.detail(connection_detail(exc)), **self._err.ids()
             ) from exc
+        except openai.APIError as exc:
+            # The remaining APIError is an error object sent in the middle of a stream.
+            raise self._stream_error(exc) from exc
         except openai.OpenAIError as exc:
             # Raised before any HTTP exchange (client-side validation): retrying cannot help.
             raise LLMBadRequest(self._err.detail(f"SDK error: {exc}"), **self._err.ids()) from exc
@@ -233,6 +286,20 @@ class OpenAIAdapter:
         if status == 404:
             detail += " (check the model name and that base_url ends in /v1)"
         return LLMBadRequest(detail, status=status, **ids)
+
+    def _stream_error(self, exc: openai.APIError) -> LLMError:
+        """An error the server sent in place of the next chunk, after a 200 began the stream:
+        a server failure part way through the answer, unless it says rate limit or quota."""
+        body = exc.body if isinstance(exc.body, Mapping) else {}
+        code, kind = str(body.get("code") or ""), str(body.get("type") or "")
+        label = " ".join(part for part in (kind, code) if part) or "error"
+        detail = self._err.detail(f"error event in the stream: {label}: {exc.message}")
+        ids = self._err.ids()
+        if code in _BILLING_CODES or kind in _BILLING_CODES:
+            return LLMBillingError(detail, **ids)
+        if "rate_limit" in f"{kind} {code}":
+            return LLMRateLimited(detail, retry_after=None, status=None, **ids)
+        return LLMServerError(detail, **ids)
 
 
 def to_openai_messages(
@@ -310,13 +377,7 @@ def _tool_use(call: object) -> ToolUseBlock:
         # Custom (free-text) tools are never offered, so such a call cannot be run.
         call_id, name = str(getattr(call, "id", "")), str(getattr(call, "type", "unknown"))
         return ToolUseBlock(call_id, name, {}, f"unsupported tool call type {name!r}")
-    raw = call.function.arguments
-    try:
-        arguments = loads_response(raw) if raw.strip() else {}
-    except ValueError as exc:
-        problem = f"arguments are not valid JSON: {exc}"
-        return ToolUseBlock(clean_text(call.id), clean_text(call.function.name), {}, problem)
-    return tool_use(call.id, call.function.name, arguments)
+    return tool_use_json(call.id, call.function.name, call.function.arguments)
 
 
 def _error_message(body: object) -> str:

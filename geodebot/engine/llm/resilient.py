@@ -16,6 +16,11 @@ Policy, in order of precedence:
     llm_retry:    provider, model, attempt, error, message, wait_s
     llm_fallback: from, to ({"provider", "model"} each), error, message
 
+A streamed call (``on_stream``) passes the listener to every attempt. An attempt that fails
+after it streamed text leaves a truncated answer in the chat, so before the retry or fallback
+that follows it the listener gets :class:`StreamRestart`: what it showed is void, and the
+next attempt's text starts from nothing. When no attempt follows, the raised error says so.
+
 Model ids are passed through untouched: the adapters send exactly the configured id.
 """
 
@@ -28,7 +33,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from geodebot.engine.llm.errors import LLMRateLimited, TerminalLLMError, TransientLLMError
-from geodebot.engine.llm.types import LLMAdapter, LLMRequest, LLMResponse
+from geodebot.engine.llm.stream_listener import GuardedListener
+from geodebot.engine.llm.types import LLMAdapter, LLMRequest, LLMResponse, StreamListener
 
 log = logging.getLogger(__name__)
 
@@ -69,45 +75,64 @@ class ResilientLLM:
     def chain(self) -> tuple[LLMAdapter, ...]:
         return self._chain
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
+    async def complete(
+        self, request: LLMRequest, *, on_stream: StreamListener | None = None
+    ) -> LLMResponse:
+        attempts = _Attempts(on_stream)
         last_error: TransientLLMError | None = None
         for index, adapter in enumerate(self._chain):
             if last_error is not None:
-                previous = self._chain[index - 1]
-                self._emit(
-                    "llm_fallback",
-                    {
-                        "from": {"provider": previous.provider, "model": previous.model},
-                        "to": {"provider": adapter.provider, "model": adapter.model},
-                        "error": last_error.kind,
-                        "message": str(last_error),
-                    },
-                )
+                self._fall_back(self._chain[index - 1], adapter, last_error, attempts)
             for attempt in range(1, self._max_retries + 2):
                 try:
-                    return await adapter.complete(request)
+                    return await adapter.complete(request, on_stream=attempts.next())
                 except TerminalLLMError:
                     raise
                 except TransientLLMError as exc:
                     last_error = exc
                     if attempt > self._max_retries:
                         break
-                    wait_s = self._wait_s(exc, attempt)
-                    self._emit(
-                        "llm_retry",
-                        {
-                            "provider": adapter.provider,
-                            "model": adapter.model,
-                            "attempt": attempt,
-                            "error": exc.kind,
-                            "message": str(exc),
-                            "wait_s": round(wait_s, 3),
-                        },
-                    )
                     # A CancelledError here (turn cancelled mid-backoff) propagates untouched.
-                    await self._sleep(wait_s)
+                    await self._retry(adapter, attempt, exc, attempts)
         assert last_error is not None  # the loop either returned, raised, or set it
         raise last_error
+
+    async def _retry(
+        self, adapter: LLMAdapter, attempt: int, error: TransientLLMError, attempts: _Attempts
+    ) -> None:
+        wait_s = self._wait_s(error, attempt)
+        self._emit(
+            "llm_retry",
+            {
+                "provider": adapter.provider,
+                "model": adapter.model,
+                "attempt": attempt,
+                "error": error.kind,
+                "message": str(error),
+                "wait_s": round(wait_s, 3),
+            },
+        )
+        # Said before the wait, so the chat stops showing a broken answer as soon as it broke.
+        attempts.void(f"{error.kind}; retrying {adapter.provider} {adapter.model}")
+        await self._sleep(wait_s)
+
+    def _fall_back(
+        self,
+        previous: LLMAdapter,
+        adapter: LLMAdapter,
+        error: TransientLLMError,
+        attempts: _Attempts,
+    ) -> None:
+        self._emit(
+            "llm_fallback",
+            {
+                "from": {"provider": previous.provider, "model": previous.model},
+                "to": {"provider": adapter.provider, "model": adapter.model},
+                "error": error.kind,
+                "message": str(error),
+            },
+        )
+        attempts.void(f"{error.kind}; falling back to {adapter.provider} {adapter.model}")
 
     async def aclose(self) -> None:
         # Close every adapter even if one fails, then report the first failure.
@@ -136,3 +161,27 @@ class ResilientLLM:
         except Exception:
             # A broken timeline observer must not change whether the model call succeeds.
             log.exception("on_event callback failed for %s", event)
+
+
+class _Attempts:
+    """The listener each attempt of one call streams to, and whether the last attempt
+    streamed text that a retry would leave standing."""
+
+    __slots__ = ("_current", "_listener")
+
+    def __init__(self, listener: StreamListener | None) -> None:
+        self._listener = listener
+        self._current: GuardedListener | None = None
+
+    def next(self) -> GuardedListener | None:
+        """The listener for the next attempt; None when the call is not streamed."""
+        if self._listener is None:
+            return None
+        self._current = GuardedListener(self._listener)
+        return self._current
+
+    def void(self, reason: str) -> None:
+        """Tell the listener the text streamed so far is void, if the last attempt sent any."""
+        current, self._current = self._current, None
+        if current is not None and current.streamed_text:
+            current.restart(reason)

@@ -179,15 +179,22 @@ class LLMResponse:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    text: str  # the next piece of the answer's visible text
+    """The next piece of the answer's visible text, as the provider streams it."""
+
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
 class StreamRestart:
-    reason: str  # the stream broke (or the call is retried/falls back): text so far is void
+    """The stream broke, or the call is being retried or falling back: every TextDelta
+    streamed so far is void, and the answer (if any) starts again from nothing."""
+
+    reason: str
 
 
 StreamEvent = TextDelta | StreamRestart
+# Called synchronously from inside the model call, so it must be cheap; an exception it
+# raises is logged and ignored (a chat preview that fails must not fail the answer).
 StreamListener = Callable[[StreamEvent], None]
 
 
@@ -197,6 +204,11 @@ class LLMAdapter(Protocol):
     ``complete`` makes exactly one attempt (no SDK retries) and raises an
     :class:`~geodebot.engine.llm.errors.LLMError` subclass on failure; retries and fallbacks
     are the job of :class:`~geodebot.engine.llm.resilient.ResilientLLM`.
+
+    With ``on_stream`` the attempt is streamed: the listener gets each piece of visible text
+    as it arrives, and the returned response is the one the same answer would have given
+    unstreamed. A stream that breaks raises the same classified errors; one that ends without
+    its terminal event is an error too, never a silently truncated answer.
     """
 
     @property
@@ -205,7 +217,9 @@ class LLMAdapter(Protocol):
     @property
     def model(self) -> str: ...
 
-    async def complete(self, request: LLMRequest) -> LLMResponse: ...
+    async def complete(
+        self, request: LLMRequest, *, on_stream: StreamListener | None = None
+    ) -> LLMResponse: ...
 
     async def aclose(self) -> None: ...
 

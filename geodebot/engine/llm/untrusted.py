@@ -8,6 +8,8 @@ So, for both providers:
 
 * a body nested deeper than the parser can follow is parsed with the too-deep values
   replaced by a marker (:func:`loads_response`);
+* a tool call whose input is not JSON at all keeps its id and name but no input, and says
+  why (:func:`tool_use_json`);
 * a tool call whose input cannot be represented (a non-finite number, a lone surrogate, the
   marker, nesting deeper than :data:`MAX_ARGUMENT_DEPTH`) keeps its id and name but no
   input, and carries the reason as ``arguments_error``: the tool layer answers it with an
@@ -96,6 +98,17 @@ def tool_use(call_id: str, name: str, arguments: object) -> ToolUseBlock:
     if problem is not None:
         return ToolUseBlock(call_id, name, {}, f"tool input cannot be used: {problem}")
     return ToolUseBlock(call_id, name, dict(arguments))
+
+
+def tool_use_json(call_id: str, name: str, raw: str) -> ToolUseBlock:
+    """The block for one proposed call whose input came as JSON text, which may not parse:
+    OpenAI's ``arguments`` string, or an Anthropic input streamed in fragments."""
+    try:
+        arguments = loads_response(raw) if raw.strip() else {}
+    except ValueError as exc:
+        problem = f"arguments are not valid JSON: {exc}"
+        return ToolUseBlock(clean_text(call_id), clean_text(name), {}, problem)
+    return tool_use(call_id, name, arguments)
 
 
 def unrepresentable(value: Mapping[str, Any]) -> str | None:

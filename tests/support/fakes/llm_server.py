@@ -1,6 +1,6 @@
 """A scripted fake LLM provider speaking real HTTP, for tests that run the real SDKs.
 
-One aiohttp server on 127.0.0.1 answers both dialects, non-streaming:
+One aiohttp server on 127.0.0.1 answers both dialects, unstreamed or streamed:
 
 * Anthropic Messages API: ``POST /v1/messages``; base_url for the SDK is ``srv.url``.
 * OpenAI Chat Completions: ``POST /v1/chat/completions``; base_url is ``srv.openai_base_url``.
@@ -38,6 +38,16 @@ Behaviour:
   (any status and body, for invalid responses).
 * Stop reasons use the Anthropic vocabulary (``end_turn``, ``tool_use``, ``max_tokens``,
   ``stop_sequence``, ``refusal``) and are translated to OpenAI's ``finish_reason``.
+* A request whose body has ``"stream": true`` gets a :class:`Reply` as server-sent events in
+  its dialect, shaped like the real APIs' (and the SDKs' stream readers): Anthropic's
+  ``message_start``, ``ping``, ``content_block_start`` / ``_delta`` (``text_delta``,
+  ``input_json_delta``) / ``_stop``, ``message_delta`` and ``message_stop``; OpenAI's
+  ``chat.completion.chunk`` objects (content, then tool-call fragments by index, then the
+  ``finish_reason``), the usage chunk when ``stream_options.include_usage`` is set, then
+  ``data: [DONE]``. The Reply's ``chunks``, ``chunk_delay_s``, ``break_after`` and
+  ``break_with`` shape the stream; every other item is answered as for an unstreamed
+  request (an error before a stream begins is an ordinary HTTP error). ``srv.requests[i]
+  .streamed`` tells which requests asked for a stream.
 
 Self-contained (aiohttp and the standard library only) so any test can import it, including
 tests that run ``geodebot`` as a subprocess against a server running in the test's loop.
@@ -46,11 +56,12 @@ tests that run ``geodebot`` as a subprocess against a server running in the test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self, TypeAlias
@@ -77,8 +88,9 @@ _FINISH_REASONS = {
 class Call:
     """A tool call in a :class:`Reply`.
 
-    ``arguments`` is normally a dict. On the OpenAI endpoint a ``str`` is sent verbatim as the
-    raw ``arguments`` string, so tests can send malformed JSON.
+    ``arguments`` is normally a dict. On the OpenAI endpoint, and in an Anthropic stream
+    (whose tool input arrives as JSON text), a ``str`` is sent verbatim as that JSON text, so
+    tests can send malformed JSON; an unstreamed Anthropic answer sends it as a JSON string.
     """
 
     name: str
@@ -88,11 +100,27 @@ class Call:
 
 @dataclass(frozen=True)
 class Reply:
+    """An answer. The last four fields matter only to a streamed request.
+
+    ``chunks``: the text, and each call's argument JSON, go in this many deltas (fewer when
+    shorter). ``chunk_delay_s``: the pause between deltas. ``break_after``: the stream stops
+    after this many deltas (text and argument fragments alike, in order), in place of the next
+    delta or, when there is none, of the closing events (Anthropic's ``message_delta``,
+    OpenAI's ``finish_reason`` chunk); it stops by ``break_with``: ``"cut"`` closes the
+    connection mid-body (the SDK sees an incomplete stream), ``"end"`` ends the body cleanly
+    but without the closing events, an :class:`Error` is sent as the dialect's in-stream
+    error event.
+    """
+
     text: str = ""
     tool_calls: Sequence[Call] = ()
     # Anthropic vocabulary; derived (tool_use if there are calls, else end_turn) when None.
     stop: str | None = None
     usage: tuple[int, int] = (10, 5)  # (input tokens, output tokens)
+    chunks: int = 3
+    chunk_delay_s: float = 0.0
+    break_after: int | None = None
+    break_with: Error | Literal["cut", "end"] = "cut"
 
 
 @dataclass(frozen=True)
@@ -176,6 +204,11 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-cased names
     json: Any  # None when the body was not JSON
     raw: bytes = b""
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the request asked for a streamed answer."""
+        return isinstance(self.json, dict) and self.json.get("stream") is True
 
 
 class FakeLLMServer:
@@ -330,9 +363,71 @@ class FakeLLMServer:
         if isinstance(item, Error):
             return self._error(dialect, item)
         model = str(body.get("model", "fake-model"))
+        if body.get("stream") is True:
+            return await self._stream(request, dialect, body, item)
         if dialect == "anthropic":
             return self._anthropic_reply(item, model)
         return self._openai_reply(item, model)
+
+    async def _stream(
+        self, request: web.Request, dialect: Dialect, body: dict[str, Any], reply: Reply
+    ) -> web.StreamResponse:
+        n = next(self._ids)
+        model = str(body.get("model", "fake-model"))
+        if dialect == "anthropic":
+            events = _anthropic_events(reply, model, n)
+            headers = {"request-id": f"req_fake_{n}"}
+        else:
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = _openai_events(reply, model, n, usage)
+            headers = {"x-request-id": f"req_fake_{n}"}
+        headers |= {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        # The client may go away mid-stream (a cancelled call): nothing is left to answer.
+        with contextlib.suppress(ConnectionResetError):
+            await self._write_events(request, response, dialect, reply, events)
+        return response
+
+    async def _write_events(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        dialect: Dialect,
+        reply: Reply,
+        events: Iterator[_Event],
+    ) -> None:
+        deltas = 0
+        for frame, kind in events:
+            if kind is not None and deltas == reply.break_after:
+                await self._break(request, response, dialect, reply.break_with)
+                return
+            if kind == "delta":
+                pause = reply.chunk_delay_s if deltas else 0.0
+                if pause > 0 and await self._wait_stopping(pause):
+                    await self._break(request, response, dialect, "cut")
+                    return
+                deltas += 1
+            await response.write(frame)
+        await response.write_eof()
+
+    async def _break(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        dialect: Dialect,
+        how: Error | Literal["cut", "end"],
+    ) -> None:
+        if how == "cut":
+            # close(), not abort(): what was written still arrives, then the connection ends
+            # without the chunked body's last chunk, which every HTTP client reports.
+            if request.transport is not None:
+                request.transport.close()
+            return
+        if isinstance(how, Error):
+            await response.write(_error_event(dialect, how))
+        await response.write_eof()
 
     def _anthropic_reply(self, reply: Reply, model: str) -> web.Response:
         n = next(self._ids)
@@ -419,6 +514,100 @@ class FakeLLMServer:
         except TimeoutError:
             return False
         return True
+
+
+# One server-sent event as written, and where break_after may stop the stream: before a
+# delta (which it counts) or before the closing events.
+_Where: TypeAlias = Literal["delta", "closing"] | None
+_Event: TypeAlias = tuple[bytes, _Where]
+
+
+def _sse(data: Any, event: str | None = None) -> bytes:
+    line = f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+    return (f"event: {event}\n{line}" if event else line).encode()
+
+
+def _pieces(text: str, count: int) -> list[str]:
+    """``text`` in at most ``count`` consecutive non-empty pieces."""
+    size = max(1, -(-len(text) // max(count, 1)))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _arguments_json(call: Call) -> str:
+    return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+
+
+def _anthropic_events(reply: Reply, model: str, n: int) -> Iterator[_Event]:
+    def event(kind: str, where: _Where = None, **fields: Any) -> _Event:
+        return _sse({"type": kind, **fields}, kind), where
+
+    stop = reply.stop or ("tool_use" if reply.tool_calls else "end_turn")
+    usage = {"input_tokens": reply.usage[0], "output_tokens": 1}
+    usage |= {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    message = {"id": f"msg_fake_{n}", "type": "message", "role": "assistant", "model": model}
+    message |= {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
+    yield event("message_start", message=message)
+    yield event("ping")
+    blocks: list[tuple[dict[str, Any], list[dict[str, str]]]] = []
+    if reply.text:
+        pieces = _pieces(reply.text, reply.chunks)
+        deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
+        blocks.append(({"type": "text", "text": ""}, deltas))
+    for i, call in enumerate(reply.tool_calls):
+        start = {"type": "tool_use", "id": call.id or f"toolu_fake_{n}_{i}", "name": call.name}
+        pieces = _pieces(_arguments_json(call), reply.chunks)
+        deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in pieces]
+        blocks.append(({**start, "input": {}}, deltas))
+    for index, (block, deltas) in enumerate(blocks):
+        yield event("content_block_start", index=index, content_block=block)
+        for delta in deltas:
+            yield event("content_block_delta", "delta", index=index, delta=delta)
+        yield event("content_block_stop", index=index)
+    # The counts are running totals: output_tokens replaces message_start's.
+    delta = {"stop_reason": stop, "stop_sequence": None}
+    yield event("message_delta", "closing", delta=delta, usage={"output_tokens": reply.usage[1]})
+    yield event("message_stop")
+
+
+def _openai_events(reply: Reply, model: str, n: int, include_usage: bool) -> Iterator[_Event]:
+    head = {"id": f"chatcmpl-fake{n}", "object": "chat.completion.chunk"}
+    head |= {"created": int(time.time()), "model": model, "system_fingerprint": None}
+    if include_usage:
+        head["usage"] = None  # on every chunk but the last, as the API does
+
+    def chunk(delta: dict[str, Any], where: _Where = None, finish: str | None = None) -> _Event:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _sse({**head, "choices": [choice]}), where
+
+    yield chunk({"role": "assistant", "content": "", "refusal": None})
+    for piece in _pieces(reply.text, reply.chunks):
+        yield chunk({"content": piece}, "delta")
+    for i, call in enumerate(reply.tool_calls):
+        function = {"name": call.name, "arguments": ""}
+        first = {"index": i, "id": call.id or f"call_fake_{n}_{i}", "type": "function"}
+        yield chunk({"tool_calls": [{**first, "function": function}]})
+        for piece in _pieces(_arguments_json(call), reply.chunks):
+            fragment = {"index": i, "function": {"arguments": piece}}
+            yield chunk({"tool_calls": [fragment]}, "delta")
+    stop = reply.stop or ("tool_use" if reply.tool_calls else "end_turn")
+    yield chunk({}, "closing", _FINISH_REASONS.get(stop, stop))
+    if include_usage:
+        prompt, completion = reply.usage
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+        usage["total_tokens"] = prompt + completion
+        yield _sse({**head, "choices": [], "usage": usage}), None
+    yield _sse("[DONE]"), None
+
+
+def _error_event(dialect: Dialect, error: Error) -> bytes:
+    """An error sent in place of the next event, after a 200 began the stream."""
+    if dialect == "anthropic":
+        inner: dict[str, Any] = {"type": error.kind, "message": error.message}
+        return _sse({"type": "error", "error": inner}, "error")
+    oai = error.openai or error
+    return _sse(
+        {"error": {"message": oai.message, "type": oai.kind, "param": None, "code": oai.code}}
+    )
 
 
 def _not_json(constant: str) -> Any:

@@ -29,6 +29,11 @@ Behaviour worth knowing in tests:
   query be answered once, so answerCallbackQuery refuses an unknown or answered id with
   "query is too old and response timeout expired or query ID is invalid". The answers are in
   ``callback_answers`` (and ``wait_for_callback_answer``).
+* Edits: ``history(chat_id, message_id)`` is every state of a bot's message, oldest first (as
+  sent, then after each edit that changed it), each stamped with when it was made; ``edits``
+  is every edit of every message in order. ``delete_message`` plays someone deleting a message
+  (an edit of it then fails with "message to edit not found"), and ``fail_edits`` answers the
+  next editMessageText calls with Telegram's 429 for that method.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import re
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from aiohttp import web
@@ -53,6 +58,7 @@ MAX_TEXT = 4096
 _PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)$")
 _JSON_PARAMS = {
     "allowed_updates", "commands", "entities", "reply_parameters", "scope", "reply_markup",
+    "link_preview_options",
 }  # fmt: skip
 _INT_PARAMS = {
     "offset", "limit", "timeout", "message_thread_id", "reply_to_message_id", "message_id",
@@ -89,6 +95,10 @@ class SentMessage:
     thread_id: int | None
     # As the bot sent it, {"inline_keyboard": [[button, ...], ...]}; None without a keyboard.
     reply_markup: dict[str, Any] | None = None
+    # As the bot sent it ({"is_disabled": true}, say); None when the request had none.
+    link_preview_options: dict[str, Any] | None = None
+    # time.monotonic() when the fake made the message read like this (sent or edited).
+    at: float = field(default=0.0, compare=False)
 
     @property
     def buttons(self) -> list[tuple[str, str]]:
@@ -206,6 +216,7 @@ class FakeTelegram:
         )
         self._messages: dict[tuple[int, int], dict[str, Any]] = {}
         self._shown: dict[tuple[int, int], SentMessage] = {}  # the bot's, as they read now
+        self._history: defaultdict[tuple[int, int], list[SentMessage]] = defaultdict(list)
         self._query_ids = itertools.count(1)
         self._open_queries: set[str] = set()
         self._allowed: set[str] = set()
@@ -359,6 +370,24 @@ class FakeTelegram:
         """The bot's message ``message_id`` as it reads now: as sent, or as last edited."""
         return self._shown[(chat_id, message_id)]
 
+    def history(self, chat_id: int, message_id: int) -> list[SentMessage]:
+        """Every state of the bot's message ``message_id``, oldest first: as sent, then after
+        each edit (an edit Telegram refused, "not modified" say, is not one)."""
+        return list(self._history.get((chat_id, message_id), ()))
+
+    def delete_message(self, chat_id: int, message_id: int) -> None:
+        """Someone deleted the message: it is gone for edits, presses and replies."""
+        if self._messages.pop((chat_id, message_id), None) is None:
+            raise KeyError(f"no message {message_id} in chat {chat_id}")
+        self._shown.pop((chat_id, message_id), None)
+        self._notify()
+
+    def fail_edits(self, count: int, retry_after: int) -> None:
+        """Answer the next ``count`` editMessageText calls as Telegram rate-limits a chat's
+        edits: 429 with ``parameters.retry_after`` (whole seconds, as Telegram sends them)."""
+        description = f"Too Many Requests: retry after {retry_after}"
+        self.fail_next("editMessageText", 429, description, retry_after, times=count)
+
     def fail_next(
         self,
         method: str,
@@ -373,6 +402,10 @@ class FakeTelegram:
         self._canned[method.lower()].append(result)
 
     # The waits take their own timeout (ASYNC109): a test always wants one, and inline.
+    async def wait_until(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
+        """Until ``predicate()`` is true, checked after every request and every change."""
+        await self._wait(lambda: bool(predicate()), timeout)
+
     async def wait_for_sent(
         self,
         chat_id: int,
@@ -594,10 +627,20 @@ class FakeTelegram:
             message["reply_to_message"] = replied
         reply_to = None if reply_id is None else int(reply_id)
         sent = SentMessage(
-            chat_id, message_id, text, parse_mode, reply_to, allow_flag, thread, keyboard
+            chat_id,
+            message_id,
+            text,
+            parse_mode,
+            reply_to,
+            allow_flag,
+            thread,
+            keyboard,
+            params.get("link_preview_options"),
+            time.monotonic(),
         )
         self.sent[chat_id].append(sent)
         self._shown[(chat_id, message_id)] = sent
+        self._history[(chat_id, message_id)].append(sent)
         return message
 
     async def _m_editmessagetext(self, params: dict[str, Any]) -> Any:
@@ -626,8 +669,16 @@ class FakeTelegram:
         if keyboard is not None:
             message["reply_markup"] = keyboard
         self._messages[(chat_id, message_id)] = message
-        shown = replace(before, text=text, parse_mode=parse_mode, reply_markup=keyboard)
+        shown = replace(
+            before,
+            text=text,
+            parse_mode=parse_mode,
+            reply_markup=keyboard,
+            link_preview_options=params.get("link_preview_options"),
+            at=time.monotonic(),
+        )
         self._shown[(chat_id, message_id)] = shown
+        self._history[(chat_id, message_id)].append(shown)
         self.edits.append(shown)
         return message
 

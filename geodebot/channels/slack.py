@@ -636,6 +636,7 @@ class SlackChannel:
                 ts=message_id,
                 text=card_text(card),
                 blocks=card_blocks(card),
+                parse="none",  # as posted (see the module docstring)
             ),
         )
 

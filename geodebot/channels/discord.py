@@ -24,6 +24,15 @@
   part within Discord's window returns the first message. discord.py sleeps through 429s
   (one wait is capped by ``max_ratelimit_timeout``, beyond that ``RateLimited``) and retries
   500/502/504 itself; ``SEND_TIMEOUT_S`` bounds the whole call.
+* Streamed previews. A part with ``edit_of`` edits that message (its content only: a
+  preview carries no components) instead of sending a new one; a repeated edit is harmless,
+  so it needs no nonce. If Discord says the message is gone (10008, deleted by someone), the
+  part is sent as a new message under its own nonce: the final answer must arrive, once. A
+  ``plain`` part is a preview of an answer still arriving: sent as is (our markdown is
+  Discord's, so there is nothing to convert) as a reply that pings nobody, not even the
+  asker: the final answer edits it later, and an edit notifies nobody. A preview over the
+  limit is refused before any request, like any part: cutting it instead would repeat the
+  same 2000 characters in an edit per interval for the rest of a long answer.
 * Approval cards. A card is a message with one action row of two buttons whose custom_id
   is ``press_data(...)``; its text is escaped (the summary is the model's words). A press is
   a component interaction, handled in ``on_interaction`` and decided by the press sink
@@ -97,6 +106,7 @@ _CALLBACK = "/interactions/{interaction_id}/{interaction_token}/callback"
 _NOT_VALID = "This button is not valid."
 _RETRY = "That did not work; please try again."
 _EPHEMERAL = 64  # message flag: only the presser sees it
+_UNKNOWN_MESSAGE = 10008  # Discord's JSON error code for a message that no longer exists
 # Discord renders a backslash before any ASCII punctuation as that character alone, so
 # escaping more than strictly needed loses nothing. "<" covers mentions, channels,
 # timestamps, custom emoji and <url> links; "[" masked links; the rest inline styles.
@@ -606,6 +616,8 @@ class DiscordChannel:
         return sent
 
     async def _send(self, part: OutboundPart) -> SentPart:
+        if part.edit_of is not None and await self._edited(part, part.edit_of):
+            return SentPart(part.edit_of)
         dest, token = part.destination, await self._interaction_token(part)
         if token is not None and self._client is not None:
             # Editing the deferred response is idempotent, which a webhook followup is not.
@@ -628,9 +640,27 @@ class DiscordChannel:
             nonce=nonce_for(part.key),
             reference=reference,
             allowed_mentions=discord.AllowedMentions.none(),
-            mention_author=reference is not None,  # the one ping a reply is allowed
+            # The one ping a reply is allowed; a preview pings nobody.
+            mention_author=reference is not None and not part.plain,
         )
         return SentPart(str(message.id))
+
+    async def _edited(self, part: OutboundPart, message_id: str) -> bool:
+        """Edit our message ``message_id`` to the part's text; False if it no longer exists."""
+        if self._client is None:
+            raise ChannelError("discord channel is not started")
+        dest = part.destination
+        target = self._client.get_partial_messageable(int(dest.thread or dest.channel))
+        try:
+            await target.get_partial_message(int(message_id)).edit(
+                content=part.text, allowed_mentions=discord.AllowedMentions.none()
+            )
+        except discord.NotFound as exc:
+            if exc.code != _UNKNOWN_MESSAGE:
+                raise
+            log.info("discord: message %s is gone; part %s goes as a new one", message_id, part.key)
+            return False
+        return True
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
         """Our message carrying the part's nonce in recent history, else an idempotent resend.

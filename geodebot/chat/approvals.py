@@ -51,9 +51,21 @@ class ChatDesk:
     destination: Destination
     approvers: tuple[str, ...]
     timeout_s: float
+    # Told what the turn waits for, and then how it went (the streamed preview shows it).
+    on_wait: Callable[[str], None] | None = None
 
     async def settle(self, request: ApprovalRecord) -> ApprovalRecord:
-        return await self.approvals.settle(self.destination, request)
+        self._note(f"waiting for approval of {request.tool}")
+        settled = await self.approvals.settle(self.destination, request)
+        if settled.status == "approved":
+            self._note(f"running {request.tool}…")
+        else:
+            self._note(f"{request.tool} was not approved")
+        return settled
+
+    def _note(self, text: str) -> None:
+        if self.on_wait is not None:
+            self.on_wait(text)
 
 
 class ChatApprovals:
@@ -86,7 +98,12 @@ class ChatApprovals:
             task.cancel()
         await asyncio.gather(*self._edits, return_exceptions=True)
 
-    def desk(self, row: InboxRow, binding: BindingConfig) -> ChatDesk | None:
+    def desk(
+        self,
+        row: InboxRow,
+        binding: BindingConfig,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> ChatDesk | None:
         """The desk for a turn answering ``row``; None when nobody may approve there."""
         if not binding.approvers or row.platform not in self._channels:
             return None
@@ -95,7 +112,7 @@ class ChatApprovals:
         destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
         )
-        return ChatDesk(self, destination, binding.approvers, binding.approval_timeout_s)
+        return ChatDesk(self, destination, binding.approvers, binding.approval_timeout_s, on_wait)
 
     def decided(self, request_id: str) -> None:
         """A request was decided elsewhere in this process (the console): its turn goes on."""

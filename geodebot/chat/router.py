@@ -262,7 +262,11 @@ class ChatRouter:
             self._typing_after_s,
             lambda: typing.append(asyncio.create_task(self._keep_typing(destination))),
         )
-        desk = self._approvals.desk(row, binding) if self._approvals is not None else None
+        desk = (
+            self._approvals.desk(row, binding, stream.waiting if stream is not None else None)
+            if self._approvals is not None
+            else None
+        )
         try:
             return await self._run_turn(
                 Mode.DAEMON,

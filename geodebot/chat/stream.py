@@ -12,7 +12,6 @@ every reply, replaces that message (after a crash too) instead of arriving a sec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import cast
@@ -26,9 +25,12 @@ log = logging.getLogger(__name__)
 
 # An answer that is complete sooner goes out as one message, with no preview at all.
 FIRST_PREVIEW_AFTER_S = 0.3
-# The preview holds this much of the answer; the final reply brings the rest, continued in
-# further messages past the platform's limit.
-PREVIEW_CHARS = 3500
+# The preview holds this much of the answer, within each platform's message limit; the final
+# reply brings the rest, continued in further messages past the limit.
+PREVIEW_CHARS = {"telegram": 3500, "slack": 3500, "discord": 1900}
+# A preview request still under way when the turn ends gets this long (an SDK may be waiting
+# out a rate limit on it), then is cancelled: the final answer does not wait longer for it.
+CLOSE_WAIT_S = 2.0
 RETRYING_TEXT = "(The answer broke off; asking the model again…)"
 
 _ChatKey = tuple[str, str, str | None]
@@ -131,10 +133,17 @@ class StreamedReply:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._sending is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._sending)
+        sending = self._sending
+        if sending is not None:
+            await asyncio.wait((sending,), timeout=CLOSE_WAIT_S)
+            sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)
         return self.preview_id
+
+    def waiting(self, note: str) -> None:
+        """Show what the turn waits for (a person's decision) instead of a progress line."""
+        self._status = f"({note})"
+        self._changed()
 
     def _changed(self) -> None:
         self._dirty = True
@@ -165,8 +174,9 @@ class StreamedReply:
 
     def _view(self) -> str:
         answer = "".join(self._answer).strip()
-        if len(answer) > PREVIEW_CHARS:
-            answer = answer[: PREVIEW_CHARS - 1] + "…"
+        limit = PREVIEW_CHARS.get(self._row.platform, min(PREVIEW_CHARS.values()))
+        if len(answer) > limit:
+            answer = answer[: limit - 1] + "…"
         if self._status:
             return f"{answer}\n\n{self._status}" if answer else self._status
         return answer

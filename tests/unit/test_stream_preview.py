@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.channels.base import ChannelError
+from geodebot.channels.base import ChannelError, OutboundPart, SentPart
+from geodebot.chat import stream
 from geodebot.chat.stream import RETRYING_TEXT, EditPacer, StreamedReply
 from geodebot.store.records import InboxRow
 from geodebot.store.sqlite import SQLiteStore
@@ -141,3 +142,43 @@ async def test_a_resumed_turn_edits_the_preview_it_showed_before(store: SQLiteSt
     await until(chat, lambda: "after the restart" in chat.messages.values())
     assert await again.close() == first.preview_id
     assert len(chat.sent) == 1
+
+
+class StuckChannel(MemoryChannel):
+    """Its sends never return: an SDK waiting out rate limits on them, say."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck = asyncio.Event()
+
+    async def send(self, part: OutboundPart) -> SentPart:
+        self.stuck.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_close_does_not_wait_long_for_a_stuck_preview(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stream, "CLOSE_WAIT_S", 0.2)
+    chat = StuckChannel()
+    reply = StreamedReply(chat, store, await inbox_row(store), EditPacer(0.0), first_after_s=0.0)
+    reply.text("hello")
+    async with asyncio.timeout(5):
+        await chat.stuck.wait()
+        assert await reply.close() is None
+
+
+async def test_a_wait_for_a_person_is_shown_in_the_preview(store: SQLiteStore) -> None:
+    chat = MemoryChannel()
+    reply = StreamedReply(chat, store, await inbox_row(store), EditPacer(0.0), first_after_s=0.0)
+    reply.text("I will write it.")
+    reply.tools_started((("write_file", "notes.md"),))
+    reply.waiting("waiting for approval of write_file")
+    await until(
+        chat,
+        lambda: (
+            "I will write it.\n\n(waiting for approval of write_file)" in chat.messages.values()
+        ),
+    )
+    await reply.close()

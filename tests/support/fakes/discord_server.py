@@ -27,6 +27,12 @@ Close to the real service where discord.py can tell:
   takes one response (a second is 400/40060, as on Discord), recorded in ``responses``; a
   followup (``POST /webhooks/{app}/{token}``) needs that response first and is recorded in
   ``followups``, and only a non-ephemeral one appears in the channel.
+* Edits (streamed previews): every text a message had is kept in order in ``revisions``
+  (created, then each edit, with the time it was stored), so a test can see "one message,
+  edited N times, ending as X" (:meth:`texts`). :meth:`fail_edits` answers the next edits
+  with Discord's 429 for that route (same headers and body as a create's), and
+  :meth:`delete_message` removes a message as a moderator would (MESSAGE_DELETE); editing it
+  then is 404/10008 Unknown Message, as on Discord.
 """
 
 from __future__ import annotations
@@ -52,6 +58,14 @@ MESSAGE_CONTENT_INTENT = 1 << 15
 EPHEMERAL = 1 << 6  # message flag
 _SAME_GUILD: Any = object()
 Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A text a message had: at its creation, or after an edit."""
+
+    text: str
+    at: float  # time.monotonic() when the fake stored it
 
 
 @dataclass
@@ -120,6 +134,9 @@ class FakeDiscord:
         self.followups: dict[str, list[Json]] = defaultdict(list)  # interaction id -> bodies
         self.edits: list[Json] = []  # each message PATCH: {"id", "channel_id", "body"}
         self.interaction_replies: dict[str, str] = {}  # interaction id -> @original content
+        self.revisions: dict[str, list[Revision]] = defaultdict(list)  # message id -> texts
+        self.limited_edits: list[str] = []  # message id of each edit answered 429
+        self._edit_failures: list[float] = []  # Retry-After of each edit still to fail
         self.identify_count = self.resume_count = 0
         self.intents: int | None = None
         self._failures: list[tuple[int, float | None, bool]] = []
@@ -187,6 +204,24 @@ class FakeDiscord:
     ) -> None:
         """The next ``times`` message creates fail; status 0 cuts the connection instead."""
         self._failures.extend([(status, retry_after, created)] * times)
+
+    def fail_edits(self, count: int, retry_after: float = 1.0) -> None:
+        """The next ``count`` message edits are answered 429 (discord.py itself retries a
+        429 up to 5 times, sleeping ``retry_after`` between tries, unless it is over its
+        ``max_ratelimit_timeout``)."""
+        self._edit_failures.extend([retry_after] * count)
+
+    def texts(self, message_id: str) -> list[str]:
+        """Every text the message had, oldest first: as created, then after each edit."""
+        return [r.text for r in self.revisions.get(message_id, [])]
+
+    def delete_message(self, channel_id: str, message_id: str) -> None:
+        """Somebody deleted the message: gone from history, MESSAGE_DELETE dispatched."""
+        self.history[channel_id] = [m for m in self.history[channel_id] if m["id"] != message_id]
+        event: Json = {"id": message_id, "channel_id": channel_id}
+        if self._in_guild(channel_id):
+            event["guild_id"] = self.guild_id
+        self._dispatch("MESSAGE_DELETE", event)
 
     async def drop_gateway(self, code: int = 4000) -> None:
         """Close every gateway socket; 4000 is resumable, as after a network blip."""
@@ -326,6 +361,7 @@ class FakeDiscord:
             msg["message_reference"] = extra["reference"]
         self.history[cid].append(msg)
         self._created[msg["id"]] = time.monotonic()
+        self.revisions[msg["id"]].append(Revision(content, self._created[msg["id"]]))
         return msg
 
     def _dispatch(self, event: str, data: Json) -> None:
@@ -469,6 +505,9 @@ class FakeDiscord:
 
     async def _edit_message(self, request: web.Request) -> web.StreamResponse:
         cid, mid = request.match_info["cid"], request.match_info["mid"]
+        if self._edit_failures:  # Discord checks the rate limit before the message
+            self.limited_edits.append(mid)
+            return await _failure(request, 429, self._edit_failures.pop(0))
         msg = next((m for m in self.history[cid] if m["id"] == mid), None)
         if msg is None:
             return _error(404, 10008, "Unknown Message")
@@ -482,6 +521,7 @@ class FakeDiscord:
                 msg[key] = body[key] if key != "flags" else int(body[key] or 0)
         msg["edited_timestamp"] = _now()
         self.edits.append({"id": mid, "channel_id": cid, "body": body})
+        self.revisions[mid].append(Revision(str(msg.get("content") or ""), time.monotonic()))
         self._dispatch("MESSAGE_UPDATE", dict(msg))
         return _json(msg)
 

@@ -25,6 +25,7 @@ from geodebot.channels.slack import APPROVE_ACTION, DENY_ACTION
 from tests.support.chat_e2e_slack import (
     ALICE,
     BOB,
+    WAITING,
     ChatWorld,
     Scene,
     SceneModel,
@@ -33,7 +34,6 @@ from tests.support.chat_e2e_slack import (
     tool_results,
     unescape,
 )
-from tests.support.daemon import MODELS_MARK
 from tests.support.fakes.llm_server import FakeLLMServer, Reply
 from tests.support.fakes.slack_server import FakeSlack, Posted
 from tests.support.slack_world import TimedCalls
@@ -297,12 +297,16 @@ async def test_after_a_kill_the_same_card_decides_and_the_call_runs_once(
     card = await world.waiting(scene, thread)
     request = approval_id(slack, card)
     approve, _ = slack.buttons(scene.channel, card.ts)
+    [preview] = world.answers(scene, thread)
+    shown = len(preview.texts)
     # (Killed once the card's place is stored: before that, a restart posts it again.)
     daemon = await world.kill_and_restart()
     await daemon.wait_for_line("answering 1 message(s) accepted before the restart")
-    # The resumed turn needs no model before its call: it is waiting on the card well before
-    # the model SDK has loaded.
-    await daemon.wait_for_line(MODELS_MARK)
+    # The resumed turn shows its wait again, as it goes back to waiting on the same card.
+    await world.until(
+        lambda: len(preview.texts) > shown and preview.text == WAITING,
+        lambda: f"the resumed turn's wait; shown: {world.shown(scene, thread)}",
+    )
     await slack.wait_for_connections(len(world.daemons))
     assert world.approval_status(request) == "pending"
 

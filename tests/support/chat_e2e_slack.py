@@ -38,6 +38,8 @@ APP_TOKEN_ENV = "GEODEBOT_CHAT_E2E_SLACK_APP"
 ALICE = "UALICE001"  # the approver
 BOB = "UBOB00001"  # allowed to talk, not to approve
 END = "@@END@@"
+# The preview of a turn waiting for a press on its edit_file call.
+WAITING = "(waiting for approval of edit_file)"
 SCENE = re.compile(r"\[scene:([\w-]+)\]")
 
 
@@ -252,8 +254,9 @@ api_base_url = "{self.slack.api_base_url}"
 
     async def waiting(self, scene: Scene, thread: str) -> Posted:
         """The card of a turn that waits for a press, once the chat shows all it will until
-        then: the card, and where the binding streams, the preview saying the call runs (it
-        becomes the answer later). Both are stored too, so that a kill now loses neither."""
+        then: the card, and where the binding streams, the preview saying what the turn waits
+        for (it becomes the answer later). Both are stored too, so that a kill now loses
+        neither."""
         card = await self.card(scene, thread)
         await self.until(lambda: self._card_stored(card), "the card's place in the store")
         if self.stream:
@@ -265,7 +268,7 @@ api_base_url = "{self.slack.api_base_url}"
         return any(json.loads(card_json).get("message_id") == card.ts for (card_json,) in rows)
 
     def _preview_stored(self, scene: Scene, thread: str) -> bool:
-        previews = [p for p in self.answers(scene, thread) if p.text.startswith("(running ")]
+        previews = [p for p in self.answers(scene, thread) if p.text == WAITING]
         return len(previews) == 1 and self.preview_of(thread) == previews[0].ts
 
     async def answer(self, scene: Scene, thread: str, text: str) -> Posted:

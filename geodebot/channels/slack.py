@@ -16,6 +16,15 @@ Sending: the client has no retry handlers; the outbox decides about retries, and
 retry after a timeout could post a message twice. Every message carries the part's key as
 message metadata, which ``find_sent`` looks for after an unknown outcome.
 
+Streamed replies: a part with ``edit_of`` edits that message (``chat.update``) instead of
+posting one. chat.update's ``parse`` defaults to ``client``, unlike chat.postMessage's, and an
+edit without it overwrites the message's own setting, so every edit says ``none``: else the
+links of the final answer would be escaped into text. A message that is gone (a person
+deleted the preview) cannot be edited; the part is then posted as a new message, after a
+look for an earlier such post of it, so that it still arrives exactly once. A ``plain`` part
+(a preview of an answer still arriving) is sent as text with &, < and > escaped, no blocks:
+what the model wrote so far shows as written, never as a mention or a link.
+
 Approval cards: a section block (the card's lines, escaped; the untrusted summary in a code
 block, where Slack applies no formatting) and an actions block with an Approve and a Deny
 button, whose values are the press payloads. A press arrives as a ``block_actions``
@@ -82,6 +91,9 @@ _PERMANENT_ERRORS = frozenset({
     "edit_window_closed",
 })
 # fmt: on
+# chat.update's answers for a message that is no longer there: deleted messages get either
+# (a message we edit is always our own, so cant_update_message means it is gone too).
+_GONE_ERRORS = frozenset({"message_not_found", "cant_update_message"})
 # Slack documents these as "some aspect of the operation may have succeeded".
 _MAYBE_DONE_ERRORS = frozenset({"internal_error", "fatal_error"})
 _HISTORY_PAGES, _HISTORY_LIMIT = 2, 100
@@ -310,7 +322,7 @@ class SlackChannel:
         self._stopping = False
         names = (
             "received delivered ignored duplicates sink_errors errors sent send_errors"
-            " presses press_errors"
+            " presses press_errors edited edits_gone"
         )
         self._counters: dict[str, int] = dict.fromkeys(names.split(), 0)
 
@@ -546,19 +558,57 @@ class SlackChannel:
         return render_for("slack", markdown)
 
     async def send(self, part: OutboundPart) -> SentPart:
+        if part.edit_of is not None:
+            if await self._edit(part, part.edit_of):
+                return SentPart(part.edit_of)
+            # An outcome unknown earlier may have posted it already: found, it is not posted
+            # again (the outbox repeats an edit without looking, as an edit is harmless).
+            found = await self.find_sent(part)
+            if found is not None:
+                return found
+        return await self._post(part)
+
+    async def _post(self, part: OutboundPart) -> SentPart:
         client = self._require_client()
         dest = part.destination
         response = await self._call(
             "chat.postMessage",
             client.chat_postMessage(
                 channel=dest.channel,
-                text=part.text,
+                text=_part_text(part),
                 thread_ts=_thread_ts(dest),
+                # Left on for a plain part too: its message becomes the final answer by an
+                # edit, and chat.update has no way to switch mrkdwn back on.
                 mrkdwn=True,
-                metadata={"event_type": METADATA_EVENT_TYPE, "event_payload": {"key": part.key}},
+                metadata=_part_metadata(part),
             ),
         )
         return SentPart(str(response["ts"]))
+
+    async def _edit(self, part: OutboundPart, ts: str) -> bool:
+        """Edit message ``ts`` to the part; False when Slack says the message is gone."""
+        client = self._require_client()
+        try:
+            await self._call(
+                "chat.update",
+                client.chat_update(
+                    channel=part.destination.channel,
+                    ts=ts,
+                    text=_part_text(part),
+                    parse="none",
+                    # The message now carries this part's key: find_sent finds it by that.
+                    metadata=_part_metadata(part),
+                ),
+            )
+        except ChannelError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, SlackApiError) and _error_code(cause) in _GONE_ERRORS:
+                self._counters["edits_gone"] += 1
+                log.info("slack: message %s is gone; part %s is posted anew", ts, part.key)
+                return False
+            raise
+        self._counters["edited"] += 1
+        return True
 
     async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
         client = self._require_client()
@@ -586,6 +636,7 @@ class SlackChannel:
                 ts=message_id,
                 text=card_text(card),
                 blocks=card_blocks(card),
+                parse="none",  # as posted (see the module docstring)
             ),
         )
 
@@ -661,6 +712,15 @@ class SlackChannel:
         if self._client is None:
             raise ChannelError("Slack channel is not started")
         return self._client
+
+
+def _part_text(part: OutboundPart) -> str:
+    # A plain part is not rendered: escaping alone keeps its text from being parsed.
+    return _escape(part.text) if part.plain else part.text
+
+
+def _part_metadata(part: OutboundPart) -> dict[str, Any]:
+    return {"event_type": METADATA_EVENT_TYPE, "event_payload": {"key": part.key}}
 
 
 def _thread_ts(dest: Destination) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import MODELS_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Dialect, FakeLLMServer, Item
 from tests.support.fakes.slack_server import Call, FakeSlack, Posted
 
@@ -179,9 +179,15 @@ api_base_url = "{self.slack.api_base_url}"
         return path
 
     async def start(self, **config: Any) -> DaemonProcess:
+        """A daemon, once its model SDK has loaded too. Until then a turn waits a second or
+        more for its first model call, and with the reply streamed (the default), that wait
+        alone gets a preview posted before the answer: a test's fault for the reply's post
+        would hit the preview instead."""
         daemon = DaemonProcess(self.write_config(**config), self.env)
         self.daemons.append(daemon)
-        return await daemon.start()
+        await daemon.start()
+        await daemon.wait_for_line(MODELS_MARK)
+        return daemon
 
     async def send(self, channel: str, text: str, **kw: Any) -> tuple[dict[str, Any], str]:
         """Post a message as a user (default ALICE) and wait until the daemon acked it."""

@@ -13,7 +13,15 @@ Point ``AsyncWebClient(base_url=fake.api_base_url)`` at it. ``apps.connections.o
   an HTTP status with ``Retry-After``, a delay, or a dropped connection (optionally after the
   message was stored: the "did it arrive?" case).
 * ``chat.postMessage`` keeps ``blocks`` too; ``chat.update`` replaces a message's text (and its
-  blocks, when given: an empty list or blocks without an actions block remove the buttons);
+  blocks, when given: an empty list or blocks without an actions block remove the buttons;
+  metadata, when given). Its ``parse`` defaults to ``client``, unlike chat.postMessage's: as
+  Slack does then, a ``<`` or ``>`` in the new text is stored escaped (a link or mention
+  written ``<...>`` becomes plain text) unless the call says ``parse=none``. Every text a
+  message showed is kept, with when (``Posted.texts`` / ``Posted.shown_at``), so a test can
+  tell "one message, edited N times, final text X". ``delete_message`` deletes a message as a
+  person would (chat.update then answers ``message_not_found``). ``fail_edits`` makes
+  chat.update answer Slack's 429 (``ratelimited`` with ``Retry-After``) for a number of
+  calls or for a while;
   ``chat.postEphemeral`` lands in ``ephemeral`` (only that user would see it). ``message``
   and ``buttons`` read a stored message; ``wait_until`` waits for any condition on the fake.
 * Socket Mode: ``hello`` on connect; ``push_event`` sends an ``events_api`` envelope and the
@@ -73,6 +81,15 @@ class Posted:
     metadata: dict[str, Any] | None
     blocks: list[dict[str, Any]] | None = None
     edits: int = 0  # chat.update calls on it; text and blocks are the latest
+    # Every text it showed, the posted one first, and when each began (time.monotonic()).
+    texts: list[str] = field(default_factory=list)
+    shown_at: list[float] = field(default_factory=list)
+    deleted: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.texts:
+            self.texts.append(self.text)
+            self.shown_at.append(time.monotonic())
 
 
 @dataclass
@@ -89,6 +106,15 @@ class Ack:
     envelope_id: str
     at: float  # time.monotonic()
     payload: Any = None
+
+
+@dataclass
+class _EditLimit:
+    """chat.update answers 429 while ``left`` calls remain and ``until`` has not passed."""
+
+    left: float
+    until: float  # time.monotonic()
+    retry_after: float
 
 
 @dataclass
@@ -125,6 +151,8 @@ class FakeSlack:
         self._redeliveries: set[asyncio.Task[None]] = set()
         self._history: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
+        self._edit_limit: _EditLimit | None = None
+        self._limited_edits = 0
         self._tickets: set[str] = set()
         self._sockets: list[web.WebSocketResponse] = []
         self._requests: dict[web.WebSocketResponse, web.Request] = {}
@@ -186,6 +214,32 @@ class FakeSlack:
         """The next ``times`` calls of ``method`` get ``fault`` (or ``Fault(**kw)``)."""
         for _ in range(times):
             self._faults[method].append(fault or Fault(**kw))
+
+    def fail_edits(
+        self, count: int | None = None, retry_after: float = 1.0, *, for_s: float | None = None
+    ) -> None:
+        """chat.update answers 429 ``ratelimited`` with ``Retry-After: retry_after``, as Slack
+        does for a method over its rate tier: the next ``count`` calls, or every call for the
+        next ``for_s`` seconds (both given: whichever ends first). Without either: one call;
+        ``fail_edits(0)`` ends it."""
+        if count is None and for_s is None:
+            count = 1
+        self._edit_limit = _EditLimit(
+            left=float("inf") if count is None else count,
+            until=time.monotonic() + (float("inf") if for_s is None else for_s),
+            retry_after=retry_after,
+        )
+
+    def edits_limited(self) -> int:
+        """How many chat.update calls were answered 429 so far."""
+        return self._limited_edits
+
+    def delete_message(self, channel: str, ts: str) -> None:
+        """A person deletes a message: it leaves the history; ``Posted.deleted`` is set."""
+        self._history[channel] = [m for m in self._history[channel] if m["ts"] != ts]
+        for posted in self.posted[channel]:
+            if posted.ts == ts:
+                posted.deleted = True
 
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
@@ -504,6 +558,8 @@ class FakeSlack:
         if token != wanted:
             return _error("invalid_auth" if token else "not_authed")
         fault = self._faults[method].popleft() if self._faults[method] else None
+        if fault is None and method == "chat.update":
+            fault = self._edit_fault()
         if fault is not None:
             if fault.after_commit and method == "chat.postMessage":
                 self._post(args)
@@ -518,6 +574,17 @@ class FakeSlack:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    def _edit_fault(self) -> Fault | None:
+        limit = self._edit_limit
+        if limit is None:
+            return None
+        if limit.left <= 0 or time.monotonic() >= limit.until:
+            self._edit_limit = None
+            return None
+        limit.left -= 1
+        self._limited_edits += 1
+        return Fault("ratelimited", status=429, retry_after=limit.retry_after)
 
     async def _fault(self, request: web.Request, fault: Fault) -> web.StreamResponse:
         if fault.delay:
@@ -564,14 +631,25 @@ class FakeSlack:
         refused = _refused_content(args)
         if refused is not None:
             return refused
-        message["text"] = str(args.get("text") or "")
+        text = str(args.get("text") or "")
+        if args.get("parse") != "none":
+            # parse=client: Slack treats the text as a client would, and escapes what a
+            # person cannot type as markup (entities already written stay as they are).
+            text = text.replace("<", "&lt;").replace(">", "&gt;")
+        message["text"] = text
         message["edited"] = {"user": self.bot_user_id, "ts": f"{time.time():.6f}"}
         # As Slack does: blocks left out of the call stay, blocks given replace them all.
         if "blocks" in args:
             message["blocks"] = _blocks(args)
+        metadata = _metadata(args)
+        if metadata:
+            message["metadata"] = metadata
         posted = next(p for p in self.posted[channel] if p.ts == ts)
         posted.text, posted.blocks = message["text"], message.get("blocks")
+        posted.metadata = message.get("metadata")
         posted.edits += 1
+        posted.texts.append(text)
+        posted.shown_at.append(time.monotonic())
         return _ok(channel=channel, ts=ts, text=message["text"], message=message)
 
     def _m_chat_postEphemeral(self, args: dict[str, Any]) -> web.Response:
@@ -626,9 +704,7 @@ class FakeSlack:
     def _post(self, args: dict[str, Any]) -> dict[str, Any]:
         self._last_ts = max(time.time(), self._last_ts + 0.000001)
         ts = f"{self._last_ts:.6f}"
-        metadata = args.get("metadata")
-        if isinstance(metadata, str):
-            metadata = json.loads(metadata)
+        metadata = _metadata(args)
         thread_ts = args.get("thread_ts") or None
         channel = str(args["channel"])
         blocks = _blocks(args)
@@ -651,6 +727,14 @@ class FakeSlack:
             Posted(channel, ts, message["text"], thread_ts, metadata, blocks)
         )
         return message
+
+
+def _metadata(args: dict[str, Any]) -> dict[str, Any] | None:
+    """The call's message metadata: a JSON body carries an object, a form body a string."""
+    metadata = args.get("metadata")
+    if isinstance(metadata, str):
+        metadata = json.loads(metadata)
+    return dict(metadata) if isinstance(metadata, dict) else None
 
 
 def _blocks(args: dict[str, Any]) -> list[dict[str, Any]] | None:

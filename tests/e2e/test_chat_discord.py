@@ -80,8 +80,14 @@ async def waiting(world: ChatWorld, channel: str) -> tuple[Json, Json]:
     card = await world.open_card(channel)
     await world.until(lambda: bool(world.answers(channel)), f"the progress line in {channel}")
     [preview] = world.answers(channel)
-    assert preview["content"].startswith(f"(running {TOOL}")
-    return card, preview
+    # What the turn waits for, once the card is up (a progress line may come first).
+    await world.until(
+        lambda: (
+            world.discord.message(preview["id"])["content"] == f"(waiting for approval of {TOOL})"
+        ),
+        f"the preview in {channel} saying the call waits for approval",
+    )
+    return card, world.discord.message(preview["id"])
 
 
 def card_lines(world: ChatWorld, card: Json) -> list[str]:

@@ -77,11 +77,22 @@ class TelegramWorld:
         return self.telegram.push_message(GROUP, text, user_id=ALICE)
 
     async def replies(self, count: int, limit_s: float = 30.0) -> list[str]:
-        sent = await self.telegram.wait_for_sent(GROUP, count, timeout=limit_s)
-        return [m.text for m in sent]
+        """The first ``count`` messages as they read once final. A streamed answer's first
+        message is its preview, plain text; the answer replaces it in HTML, as every reply
+        is sent (Telegram's plain fallback aside)."""
+
+        def final() -> bool:
+            sent = self.telegram.sent[GROUP][:count]
+            shown = [self.telegram.shown(GROUP, m.message_id) for m in sent]
+            return len(sent) >= count and all(m.parse_mode == "HTML" for m in shown)
+
+        await self.telegram.wait_until(final, limit_s)
+        return self.texts()[:count]
 
     def texts(self) -> list[str]:
-        return [m.text for m in self.telegram.sent[GROUP]]
+        """Every message in the chat as it reads now (a preview replaced by its answer)."""
+        sent = self.telegram.sent[GROUP]
+        return [self.telegram.shown(GROUP, m.message_id).text for m in sent]
 
     async def control(self, limit_s: float = 30.0) -> list[str]:
         """A control message (tests/support/control.py) and its answer; then every text the

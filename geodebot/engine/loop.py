@@ -497,6 +497,7 @@ class AgenticLoop:
                 reason=outcome.reason,
                 receipt=outcome.receipt_id,
                 approval=outcome.approval_id,
+                approved_by=outcome.decided_by,
                 arguments_sha256=content_hash(dict(outcome.call.arguments)),
                 result_sha256=content_hash(outcome.result.content),
             )

@@ -64,6 +64,9 @@ def _last_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
     return "", rounds
 
 
+Script = Callable[[int, bool], Item]  # (tool rounds so far, streamed) -> the answer
+
+
 def _raw_tool_use(call_id: str, name: str, input_json: str) -> Raw:
     """An Anthropic message whose tool input is ``input_json`` verbatim (any JSON, or not)."""
     return Raw(
@@ -99,9 +102,54 @@ def _made_up_tools(rounds: int) -> Item:
     return Reply("labels done")
 
 
-def _unrepresentable(call_id: str, input_json: str, answer: str) -> Callable[[int], Item]:
-    def reply(rounds: int) -> Item:
-        return _raw_tool_use(call_id, "get_time", input_json) if rounds == 0 else Reply(answer)
+def _raw_streamed_tool_use(call_id: str, name: str, input_json: str) -> Raw:
+    """The same message streamed (SSE), its tool input one ``input_json_delta`` verbatim."""
+    message = {
+        "id": "msg_raw",
+        "type": "message",
+        "role": "assistant",
+        "model": "harden-model",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 0},
+    }
+    block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+    events = [
+        ("message_start", {"type": "message_start", "message": message}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": block},
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": input_json},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                "usage": {"output_tokens": 3},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    body = "".join(f"event: {kind}\ndata: {json.dumps(data)}\n\n" for kind, data in events)
+    return Raw(200, body, content_type="text/event-stream")
+
+
+def _unrepresentable(call_id: str, input_json: str, answer: str) -> Script:
+    def reply(rounds: int, streamed: bool) -> Item:
+        if rounds:
+            return Reply(answer)
+        raw = _raw_streamed_tool_use if streamed else _raw_tool_use
+        return raw(call_id, "get_time", input_json)
 
     return reply
 
@@ -112,6 +160,10 @@ SCRIPTS: dict[str, Callable[[int], Item]] = {
     "are you there?": lambda _: Reply("still here"),
     "write and edit": _write_and_edit,
     "call made-up tools": _made_up_tools,
+    "still working?": lambda _: Reply("yes, still working"),
+}
+# The same, for answers written out by hand: streamed or not, as the request asked.
+RAW_SCRIPTS: dict[str, Script] = {
     "send NaN": _unrepresentable("toolu_nan", '{"timezone": NaN}', "NaN refused"),
     "send a deep input": _unrepresentable(
         "toolu_deep", '{"a":' * 3000 + "1" + "}" * 3000, "depth refused"
@@ -119,12 +171,13 @@ SCRIPTS: dict[str, Callable[[int], Item]] = {
     "send a lone surrogate": _unrepresentable(
         "toolu_sur", '{"timezone": "\\ud800"}', "surrogate refused"
     ),
-    "still working?": lambda _: Reply("yes, still working"),
 }
 
 
 def hostile_model(body: Mapping[str, Any]) -> Item | None:
     prompt, rounds = _last_prompt(body)
+    if prompt in RAW_SCRIPTS:
+        return RAW_SCRIPTS[prompt](rounds, bool(body.get("stream")))
     script = SCRIPTS.get(prompt)
     return None if script is None else script(rounds)
 

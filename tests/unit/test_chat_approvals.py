@@ -166,6 +166,14 @@ async def test_an_approver_approves_and_the_call_runs_once(
     assert decided_event["approval"] == card.approval_id
     assert [r.approval_id for r in receipts] == [card.approval_id]
     assert len(w.chat.cards) == 1
+    call = next(e.data for e in events if e.kind == "tool_call")
+    assert (call["approval"], call["decided_by"], call["approved"]) == (
+        card.approval_id,
+        APPROVER,
+        True,
+    )
+    ledger = w.app.config.ledger_path.read_text()
+    assert f'"approved_by": "{APPROVER}"' in ledger or f'"approved_by":"{APPROVER}"' in ledger
 
 
 async def test_a_non_approver_press_changes_nothing_and_a_denial_is_told_to_the_model(
@@ -188,8 +196,15 @@ async def test_a_non_approver_press_changes_nothing_and_a_denial_is_told_to_the_
         assert answer.text == "Denied."
         assert await w.replies(1) == ["over\n\n(Not allowed here, so not run: `write_marker`.)"]
         _, decided = await w.card(pending=False)
+        events = await w.app.services.store.timeline(SESSION)
     assert marker_lines(w.marker) == []
     assert "77 denied write_marker" in tool_result_seen(llm_server)
+    call = next(e.data for e in events if e.kind == "tool_call")
+    assert (call["approval"], call["decided_by"], call["reason"]) == (
+        card.approval_id,
+        "77",
+        "approval_denied",
+    )
     assert decided.outcome is not None
     assert decided.outcome.startswith("Denied by 77")
 

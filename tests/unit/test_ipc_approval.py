@@ -65,7 +65,9 @@ async def test_terminal_user_answers_an_approval_request(
     ]
     assert asked_events[0]["call_sha256"] == asked_events[1]["call_sha256"]
     assert len(str(asked_events[0]["call_sha256"])) == 64
-    assert calls[0]["approval"] == (asked_events[0]["approval"] if approve else None)
+    # A denied call names the decision that refused it, and who made it.
+    assert calls[0]["approval"] == asked_events[0]["approval"]
+    assert calls[0]["decided_by"] == "terminal"
     # The effect's receipt names the decision it ran under; a denied call has no receipt.
     assert [r.approval_id for r in receipts] == ([asked_events[0]["approval"]] if approve else [])
 

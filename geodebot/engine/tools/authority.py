@@ -65,9 +65,11 @@ _UNSEEN = "its result was not passed on: the turn ended before the result hooks 
 
 
 class _Refused(Exception):
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, request: ApprovalRecord | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        # The person's decision the refusal comes from, if one was asked for.
+        self.request = request
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,11 @@ class _Admitted:
     call: ToolUseBlock  # with the final arguments
     receipt: EffectReceipt | None
     approved: bool | None
-    approval_id: str | None = None
+    request: ApprovalRecord | None = None
+
+    @property
+    def approval_id(self) -> str | None:
+        return self.request.id if self.request is not None else None
 
 
 class ResourceLocks:
@@ -172,10 +178,8 @@ class ToolAuthority:
         original = self._classify(spec, call.arguments)
         self._validate(spec, call.arguments)
         arguments, ask = await self._pre_hooks(spec, call.arguments, ctx, original)
-        approved, approval_id = await self._approval(plan, spec, arguments, ctx, ask)
-        return _Admitted(
-            spec, replace(call, arguments=dict(arguments)), None, approved, approval_id
-        )
+        approved, request = await self._approval(plan, spec, arguments, ctx, ask)
+        return _Admitted(spec, replace(call, arguments=dict(arguments)), None, approved, request)
 
     def _scope(self, plan: BoundToolPlan, call: ToolUseBlock) -> ToolSpec:
         spec = plan.get(call.name)
@@ -245,9 +249,9 @@ class ToolAuthority:
         arguments: Mapping[str, Any],
         ctx: ToolCallContext,
         ask: str | None,
-    ) -> tuple[bool | None, str | None]:
-        """Whether the call was approved (None: it needs no approval) and the id of the
-        person's decision, if one was asked for."""
+    ) -> tuple[bool | None, ApprovalRecord | None]:
+        """Whether the call was approved (None: it needs no approval) and the person's
+        decision, if one was asked for."""
         if not spec.needs_approval and ask is None:
             return None, None
         if ctx.mode is Mode.IPC and ctx.approver is not None:
@@ -310,8 +314,8 @@ class ToolAuthority:
         arguments: Mapping[str, Any],
         ctx: ToolCallContext,
         ask: str | None,
-    ) -> str:
-        """Ask the person at the terminal; the request's id once approved."""
+    ) -> ApprovalRecord:
+        """Ask the person at the terminal; the request once approved."""
         assert ctx.approver is not None
         record = await self._open(plan, spec, arguments, ctx, (TERMINAL,), self._approval_timeout_s)
         if record.status == "pending":
@@ -334,8 +338,8 @@ class ToolAuthority:
                 )
             record = ended if ended is not None else record
         if record.status != "approved":
-            raise _Refused("approval_denied", f"the user did not approve {spec.name}")
-        return record.id
+            raise _Refused("approval_denied", f"the user did not approve {spec.name}", record)
+        return record
 
     async def _ask_desk(
         self,
@@ -343,8 +347,8 @@ class ToolAuthority:
         spec: ToolSpec,
         arguments: Mapping[str, Any],
         ctx: ToolCallContext,
-    ) -> str:
-        """Ask the chat's approvers with a card; the request's id once approved. The turn
+    ) -> ApprovalRecord:
+        """Ask the chat's approvers with a card; the request once approved. The turn
         waits outside its time budget, for as long as the request lives."""
         desk = ctx.desk
         assert desk is not None
@@ -354,14 +358,17 @@ class ToolAuthority:
             async with waiting() if waiting is not None else contextlib.nullcontext():
                 record = await desk.settle(record)
         if record.status == "approved":
-            return record.id
+            return record
         if record.status == "denied":
             raise _Refused(
-                "approval_denied", f"{record.decided_by} denied {spec.name}; it was not run"
+                "approval_denied",
+                f"{record.decided_by} denied {spec.name}; it was not run",
+                record,
             )
         raise _Refused(
             "approval_expired",
             f"nobody approved {spec.name} before the request expired; it was not run",
+            record,
         )
 
     async def _wait_for_person(
@@ -477,6 +484,7 @@ class ToolAuthority:
             receipt.id if receipt else None,
             grant.approved,
             grant.approval_id,
+            _decided_by(grant.request),
         )
 
     async def _finish(
@@ -544,7 +552,23 @@ def _payload(
 
 def _refused(call: ToolUseBlock, refusal: _Refused) -> ToolOutcome:
     block = ToolResultBlock(call.id, f"refused: {refusal}", is_error=True)
-    return ToolOutcome(call, block, "refused", refusal.reason)
+    request = refusal.request
+    return ToolOutcome(
+        call,
+        block,
+        "refused",
+        refusal.reason,
+        approved=False if request is not None else None,
+        approval_id=request.id if request is not None else None,
+        decided_by=_decided_by(request),
+    )
+
+
+def _decided_by(request: ApprovalRecord | None) -> str | None:
+    """Who decided, for the record: a person's id, or "expired" when nobody did."""
+    if request is None:
+        return None
+    return request.decided_by or ("expired" if request.status == "expired" else None)
 
 
 def _replay(call: ToolUseBlock, original: ToolResultBlock, receipt_id: str | None) -> ToolOutcome:

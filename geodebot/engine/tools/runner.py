@@ -45,8 +45,10 @@ class ToolOutcome:
     reason: str | None = None
     receipt_id: str | None = None
     approved: bool | None = None
-    # The person's decision (an approval request's id), when one was asked for.
+    # The person's decision (an approval request's id), when one was asked for, and who
+    # made it ("expired": nobody, in time).
     approval_id: str | None = None
+    decided_by: str | None = None
 
     def timeline(self) -> dict[str, object]:
         return {
@@ -57,6 +59,7 @@ class ToolOutcome:
             "receipt": self.receipt_id,
             "approved": self.approved,
             "approval": self.approval_id,
+            "decided_by": self.decided_by,
             "result_chars": len(self.result.content),
         }
 

@@ -222,6 +222,7 @@ class ChatApprovals:
         if press.user not in request.approvers:
             log.info("approval %s: a press by %s, who is not an approver", request.id, press.user)
             return PressAnswer(False, f"Only {', '.join(request.approvers)} may decide this.")
+        counted = False
         if request.status == "pending":
             decided, counted = await self._store.approval_decide(
                 request.id, press.approve, by=press.user, via="chat"
@@ -232,15 +233,12 @@ class ChatApprovals:
             if counted or request.status == "expired":
                 self.decided(request.id)
                 self._edit_later(request)
-                if press.message_id and press.message_id != request.card.get("message_id"):
-                    # A card posted again after a crash (or whose id was not recorded yet):
-                    # the one pressed shows the outcome too.
-                    self._edit_later(request, press.message_id)
-            if counted:
-                return PressAnswer(True, "Approved." if press.approve else "Denied.")
-        elif press.message_id and press.message_id != request.card.get("message_id"):
-            # A stale copy of the card (posted twice over a crash) still shows its buttons.
+        if press.message_id and press.message_id != request.card.get("message_id"):
+            # A second copy of the card (posted again over a crash, or its id not recorded
+            # yet) was pressed: it shows the outcome too, not buttons that do nothing.
             self._edit_later(request, press.message_id)
+        if counted:
+            return PressAnswer(True, "Approved." if press.approve else "Denied.")
         return PressAnswer(False, _already(request))
 
     # -- the card ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import cast
 
 from geodebot.channels.base import Channel, ChannelError, Destination, OutboundPart, Platform
+from geodebot.channels.render import LIMITS
 from geodebot.config.schema import BindingConfig
 from geodebot.store.protocol import Store
 from geodebot.store.records import InboxRow, StoreError
@@ -26,9 +27,10 @@ log = logging.getLogger(__name__)
 # An answer complete this soon after its first text (or progress line) goes out as one
 # message, with no preview at all.
 FIRST_PREVIEW_AFTER_S = 0.3
-# The preview holds this much of the answer, within each platform's message limit; the final
-# reply brings the rest, continued in further messages past the limit.
-PREVIEW_CHARS = {"telegram": 3500, "slack": 3500, "discord": 1900}
+# The preview holds the answer up to the platform's message limit less this much (room for
+# the progress line, and for characters a platform counts double); the final reply brings
+# the rest, continued in further messages past the limit.
+PREVIEW_ROOM = 500
 # A preview request still under way when the turn ends gets this long (an SDK may be waiting
 # out a rate limit on it), then is cancelled: the final answer does not wait longer for it.
 CLOSE_WAIT_S = 2.0
@@ -181,7 +183,7 @@ class StreamedReply:
 
     def _view(self) -> str:
         answer = "".join(self._answer).strip()
-        limit = PREVIEW_CHARS.get(self._row.platform, min(PREVIEW_CHARS.values()))
+        limit = LIMITS[self._row.platform] - PREVIEW_ROOM
         if len(answer) > limit:
             answer = answer[: limit - 1] + "…"
         if self._status:

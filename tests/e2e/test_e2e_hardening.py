@@ -23,7 +23,7 @@ import pytest_asyncio
 
 from tests.support.abuse import free_port, metric
 from tests.support.daemon import DaemonProcess
-from tests.support.fakes.llm_server import Call, FakeLLMServer, Item, Raw, Reply
+from tests.support.fakes.llm_server import Call, FakeLLMServer, Item, Raw, Reply, last_prompt
 from tests.support.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -47,21 +47,6 @@ if event["tool"] == "write_file":
 else:
     print(json.dumps({"decision": "add_context", "context": "reviewed by the edit hook"}))
 """
-
-
-def _last_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
-    """The newest user text of the request, and how many tool rounds followed it."""
-    rounds = 0
-    for message in reversed(body["messages"]):
-        content = message["content"]
-        if isinstance(content, str):
-            return content, rounds
-        texts = [b["text"] for b in content if b.get("type") == "text"]
-        if message["role"] == "user" and texts:
-            return texts[-1], rounds
-        if message["role"] == "user":
-            rounds += 1
-    return "", rounds
 
 
 Script = Callable[[int, bool], Item]  # (tool rounds so far, streamed) -> the answer
@@ -175,7 +160,7 @@ RAW_SCRIPTS: dict[str, Script] = {
 
 
 def hostile_model(body: Mapping[str, Any]) -> Item | None:
-    prompt, rounds = _last_prompt(body)
+    prompt, rounds = last_prompt(body)
     if prompt in RAW_SCRIPTS:
         return RAW_SCRIPTS[prompt](rounds, bool(body.get("stream")))
     script = SCRIPTS.get(prompt)
@@ -212,7 +197,7 @@ class World:
         return [
             r.json
             for r in self.llm.requests
-            if isinstance(r.json, dict) and _last_prompt(r.json)[0] == prompt
+            if isinstance(r.json, dict) and last_prompt(r.json)[0] == prompt
         ]
 
 

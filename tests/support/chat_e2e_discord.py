@@ -19,7 +19,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,7 +29,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.control import CONTROL, CONTROL_ANSWER, answer_controls
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.discord_server import FakeDiscord, Json
-from tests.support.fakes.llm_server import FakeLLMServer, Item, Reply
+from tests.support.fakes.llm_server import FakeLLMServer, Item, Reply, last_prompt
 from tests.support.mcp import FAKE as FAKE_MCP
 
 TOKEN = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GfAkEx.chat-e2e-discord-token-0123456789abcdef"
@@ -78,29 +78,13 @@ class ModelByPrompt:
         return prompt
 
     def __call__(self, body: dict[str, Any]) -> Item | None:
-        found = _newest_prompt(body.get("messages") or [])
-        if found is None:
+        text, rounds = last_prompt(body)
+        if not text:
             return None
-        text, rounds = found
         for prompt, script in self.scripts.items():
             if prompt in text:
                 return script[rounds] if rounds < len(script) else Reply("(no such round)")
         return None
-
-
-def _newest_prompt(messages: Sequence[Mapping[str, Any]]) -> tuple[str, int] | None:
-    rounds = 0
-    for message in reversed(messages):
-        if message.get("role") == "assistant":
-            rounds += 1
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            return content, rounds
-        texts = [b.get("text", "") for b in content or [] if b.get("type") == "text"]
-        if texts:
-            return "\n".join(texts), rounds
-    return None
 
 
 def tool_results(body: Mapping[str, Any]) -> list[str]:

@@ -17,7 +17,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from geodebot.config.schema import DB_FILE
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.control import CONTROL, CONTROL_ANSWER, answer_controls
 from tests.support.daemon import CONNECTED_MARK, DaemonProcess
-from tests.support.fakes.llm_server import FakeLLMServer, Item
+from tests.support.fakes.llm_server import FakeLLMServer, Item, last_prompt
 from tests.support.fakes.telegram_server import (
     FakeTelegram,
     SentMessage,
@@ -77,21 +77,6 @@ class Chat:
             f'tools = ["{WRITE_NOTE}"]\napprovers = [{approvers}]\n'
             f"stream = {'true' if self.stream else 'false'}\n{self.keys}"
         )
-
-
-def last_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
-    """The newest user text of a model request, and how many tool rounds followed it."""
-    rounds = 0
-    for message in reversed(body.get("messages") or []):
-        content = message["content"]
-        if isinstance(content, str):
-            return content, rounds
-        texts = [b["text"] for b in content if b.get("type") == "text"]
-        if message["role"] == "user" and texts:
-            return texts[-1], rounds
-        if message["role"] == "user":
-            rounds += 1
-    return "", rounds
 
 
 class ChatModel:

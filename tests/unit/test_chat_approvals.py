@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +59,6 @@ class Clock:
         self.offset = 0.0
 
     def __call__(self) -> float:
-        import time
-
         return time.time() + self.offset
 
 
@@ -300,23 +299,21 @@ async def test_a_preapproved_tool_needs_no_card_and_a_binding_without_approvers_
 ) -> None:
     asks_to_write(llm_server, "pre")
     asks_to_write(llm_server, "nobody")
-    async with world(tmp_path, llm_server, preapproved=["write_marker"]) as w:
+    chat = MemoryChannel("telegram")
+    async with world(tmp_path, llm_server, chat=chat, preapproved=["write_marker"]) as w:
         await w.chat.deliver(message("go"))
         assert await w.replies(1) == ["over"]
-    async with world(tmp_path, llm_server, approvers=[]) as w:
+    async with world(tmp_path, llm_server, chat=chat, approvers=[]) as w:
         await w.chat.deliver(message("go"))
-        assert (await w.replies(1))[0].startswith("over\n\n(Not allowed here")
-    assert chat_cards_of(w) == {}
+        assert (await w.replies(2))[1].startswith("over\n\n(Not allowed here")
+    # Neither asked anybody: the first ran unattended, the second was refused.
+    assert chat.cards == {}
     assert marker_lines(tmp_path / "marker") == ["write_marker:pre"]
     assert "nobody can approve" in tool_result_seen(llm_server)
 
 
-def chat_cards_of(w: World) -> Mapping[str, ApprovalCard]:
-    return w.chat.cards
-
-
 @pytest.mark.parametrize("approvers", [["*"], [""]])
-def test_approvers_are_named_people(tmp_path: Path, approvers: list[str]) -> None:
+def test_approvers_are_named_people(approvers: list[str]) -> None:
     from geodebot.config.schema import ConfigError, parse_config
 
     with pytest.raises(ConfigError):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from geodebot.channels.base import ChannelError, OutboundPart, SentPart
+from geodebot.channels.render import LIMITS
 from geodebot.chat import stream
 from geodebot.chat.stream import RETRYING_TEXT, EditPacer, StreamedReply
 from geodebot.store.records import InboxRow
@@ -182,3 +183,18 @@ async def test_a_wait_for_a_person_is_shown_in_the_preview(store: SQLiteStore) -
         ),
     )
     await reply.close()
+
+
+async def test_a_long_answer_previews_within_the_platforms_limit(store: SQLiteStore) -> None:
+    chat = MemoryChannel(limit=LIMITS["telegram"])
+    reply = StreamedReply(chat, store, await inbox_row(store), EditPacer(0.0), first_after_s=0.0)
+    reply.text("x" * 10_000)
+    await until(chat, lambda: chat.messages)
+    reply.tools_started((("read_file", "y" * 200),))
+    await until(chat, lambda: "(running" in next(iter(chat.messages.values())))
+    await reply.close()
+    [shown] = chat.messages.values()
+    # Cut with a mark, the progress line still under it, the whole within the limit.
+    assert shown.startswith("x" * 3000)
+    assert "…\n\n(running read_file " in shown
+    assert len(shown) <= LIMITS["telegram"]

@@ -170,15 +170,7 @@ class AnthropicAdapter:
                 except _MALFORMED as exc:
                     raise self._malformed("stream event", exc) from exc
         if not message.done:
-            # The HTTP body ended cleanly but the answer did not: what arrived is not the
-            # whole answer, and a retry may get it.
-            if not message.started:
-                raise LLMInvalidResponse(
-                    self._err.detail("the response is not an event stream"), **self._err.ids()
-                )
-            raise LLMConnectionError(
-                self._err.detail("the stream ended before message_stop"), **self._err.ids()
-            )
+            raise self._err.unfinished_stream(started=message.started, end="message_stop")
         try:
             return self._response(message.body(), stream.response.headers.get("request-id"))
         except _MALFORMED as exc:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypedDict
 
+from geodebot.engine.llm.errors import LLMConnectionError, LLMError, LLMInvalidResponse
 from geodebot.logs.redact import Redactor
 
 MAX_DETAIL = 300
@@ -35,6 +36,15 @@ class ErrorText:
 
     def ids(self) -> Ids:
         return {"provider": self.provider, "model": self.model}
+
+    def unfinished_stream(self, *, started: bool, end: str) -> LLMError:
+        """A streamed body that ended cleanly without its last event (``end``): not an event
+        stream at all if nothing of one came, else an answer cut short that a retry may get."""
+        if not started:
+            return LLMInvalidResponse(
+                self.detail("the response is not an event stream"), **self.ids()
+            )
+        return LLMConnectionError(self.detail(f"the stream ended before {end}"), **self.ids())
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

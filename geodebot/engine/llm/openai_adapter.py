@@ -158,15 +158,7 @@ class OpenAIAdapter:
                 except _MALFORMED as exc:
                     raise self._malformed("stream chunk", exc) from exc
         if not completion.done:
-            # The HTTP body ended cleanly but the answer did not: what arrived is not the
-            # whole answer, and a retry may get it.
-            if not completion.started:
-                raise LLMInvalidResponse(
-                    self._err.detail("the response is not an event stream"), **self._err.ids()
-                )
-            raise LLMConnectionError(
-                self._err.detail("the stream ended before a finish_reason"), **self._err.ids()
-            )
+            raise self._err.unfinished_stream(started=completion.started, end="a finish_reason")
         try:
             return self._response(
                 completion.completion(), stream.response.headers.get("x-request-id")

@@ -354,8 +354,7 @@ class ToolAuthority:
         assert desk is not None
         record = await self._open(plan, spec, arguments, ctx, desk.approvers, desk.timeout_s)
         if record.status == "pending":
-            waiting = ctx.waiting_for_a_person
-            async with waiting() if waiting is not None else contextlib.nullcontext():
+            async with _parked(ctx):
                 record = await desk.settle(record)
         if record.status == "approved":
             return record
@@ -375,8 +374,7 @@ class ToolAuthority:
         self, approver: Approver, request: ApprovalRequest, ctx: ToolCallContext
     ) -> bool | None:
         """The person's answer; None when none came within the approval timeout."""
-        waiting = ctx.waiting_for_a_person
-        async with waiting() if waiting is not None else contextlib.nullcontext():
+        async with _parked(ctx):
             try:
                 async with asyncio.timeout(self._approval_timeout_s):
                     return await approver.approve(request)
@@ -548,6 +546,12 @@ def _payload(
         "safety": spec.safety.value,
         "effect": spec.effect.value,
     }
+
+
+def _parked(ctx: ToolCallContext) -> contextlib.AbstractAsyncContextManager[None]:
+    """Entered while the call waits for a person (see ToolCallContext.waiting_for_a_person)."""
+    waiting = ctx.waiting_for_a_person
+    return waiting() if waiting is not None else contextlib.nullcontext()
 
 
 def _refused(call: ToolUseBlock, refusal: _Refused) -> ToolOutcome:

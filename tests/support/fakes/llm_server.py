@@ -625,3 +625,19 @@ def _has_credentials(request: web.Request, dialect: Dialect) -> bool:
     if dialect == "anthropic":
         return bearer or bool(request.headers.get("x-api-key", "").strip())
     return bearer
+
+
+def last_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
+    """For a responder: the newest user text of a request (Anthropic shape), and how many tool
+    rounds followed it; ("", rounds) when there is none."""
+    rounds = 0
+    for message in reversed(body.get("messages") or []):
+        content = message["content"]
+        if isinstance(content, str):
+            return content, rounds
+        texts = [b["text"] for b in content if b.get("type") == "text"]
+        if message["role"] == "user" and texts:
+            return texts[-1], rounds
+        if message["role"] == "user":
+            rounds += 1
+    return "", rounds

@@ -10,11 +10,73 @@ and splits it at the platform's limit). The engine never sees an SDK type.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 Platform = Literal["telegram", "slack", "discord"]
+
+# The largest file a bot may upload, per platform: Telegram's Bot API takes 50 MB through
+# sendDocument, Discord 10 MiB per message for a bot without boosts, Slack 1 GB.
+UPLOAD_LIMITS: Mapping[str, int] = {
+    "telegram": 50 * 1000 * 1000,
+    "discord": 10 * 1024 * 1024,
+    "slack": 1000 * 1000 * 1000,
+}
+# Telegram's photos (sendPhoto) are smaller still; a larger image goes as a document.
+TELEGRAM_PHOTO_LIMIT = 10 * 1000 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class InboundFile:
+    """A file or image a user sent with a message, as the platform describes it: nothing of
+    it is downloaded yet, and nothing of it is trusted (name, type and size are the sender's
+    word until the bytes are checked)."""
+
+    # What the adapter needs to download it (see Channel.download): Telegram's file_id, Slack's
+    # url_private_download, Discord's attachment URL.
+    ref: str
+    name: str
+    media_type: str = ""  # as the platform says; "" unknown
+    size: int = 0  # bytes as the platform says; 0 unknown
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ref": self.ref,
+            "name": self.name,
+            "media_type": self.media_type,
+            "size": self.size,
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> InboundFile:
+        return InboundFile(
+            str(data["ref"]),
+            str(data.get("name", "")),
+            str(data.get("media_type", "")),
+            int(data.get("size", 0) or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundFile:
+    """A file to upload with a message (``send_file``): the bytes are at ``path``, a copy in
+    the state directory's file store that nothing changes after it was queued."""
+
+    path: Path
+    name: str
+    media_type: str
+    size: int
+
+
+class FileTooLarge(Exception):
+    """A download stopped because the file is larger than the limit it was given."""
+
+    def __init__(self, limit: int, size: int | None = None) -> None:
+        super().__init__(f"larger than {limit} bytes" + (f" ({size} bytes)" if size else ""))
+        self.limit = limit
+        self.size = size
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +99,8 @@ class Inbound:
     mentions_bot: bool = False
     is_dm: bool = False
     ts: float = 0.0
+    # Files and images sent with the message (the text is then their caption, maybe empty).
+    files: tuple[InboundFile, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +129,9 @@ class OutboundPart:
     # Plain text, shown as is (no markup): a preview of an answer still arriving, whose
     # markup may be cut anywhere.
     plain: bool = False
+    # A file uploaded with this part, ``text`` (one rendered part, maybe empty) its caption.
+    # Such a part is always the only part of its message and never an edit.
+    file: OutboundFile | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +284,17 @@ class Channel(Protocol):
         """Our markdown in the platform's format, split at the platform's limit."""
 
     async def send(self, part: OutboundPart) -> SentPart:
-        """Send one part. Raises ChannelError (with retry_after on 429) or SendUnknown."""
+        """Send one part (uploading ``part.file`` with it, if set). Raises ChannelError (with
+        retry_after on 429) or SendUnknown."""
+
+    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
+        """The bytes of a file a user sent, fetched through the platform (with the bot's
+        credentials where the platform needs them, and only from the platform's own hosts).
+
+        Raises FileTooLarge as soon as more than ``max_bytes`` arrive (or are announced), so
+        an oversized file is never held whole; ChannelError when the platform refuses or the
+        file is gone.
+        """
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
         """After an unknown outcome: the part's message if the platform can tell, else None.

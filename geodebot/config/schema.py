@@ -288,6 +288,9 @@ class TelegramConfig(_ChannelBase):
     token_env: str = "TELEGRAM_BOT_TOKEN"
     # python-telegram-bot's base_url meaning: the token is appended to it.
     api_base_url: str = "https://api.telegram.org/bot"
+    # python-telegram-bot's base_file_url: where getFile's paths are downloaded from (the
+    # token is appended to it, like api_base_url).
+    file_base_url: str = "https://api.telegram.org/file/bot"
     poll_timeout_s: Annotated[int, Field(ge=0, le=60)] = 30
 
 
@@ -338,6 +341,10 @@ class BindingConfig(_Strict):
     approval_timeout_s: Annotated[float, Field(ge=5, le=7 * 86_400)] = 900.0
     # Edit one message as the answer arrives.
     stream: bool = True
+    # Accept files and images from users (checked, stored once by content hash, shown to the
+    # model by reference), each up to this size; larger ones are refused before any download.
+    attachments: bool = True
+    max_attachment_mb: Annotated[float, Field(gt=0, le=2000)] = 20.0
 
     @field_validator("approvers")
     @classmethod

@@ -42,6 +42,17 @@
   none, answers no press itself, so each press gets exactly one response. Discord drops an
   interaction not answered within 3 s: a sink slower than ``PRESS_ANSWER_S`` gets a deferred
   update first, and a not counted answer then comes as an ephemeral followup.
+* Files in. A message's attachments become ``Inbound.files`` (ref = the attachment URL;
+  catch-up reads them from history the same way). Attachment URLs are signed and the CDN
+  takes no token, so ``download`` sends none: it fetches only https URLs on Discord's CDN
+  hosts (or on the configured API's own scheme, host and port: a local proxy or a test
+  fake), follows no redirect, and stops at the cap (the declared size, Content-Length, or
+  the bytes as they arrive). discord.py's own session is private to its ``HTTPClient``, so
+  downloads go through one session of the adapter's, opened on first use.
+* Files out. A part with ``file`` is one multipart message create (``payload_json`` and
+  ``files[0]``, discord.py's ``send(file=...)``), caption, nonce and reply reference as for
+  text; discord.py re-reads the file for each of its own retries. Its outcome is looked up
+  by nonce like any part's. Discord answers an upload over the limit with 413/40005.
 """
 
 from __future__ import annotations
@@ -73,8 +84,11 @@ from geodebot.channels.base import (
     ChannelStatus,
     CursorStore,
     Destination,
+    FileTooLarge,
     Inbound,
+    InboundFile,
     InboundSink,
+    OutboundFile,
     OutboundPart,
     Platform,
     Press,
@@ -107,6 +121,11 @@ _NOT_VALID = "This button is not valid."
 _RETRY = "That did not work; please try again."
 _EPHEMERAL = 64  # message flag: only the presser sees it
 _UNKNOWN_MESSAGE = 10008  # Discord's JSON error code for a message that no longer exists
+_TOO_LARGE = 40005  # Discord's JSON error code for an upload over the limit (HTTP 413)
+# Where attachment URLs point: the CDN and its media proxy (``url`` and ``proxy_url``).
+CDN_HOSTS = frozenset({"cdn.discordapp.com", "media.discordapp.net"})
+DOWNLOAD_TIMEOUT_S = 300.0  # a whole download, 20 MB over a slow link included
+_DOWNLOAD_CHUNK = 64 * 1024
 # Discord renders a backslash before any ASCII punctuation as that character alone, so
 # escaping more than strictly needed loses nothing. "<" covers mentions, channels,
 # timestamps, custom emoji and <url> links; "[" masked links; the rest inline styles.
@@ -186,6 +205,10 @@ def to_inbound(message: discord.Message, bot_user_id: int | None) -> Inbound | N
         mentions_bot=any(u.id == bot_user_id for u in message.mentions),
         is_dm=isinstance(message.channel, discord.DMChannel),
         ts=message.created_at.timestamp(),
+        files=tuple(
+            InboundFile(a.url, a.filename, a.content_type or "", a.size or 0)
+            for a in message.attachments
+        ),
     )
 
 
@@ -306,9 +329,11 @@ class DiscordChannel:
         # interaction id -> (token, when, acknowledged)
         self._interactions: dict[str, tuple[str, float, asyncio.Future[bool]]] = {}
         self._last_error = ""
+        self._downloads: aiohttp.ClientSession | None = None  # opened on the first download
         self.counters: dict[str, int] = {
             "received": 0,
             "sent": 0,
+            "downloaded": 0,
             "caught_up": 0,
             "malformed": 0,
             "presses": 0,
@@ -357,6 +382,9 @@ class DiscordChannel:
 
     async def stop(self) -> None:
         client, self._client = self._client, None
+        downloads, self._downloads = self._downloads, None
+        if downloads is not None:
+            await downloads.close()
         if client is not None:
             await client.close()  # closes the socket, the HTTP session and its connector
         if self._runner is not None:
@@ -600,6 +628,8 @@ class DiscordChannel:
         entry = self._interactions.get(part.destination.reply_to or "")
         if part.index != 0 or entry is None or time.monotonic() - entry[1] >= INTERACTION_TTL_S:
             return None
+        if part.file is not None:  # goes to the channel; the answer fills in the response
+            return None
         with contextlib.suppress(TimeoutError):
             if await asyncio.wait_for(asyncio.shield(entry[2]), 10):
                 return entry[0]
@@ -616,6 +646,8 @@ class DiscordChannel:
         return sent
 
     async def _send(self, part: OutboundPart) -> SentPart:
+        if part.file is not None:  # never an edit, never an interaction's response
+            return await self._send_file(part, part.file)
         if part.edit_of is not None and await self._edited(part, part.edit_of):
             return SentPart(part.edit_of)
         dest, token = part.destination, await self._interaction_token(part)
@@ -628,13 +660,7 @@ class DiscordChannel:
             body = {"content": part.text, "allowed_mentions": {"parse": []}}
             return SentPart(str((await self._client.http.request(route, json=body))["id"]))
         target = await self._messageable(dest.thread or dest.channel)
-        reference = None
-        if dest.reply_to and part.index == 0 and dest.reply_to not in self._interactions:
-            reference = discord.MessageReference(
-                message_id=int(dest.reply_to),
-                channel_id=int(dest.thread or dest.channel),
-                fail_if_not_exists=False,
-            )
+        reference = self._reference(part)
         message = await target.send(
             part.text,
             nonce=nonce_for(part.key),
@@ -643,6 +669,39 @@ class DiscordChannel:
             # The one ping a reply is allowed; a preview pings nobody.
             mention_author=reference is not None and not part.plain,
         )
+        return SentPart(str(message.id))
+
+    def _reference(self, part: OutboundPart) -> discord.MessageReference | None:
+        """The message the part answers, for its first part (an interaction is no message)."""
+        dest = part.destination
+        if not dest.reply_to or part.index != 0 or dest.reply_to in self._interactions:
+            return None
+        return discord.MessageReference(
+            message_id=int(dest.reply_to),
+            channel_id=int(dest.thread or dest.channel),
+            fail_if_not_exists=False,
+        )
+
+    async def _send_file(self, part: OutboundPart, file: OutboundFile) -> SentPart:
+        target = await self._messageable(part.destination.thread or part.destination.channel)
+        reference = self._reference(part)
+        try:
+            upload = discord.File(file.path, filename=file.name)
+        except OSError as exc:  # gone from the file store: a resend would not find it either
+            raise ChannelError(
+                f"discord: {file.name} cannot be read: {exc}", permanent=True
+            ) from exc
+        try:
+            message = await target.send(
+                content=part.text or None,
+                file=upload,
+                nonce=nonce_for(part.key),
+                reference=reference,
+                allowed_mentions=discord.AllowedMentions.none(),
+                mention_author=reference is not None,
+            )
+        finally:
+            upload.close()  # send closes it too, unless it failed before the request
         return SentPart(str(message.id))
 
     async def _edited(self, part: OutboundPart, message_id: str) -> bool:
@@ -688,6 +747,58 @@ class DiscordChannel:
             log.info("discord: part %s not in history; resending under its nonce", part.key)
             return await self.send(part)
         return None
+
+    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
+        """The attachment's bytes from Discord's CDN, without a token (the URL is signed)."""
+        url = self._download_url(file)
+        if file.size > max_bytes:
+            raise FileTooLarge(max_bytes, file.size)
+        if self._client is None:
+            raise ChannelError("discord channel is not started")
+        if self._downloads is None:
+            self._downloads = aiohttp.ClientSession(
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=60),
+            )
+        try:
+            async with (
+                asyncio.timeout(DOWNLOAD_TIMEOUT_S),
+                self._downloads.get(url, allow_redirects=False) as response,
+            ):
+                if response.status != 200:
+                    raise _download_refused(file, response)
+                announced = response.content_length
+                if announced is not None and announced > max_bytes:
+                    raise FileTooLarge(max_bytes, announced)
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(_DOWNLOAD_CHUNK):
+                    body += chunk
+                    if len(body) > max_bytes:
+                        raise FileTooLarge(max_bytes)
+        except (FileTooLarge, ChannelError):
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # Not the exception's text: aiohttp's may carry the signed URL.
+            raise ChannelError(
+                f"discord: download of {file.name} failed: {type(exc).__name__}"
+            ) from exc
+        self.counters["downloaded"] += 1
+        return bytes(body)
+
+    def _download_url(self, file: InboundFile) -> yarl.URL:
+        """The attachment's URL, exactly as Discord gave it, if it is Discord's to serve."""
+        try:
+            url = yarl.URL(file.ref, encoded=True)
+            api = yarl.URL(self._config.api_base_url)
+            where = (url.scheme, url.host, url.port)
+        except (TypeError, ValueError) as exc:
+            raise ChannelError(f"discord: {file.name}: not a URL", permanent=True) from exc
+        cdn = where[0] == "https" and where[1] in CDN_HOSTS and where[2] == 443
+        own = where == (api.scheme, api.host, api.port)
+        if not (cdn or own) or url.user is not None or url.password is not None:
+            host = str(url.host or "")[:100]
+            raise ChannelError(f"discord: {file.name}: {host!r} is not Discord's", permanent=True)
+        return url
 
     async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
         return await _bounded(self._send_card(destination, card))
@@ -750,6 +861,20 @@ async def _bounded(call: Awaitable[_T]) -> _T:
         raise _translate(exc) from exc
 
 
+def _download_refused(file: InboundFile, response: aiohttp.ClientResponse) -> ChannelError:
+    status = response.status
+    what = f"discord: download of {file.name} answered {status}"
+    if status == 429 or status >= 500:
+        retry = response.headers.get("Retry-After")
+        try:
+            after = float(retry) if retry else None
+        except ValueError:
+            after = None
+        return ChannelError(what, retry_after=after if status == 429 else None)
+    # Expired or unknown (404), forbidden, a redirect we do not follow: asking again is the same.
+    return ChannelError(what, permanent=True)
+
+
 def _translate(exc: Exception) -> ChannelError:
     if isinstance(exc, ChannelError):
         return exc
@@ -759,6 +884,10 @@ def _translate(exc: Exception) -> ChannelError:
         if exc.status == 429:  # answered without Via: discord.py takes it for a Cloudflare ban
             retry = exc.response.headers.get("Retry-After")
             return ChannelError(f"discord 429: {exc}", retry_after=float(retry or 60))
+        if exc.status == 413 or exc.code == _TOO_LARGE:
+            return ChannelError(
+                f"discord: the file is over the upload limit: {exc}", permanent=True
+            )
         if 400 <= exc.status < 500:
             return ChannelError(f"discord rejected the message: {exc}", permanent=True)
         return ChannelError(f"discord server error: {exc}")

@@ -33,14 +33,31 @@ Close to the real service where discord.py can tell:
   with Discord's 429 for that route (same headers and body as a create's), and
   :meth:`delete_message` removes a message as a moderator would (MESSAGE_DELETE); editing it
   then is 404/10008 Unknown Message, as on Discord.
+* Attachments in: :meth:`attachment` stores a file and returns its attachment object (``id``,
+  ``filename``, ``size``, ``url``, ``proxy_url``, ``content_type``) for
+  ``push_message(..., attachments=[...])``. Its ``url`` is signed like Discord's
+  (``ex``/``is``/``hm``) and points at the fake CDN on this server (``/attachments/...``,
+  ``proxy_url`` at ``/media/attachments/...``), which needs no token, answers 404 for a bad
+  signature, counts each download in ``downloads`` (attachment id -> count) and records the
+  ``Authorization`` header of each CDN request in ``cdn_authorization`` (a client must send
+  none). The declared ``size`` may differ from the bytes, so an oversized file needs no big
+  body; ``chunked=True`` serves it without Content-Length.
+* Attachments out: message create also takes Discord's multipart form (``payload_json`` and
+  ``files[n]``), as discord.py sends it with a file; each file is recorded in ``uploads``
+  (:class:`Upload`: channel, message, name, bytes, content, nonce, reference) and the message
+  carries it as an attachment, downloadable from the fake CDN. A request over
+  ``upload_limit`` is 413/40005 Request entity too large, as on Discord.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import itertools
 import json
+import mimetypes
 import secrets
 import time
 import zlib
@@ -50,12 +67,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 from aiohttp import WSMsgType, web
 
 DISCORD_EPOCH_MS = 1_420_070_400_000
 MESSAGE_CONTENT_INTENT = 1 << 15
 EPHEMERAL = 1 << 6  # message flag
+UPLOAD_LIMIT = 10 * 1024 * 1024  # a bot's per-message upload limit without boosts
 _SAME_GUILD: Any = object()
 Json = dict[str, Any]
 
@@ -66,6 +85,29 @@ class Revision:
 
     text: str
     at: float  # time.monotonic() when the fake stored it
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file the client uploaded with a message create."""
+
+    channel_id: str
+    message_id: str
+    name: str
+    data: bytes
+    content: str | None  # the caption; None when the message had none
+    nonce: str | None
+    reference: Json | None  # message_reference, ids as strings
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """A file the fake CDN serves."""
+
+    data: bytes
+    name: str
+    content_type: str
+    chunked: bool = False
 
 
 @dataclass
@@ -120,10 +162,17 @@ class FakeDiscord:
         thread_id: str = "900000000000000012",
         nonce_window_s: float = 300.0,
         nonce_visible_s: float = 300.0,
+        upload_limit: int = UPLOAD_LIMIT,
     ) -> None:
         self.token, self.bot_id, self.app_id = token, bot_id, app_id
         self.guild_id, self.channel_id, self.thread_id = guild_id, channel_id, thread_id
         self.nonce_window_s, self.nonce_visible_s = nonce_window_s, nonce_visible_s
+        self.upload_limit = upload_limit
+        self.uploads: list[Upload] = []
+        self.downloads: dict[str, int] = defaultdict(int)  # attachment id -> CDN downloads
+        self.cdn_authorization: list[str | None] = []  # each CDN request's Authorization
+        self._files: dict[str, _Stored] = {}  # attachment id -> what the CDN serves
+        self._cdn_key = secrets.token_bytes(16)
         self.posted: dict[str, list[Json]] = defaultdict(list)  # what the bot created
         self.history: dict[str, list[Json]] = defaultdict(list)  # everything, oldest first
         self.typing: list[str] = []
@@ -152,8 +201,11 @@ class FakeDiscord:
         self.port = 0
 
     async def __aenter__(self) -> Self:
-        app = web.Application(middlewares=[self._auth])
+        # Uploads are read whole (a fake may): room for one over the limit, to refuse it.
+        app = web.Application(middlewares=[self._auth], client_max_size=self.upload_limit * 2)
         app.router.add_get("/gateway", self._gateway)
+        for prefix in ("", "/media"):  # url (cdn.discordapp.com), proxy_url (media.discordapp.net)
+            app.router.add_get(prefix + "/attachments/{cid}/{aid}/{name}", self._cdn)
         for method, path, handler in (
             ("GET", "/users/@me", self._me),
             ("GET", "/oauth2/applications/@me", self._app_info),
@@ -192,6 +244,11 @@ class FakeDiscord:
     def gateway_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/gateway"
 
+    @property
+    def cdn_url(self) -> str:
+        """The fake CDN: the same scheme, host and port as :attr:`api_base_url`."""
+        return f"http://127.0.0.1:{self.port}"
+
     # ---- test helpers ----------------------------------------------------------------------
 
     def fail_next_post(
@@ -214,6 +271,24 @@ class FakeDiscord:
     def texts(self, message_id: str) -> list[str]:
         """Every text the message had, oldest first: as created, then after each edit."""
         return [r.text for r in self.revisions.get(message_id, [])]
+
+    def attachment(
+        self,
+        channel_id: str,
+        name: str,
+        data: bytes,
+        *,
+        content_type: str | None = None,
+        size: int | None = None,
+        chunked: bool = False,
+    ) -> Json:
+        """A file a user uploads into ``channel_id``: its attachment object, for
+        :meth:`push_message`. ``content_type`` defaults to the guess from the name, as
+        Discord's ("" for none); ``size`` (what Discord declares) to the length of ``data``."""
+        kind = content_type if content_type is not None else _guess_type(name)
+        aid = self._next_id()
+        self._files[aid] = _Stored(data, name, kind, chunked)
+        return self._attachment_json(channel_id, aid, len(data) if size is None else size)
 
     def delete_message(self, channel_id: str, message_id: str) -> None:
         """Somebody deleted the message: gone from history, MESSAGE_DELETE dispatched."""
@@ -246,16 +321,26 @@ class FakeDiscord:
         guild_id: str | None = _SAME_GUILD,
         mentions_bot: bool = False,
         message_id: str | None = None,
+        attachments: list[Json] | None = None,
     ) -> str:
         """A message stored in history and dispatched as MESSAGE_CREATE; returns its id.
 
         ``guild_id`` defaults to the fake's guild for its channel and thread, else a DM.
+        ``attachments``: objects from :meth:`attachment`.
         """
         if guild_id is _SAME_GUILD:
             guild_id = self.guild_id if self._in_guild(channel_id) else None
         author = self.bot_user() if author_id == self.bot_id else self.user(author_id, bot=bot)
         mentions = [self.bot_user()] if mentions_bot else []
-        msg = self._store(channel_id, guild_id, author, content, mentions=mentions, mid=message_id)
+        msg = self._store(
+            channel_id,
+            guild_id,
+            author,
+            content,
+            mentions=mentions,
+            mid=message_id,
+            attachments=attachments,
+        )
         event = dict(msg)
         blind = self.intents is not None and not self.intents & MESSAGE_CONTENT_INTENT
         if blind and guild_id and not mentions_bot and author_id != self.bot_id:
@@ -330,6 +415,27 @@ class FakeDiscord:
     def _in_guild(self, channel_id: str) -> bool:
         return channel_id in (self.channel_id, self.thread_id)
 
+    def _signature(self, aid: str, expires: str, issued: str) -> str:
+        message = f"{aid}:{expires}:{issued}".encode()
+        return hmac.new(self._cdn_key, message, hashlib.sha256).hexdigest()
+
+    def _attachment_json(self, channel_id: str, aid: str, size: int) -> Json:
+        stored = self._files[aid]
+        issued = f"{int(time.time()):x}"
+        expires = f"{int(time.time()) + 86_400:x}"
+        path = f"/attachments/{channel_id}/{aid}/{quote(stored.name, safe='')}"
+        query = f"?ex={expires}&is={issued}&hm={self._signature(aid, expires, issued)}&"
+        attachment: Json = {
+            "id": aid,
+            "filename": stored.name,
+            "size": size,
+            "url": self.cdn_url + path + query,
+            "proxy_url": self.cdn_url + "/media" + path + query,
+        }
+        if stored.content_type:  # Discord leaves out a type it does not know
+            attachment["content_type"] = stored.content_type
+        return attachment
+
     def _next_id(self) -> str:
         snow = (int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22 | next(self._counter) % 4096
         self._last_id = max(self._last_id + 1, snow)
@@ -347,7 +453,7 @@ class FakeDiscord:
             "edited_timestamp": None,
             "mentions": extra.get("mentions") or [],
             "mention_roles": [],
-            "attachments": [],
+            "attachments": list(extra.get("attachments") or []),
             "embeds": [],
             "type": 19 if extra.get("reference") else 0,
             "components": extra.get("components") or [],
@@ -427,8 +533,15 @@ class FakeDiscord:
     async def _auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        # Interaction callbacks and webhooks authenticate by their token in the path.
-        open_paths = ("/api/v10/interactions/", "/api/v10/webhooks/", "/gateway")
+        # Interaction callbacks and webhooks authenticate by their token in the path;
+        # attachment URLs are signed instead (the CDN takes no token).
+        open_paths = (
+            "/api/v10/interactions/",
+            "/api/v10/webhooks/",
+            "/gateway",
+            "/attachments/",
+            "/media/attachments/",
+        )
         auth = request.headers.get("Authorization")
         if request.path.startswith(open_paths) or auth == f"Bot {self.token}":
             return await handler(request)
@@ -450,7 +563,10 @@ class FakeDiscord:
         return _json(self._channel(request.match_info["cid"], "1"))
 
     async def _create_message(self, request: web.Request) -> web.StreamResponse:
-        cid, body = request.match_info["cid"], await request.json()
+        cid = request.match_info["cid"]
+        body, files = await _message_body(request)
+        if sum(len(data) for _, data in files) > self.upload_limit:
+            return _error(413, 40005, "Request entity too large")
         failure = self._failures.pop(0) if self._failures else None
         if failure is not None and not failure[2]:
             return await _failure(request, failure[0], failure[1])
@@ -466,6 +582,11 @@ class FakeDiscord:
                 ref = {k: str(v) if k.endswith("_id") else v for k, v in ref.items()}
             guild = self.guild_id if self._in_guild(cid) else None
             components, flags = body.get("components") or [], int(body.get("flags") or 0)
+            attachments = []
+            for name, data in files:
+                aid = self._next_id()
+                self._files[aid] = _Stored(data, name, _guess_type(name))
+                attachments.append(self._attachment_json(cid, aid, len(data)))
             msg = self._store(
                 cid,
                 guild,
@@ -475,12 +596,18 @@ class FakeDiscord:
                 reference=ref,
                 components=components,
                 flags=flags,
+                attachments=attachments,
             )
             self.posted[cid].append(
                 {"id": msg["id"], "content": content, "nonce": nonce, "message_reference": ref}
                 | {"allowed_mentions": body.get("allowed_mentions")}
-                | {"components": components, "flags": flags}
+                | {"components": components, "flags": flags, "attachments": attachments}
             )
+            caption = body.get("content")
+            for name, data in files:
+                self.uploads.append(
+                    Upload(cid, msg["id"], name, data, caption, _text(nonce), ref or None)
+                )
             if nonce is not None:
                 self._nonces[(cid, str(nonce))] = (time.monotonic(), msg)
             self._dispatch("MESSAGE_CREATE", msg)
@@ -524,6 +651,26 @@ class FakeDiscord:
         self.revisions[mid].append(Revision(str(msg.get("content") or ""), time.monotonic()))
         self._dispatch("MESSAGE_UPDATE", dict(msg))
         return _json(msg)
+
+    async def _cdn(self, request: web.Request) -> web.StreamResponse:
+        self.cdn_authorization.append(request.headers.get("Authorization"))
+        aid, q = request.match_info["aid"], request.query
+        stored = self._files.get(aid)
+        signed = self._signature(aid, q.get("ex", ""), q.get("is", ""))
+        if stored is None or not hmac.compare_digest(signed, q.get("hm", "")):
+            # What Discord's CDN says for an unsigned, expired or unknown attachment URL.
+            return web.Response(status=404, text="This content is no longer available.")
+        self.downloads[aid] += 1
+        headers = {"Content-Type": stored.content_type or "application/octet-stream"}
+        if not stored.chunked:
+            return web.Response(body=stored.data, headers=headers)
+        response = web.StreamResponse(headers=headers)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(stored.data), 16 * 1024):
+            await response.write(stored.data[start : start + 16 * 1024])
+        await response.write_eof()
+        return response
 
     async def _typing(self, request: web.Request) -> web.StreamResponse:
         self.typing.append(request.match_info["cid"])
@@ -648,6 +795,28 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     # Exactly "application/json": discord.py parses nothing else (aiohttp would add a charset).
     headers = {**(headers or {}), "Content-Type": "application/json"}
     return web.Response(body=json.dumps(data).encode(), status=status, headers=headers)
+
+
+def _guess_type(name: str) -> str:
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+async def _message_body(request: web.Request) -> tuple[Json, list[tuple[str, bytes]]]:
+    """A message create's JSON body, and its files (name, bytes) when it came as multipart:
+    ``payload_json`` carries the JSON, ``files[n]`` the files (discord.py's field names)."""
+    if request.content_type != "multipart/form-data":
+        return await request.json(), []
+    form = await request.post()
+    body = json.loads(str(form["payload_json"]))
+    files = []
+    for key, value in form.items():
+        if key.startswith("files[") and isinstance(value, web.FileField):
+            files.append((value.filename, value.file.read()))
+    return body, files
 
 
 def _error(status: int, code: int, message: str) -> web.Response:

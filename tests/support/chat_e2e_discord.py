@@ -7,6 +7,11 @@ The tool is the fake MCP server's ``write_note`` (``mcp__fake__write_note``), de
 ``write``: a ``geodebot serve`` process loads its tools from the config, not from a test's
 registry, and this one leaves a line in ``$NOTES_FILE`` per run, so a test can count runs
 with :func:`tests.support.tools.marker_lines`.
+
+The files world of tests/e2e/test_files_discord.py (:meth:`ChatWorld.create_files`) is the
+same daemon and fakes with its own channels (:data:`FILE_CHANNELS`), ``send_file`` listed
+and preapproved, and a model that matches a prompt in any text block of the newest user
+message (the caption comes first there, then the files' blocks and notes).
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ CHANNELS: dict[str, str] = {
         ("approve", "stranger", "deny", "expire", "restart", "stream", "crash", "storm")
     )
 }
+# The files world's channels (and sessions): name -> channel id.
+FILE_CHANNELS: dict[str, str] = {
+    name: str(900000000000000200 + n)
+    for n, name in enumerate(("files-in", "oversize", "send-file"))
+}
+SEND_FILE = "send_file"
+MAX_ATTACHMENT_MB = 20  # the bindings' max_attachment_mb (the default)
 EXPIRE_S = 5.0  # approval_timeout_s of the "expire" channel (the least allowed)
 EDIT_INTERVAL_S = 0.2  # [daemon] stream_edit_interval_s (the least allowed)
 
@@ -62,6 +74,12 @@ class ChatGuild(FakeDiscord):
         ops = guild["channels"][0]
         extra = [ops | {"id": cid, "name": name} for cid, name in self.extra_channels.items()]
         return guild | {"channels": [ops, *extra]}
+
+
+class FilesGuild(ChatGuild):
+    """The fake Discord with a guild text channel per files scenario."""
+
+    extra_channels: ClassVar[Mapping[str, str]] = {cid: name for name, cid in FILE_CHANNELS.items()}
 
 
 class ModelByPrompt:
@@ -85,6 +103,46 @@ class ModelByPrompt:
             if prompt in text:
                 return script[rounds] if rounds < len(script) else Reply("(no such round)")
         return None
+
+
+class ModelByAnyText(ModelByPrompt):
+    """:class:`ModelByPrompt` matching the prompt in any text block of the newest user
+    message: with files, its last text block may be a note about a file, not the caption."""
+
+    def __call__(self, body: dict[str, Any]) -> Item | None:
+        text, rounds = user_texts(body)
+        for prompt, script in self.scripts.items():
+            if text and prompt in text:
+                return script[rounds] if rounds < len(script) else Reply("(no such round)")
+        return None
+
+
+def user_texts(body: Mapping[str, Any]) -> tuple[str, int]:
+    """Every text block of the newest user message that has any, joined by newlines, and
+    how many tool rounds followed it (as :func:`last_prompt` counts them)."""
+    rounds = 0
+    for message in reversed(body.get("messages") or []):
+        content = message["content"]
+        if message["role"] != "user":
+            continue
+        if isinstance(content, str):
+            return content, rounds
+        texts = [b["text"] for b in content if b.get("type") == "text"]
+        if texts:
+            return "\n".join(texts), rounds
+        rounds += 1
+    return "", rounds
+
+
+def user_blocks(body: Mapping[str, Any], prompt: str) -> list[Json]:
+    """The content blocks of the user message of a model request that carries ``prompt``."""
+    for message in body.get("messages") or []:
+        content = message["content"]
+        if message["role"] != "user" or not isinstance(content, list):
+            continue
+        if any(prompt in str(b.get("text", "")) for b in content):
+            return list(content)
+    return []
 
 
 def tool_results(body: Mapping[str, Any]) -> list[str]:
@@ -130,6 +188,28 @@ def write_config(tmp: Path, discord: FakeDiscord, llm: FakeLLMServer, *, stream:
     return config
 
 
+def write_files_config(tmp: Path, discord: FakeDiscord, llm: FakeLLMServer) -> Path:
+    config = tmp / "config.toml"
+    bindings = "".join(
+        f'[[bindings]]\nplatform = "discord"\nchannel = "{cid}"\nsession = "{name}"\n'
+        f'allowed_users = ["{ALICE}"]\ntools = ["{SEND_FILE}"]\n'
+        f'preapproved = ["{SEND_FILE}"]\nmax_attachment_mb = {MAX_ATTACHMENT_MB}\n'
+        for name, cid in FILE_CHANNELS.items()
+    )
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp / "var"}"\nlog_level = "info"\n'
+        "max_concurrent_sessions = 8\nuser_rate_per_min = 0\nshutdown_grace_s = 5\n"
+        f"stream_edit_interval_s = {EDIT_INTERVAL_S:g}\n"
+        f'[model]\nprovider = "anthropic"\nname = "e2e-model"\nbase_url = "{llm.url}"\n'
+        f'api_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
+        f'[tools]\nworkspace = "{tmp / "ws"}"\nipc_tools = ["get_time"]\n'
+        f'[channels.discord]\ntoken_env = "{TOKEN_ENV}"\n'
+        f'api_base_url = "{discord.api_base_url}"\ngateway_url = "{discord.gateway_url}"\n'
+        + bindings
+    )
+    return config
+
+
 @dataclass
 class ChatWorld:
     discord: ChatGuild
@@ -153,6 +233,22 @@ class ChatWorld:
         env["NOTES_FILE"] = str(notes)
         config = write_config(tmp, discord, llm, stream=stream)
         return cls(discord, llm, model, config, notes, tmp / "var", env)
+
+    @classmethod
+    def create_files(cls, tmp: Path, discord: FilesGuild, llm: FakeLLMServer) -> ChatWorld:
+        """The files world: FILE_CHANNELS bound, ``send_file`` preapproved, the workspace
+        at ``tmp / "ws"``."""
+        model = ModelByAnyText()
+        llm.responder = model
+        answer_controls(llm)
+        (tmp / "ws").mkdir()
+        env = dict(os.environ, **{TOKEN_ENV: TOKEN, TEST_KEY_ENV: TEST_KEY})
+        config = write_files_config(tmp, discord, llm)
+        return cls(discord, llm, model, config, tmp / "notes", tmp / "var", env)
+
+    @property
+    def workspace(self) -> Path:
+        return self.config.parent / "ws"
 
     @property
     def daemon(self) -> DaemonProcess:

@@ -37,6 +37,7 @@ from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.support.files import b64, tiny_pdf, tiny_png
+from tests.support.scheduler_world import job, scheduler_world
 
 ids = itertools.count(5000)
 
@@ -459,3 +460,27 @@ async def test_a_file_row_whose_stored_copy_is_gone_fails_with_a_reason(tmp_path
         assert [r.status for r in rows if r is not None] == ["sent", "failed"]
         assert rows[1] is not None
         assert "lost.txt is gone" in rows[1].error
+
+
+async def test_a_job_sends_its_file_where_its_result_goes_before_the_result(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(
+        Reply(tool_calls=[Call("send_file", {"path": "daily.csv", "caption": "today"})]),
+        Reply("Report attached."),
+    )
+    llm_server.default = Reply("Nothing new.")
+    jobs = [job(every="1s", tools=["send_file"])]
+    async with scheduler_world(tmp_path, llm_server, jobs) as sw:
+        workspace = sw.config.workspace
+        workspace.mkdir(parents=True, exist_ok=True)
+        (workspace / "daily.csv").write_text("day,deploys\nmon,3\n")
+        await sw.start_scheduler()
+        texts = await sw.sent(2)
+        assert texts[0] == "today"
+        assert "Report attached." in texts[1]
+        upload = sw.chat.sent[0]
+        assert upload.file is not None
+        assert (upload.destination.channel, upload.file.name) == ("c1", "daily.csv")
+        assert upload.file.media_type == "text/csv"
+        assert list(sw.chat.uploads.values()) == [b"day,deploys\nmon,3\n"]

@@ -130,8 +130,8 @@ def test_files_without_content_or_url_are_left_out() -> None:
         InboundFile(url, "a.txt", "text/plain", 3),
         InboundFile(url, "F6", "", 0),
     )
-    body = {"event_id": "Ev1", "event": {"type": "message", "subtype": "file_share", "channel": "C1",
-            "user": ALICE, "ts": "1.0", "text": "x", "files": files}}  # fmt: skip
+    event = {"type": "message", "subtype": "file_share", "channel": "C1", "user": ALICE}
+    body: dict[str, Any] = {"event_id": "Ev1", "event": {**event, "ts": "1.0", "files": files}}
     inbound = to_inbound(body, "UBOT")
     assert inbound is not None
     assert len(inbound.files) == 2
@@ -189,7 +189,8 @@ async def test_another_host_gets_no_request_and_no_token(
         with pytest.raises(ChannelError) as caught:
             await channel.download(inbound_file(theirs), 1_000_000)
         assert caught.value.permanent
-        assert other.file_requests == [] and fake.file_requests == []
+        assert other.file_requests == []
+        assert fake.file_requests == []
         # A redirect from Slack's host to another one is refused the same way.
         hop = fake.add_file(b"", "hop.png", "image/png", redirect_to=theirs["url_private"])
         with pytest.raises(ChannelError) as caught:
@@ -271,7 +272,8 @@ async def test_upload_shares_the_file_with_its_caption_in_the_thread(
     assert upload.initial_comment == "Here is *the* report"
     assert sent.message_id == upload.ts
     [message] = fake.posted[CHANNEL]
-    assert message.ts == upload.ts and message.thread_ts == thread
+    assert message.ts == upload.ts
+    assert message.thread_ts == thread
     assert [f["id"] for f in message.files or []] == [upload.file_id]
     # The upload URL never got the token (it needs none).
     assert [c.method for c in fake.calls if c.method.startswith("files.")] == [
@@ -290,7 +292,8 @@ async def test_upload_without_a_caption_or_a_share_ts_answers_the_file_id(
     path.write_text("notes\n")
     sent = await channel.send(file_part(path, ""))
     [upload] = fake.uploads
-    assert upload.initial_comment is None and upload.thread_ts is None
+    assert upload.initial_comment is None
+    assert upload.thread_ts is None
     assert sent.message_id == upload.file_id
 
 
@@ -321,11 +324,13 @@ async def test_upload_errors_before_the_share_are_never_unknown(
     fake.fail("upload", status=503)
     with pytest.raises(ChannelError) as caught:
         await channel.send(part)
-    assert not isinstance(caught.value, SendUnknown) and not caught.value.permanent
+    assert not isinstance(caught.value, SendUnknown)
+    assert not caught.value.permanent
     fake.fail("files.getUploadURLExternal", delay=2.0)  # past the 1 s request timeout
     with pytest.raises(ChannelError) as caught:
         await channel.send(part)
-    assert not isinstance(caught.value, SendUnknown) and not caught.value.permanent
+    assert not isinstance(caught.value, SendUnknown)
+    assert not caught.value.permanent
     fake.fail("files.completeUploadExternal", error="channel_not_found")
     with pytest.raises(ChannelError) as caught:
         await channel.send(part)

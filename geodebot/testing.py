@@ -9,6 +9,7 @@ these are for exercising the engine and the delivery path.
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -19,7 +20,9 @@ from geodebot.channels.base import (
     ChannelError,
     ChannelStatus,
     Destination,
+    FileTooLarge,
     Inbound,
+    InboundFile,
     InboundSink,
     OutboundPart,
     Platform,
@@ -104,7 +107,9 @@ class MemoryChannel:
     part with ``edit_of`` edits that message (in ``messages``) instead. ``fail_next`` queues
     send failures (a ChannelError with retry_after for a 429, a SendUnknown, ...). Approval
     cards are kept by message id in ``cards`` (edits replace them); ``press`` plays a
-    button press and returns what the presser alone was told.
+    button press and returns what the presser alone was told. Files users send are served
+    from ``files`` (ref -> bytes; ``downloads`` counts fetches per ref); files sent are in
+    ``uploads`` (message id -> the bytes, as read when sent).
     """
 
     def __init__(self, platform: Platform = "telegram", *, limit: int = 4096) -> None:
@@ -123,6 +128,9 @@ class MemoryChannel:
         self.typing_calls: list[Destination] = []
         self.failures: deque[ChannelError] = deque()
         self.lookups_supported = True
+        self.files: dict[str, bytes] = {}
+        self.downloads: collections.Counter[str] = collections.Counter()
+        self.uploads: dict[str, bytes] = {}
         self._ids = 0
         self._changed = asyncio.Condition()
 
@@ -167,6 +175,8 @@ class MemoryChannel:
             return SentPart(part.edit_of)
         self._ids += 1
         message_id = str(self._ids)
+        if part.file is not None:
+            self.uploads[message_id] = part.file.path.read_bytes()
         self.sent.append(part)
         self.messages[message_id] = part.text
         self.sent_ids[part.key] = message_id
@@ -187,6 +197,18 @@ class MemoryChannel:
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.texts(channel)) >= n)
         return self.texts(channel)
+
+    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
+        await asyncio.sleep(0)
+        if file.size > max_bytes:
+            raise FileTooLarge(max_bytes, file.size)
+        data = self.files.get(file.ref)
+        if data is None:
+            raise ChannelError(f"no file {file.ref!r}", permanent=True)
+        self.downloads[file.ref] += 1
+        if len(data) > max_bytes:
+            raise FileTooLarge(max_bytes)
+        return data
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
         if not self.lookups_supported:

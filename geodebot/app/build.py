@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from geodebot.chat.bindings import BindingIndex
+from geodebot.chat.send_file import send_file_spec
 from geodebot.config.schema import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
+from geodebot.engine.attachments import FileView
 from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.hooks import HookRegistry, hooks_from_config, hooks_from_entry_points
 from geodebot.engine.lanes import Lanes
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.deferred import DeferredAdapter
 from geodebot.engine.llm.resilient import ResilientLLM
-from geodebot.engine.llm.types import LLMAdapter
+from geodebot.engine.llm.types import Block, LLMAdapter
 from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.mcp.trust import TrustStore, load_project_servers
 from geodebot.engine.modes import Mode
@@ -45,6 +47,7 @@ from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.logs.redact import Redactor
 from geodebot.scheduler.chat_tools import JobTools
 from geodebot.scheduler.definitions import check_jobs
+from geodebot.store.files import FileStore
 from geodebot.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
@@ -185,6 +188,8 @@ class App:
     bindings: BindingIndex
     # The model adapters, whose SDKs load on first use or when load_models() is called.
     adapters: tuple[DeferredAdapter, ...] = ()
+    # Files users sent and files sent to them (see store/files.py).
+    files: FileStore | None = None
 
     async def load_models(self) -> None:
         """Load the model SDKs now rather than at the first turn (each only once); a failure
@@ -204,6 +209,7 @@ class App:
         *,
         turn_id: str | None = None,
         ending: Ending | None = None,
+        attachments: Sequence[Block] = (),
     ) -> TurnResult:
         """Run one turn in its session's lane (one at a time per session, global cap).
 
@@ -211,7 +217,9 @@ class App:
         (or its answer returned), never started over. ``ending``: see ``AgenticLoop.arun``."""
         async with self.lanes.slot(spec.session_id) as slot:
             session = await create_session(mode, spec, self.services, slot=slot)
-            return await AgenticLoop(session).arun(text, turn_id=turn_id, ending=ending)
+            return await AgenticLoop(session).arun(
+                text, turn_id=turn_id, ending=ending, attachments=attachments
+            )
 
 
 async def build_app(
@@ -246,7 +254,12 @@ async def build_app(
     pool = await open_mcp_pool(config, stack)
     registry = registry if registry is not None else ToolRegistry(builtin_tools(settings))
     bindings = BindingIndex(config.bindings)
-    for spec in JobTools(store, bindings, default_timezone=config.daemon.timezone).specs():
+    files = FileStore(config.files_dir)
+    chat_tools = [
+        *JobTools(store, bindings, default_timezone=config.daemon.timezone).specs(),
+        send_file_spec(config.workspace, files),
+    ]
+    for spec in chat_tools:
         if registry.get(spec.name) is None:
             registry.register(spec)
     check_tool_lists(config, registry)
@@ -275,6 +288,7 @@ async def build_app(
         limits=ModelLimits(config.model.max_tokens, config.model.context_tokens),
         observers=tuple(observers),
         context_cache=ContextCache(),
+        files=FileView(files),
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
-    return App(config, services, lanes, bindings, tuple(chain))
+    return App(config, services, lanes, bindings, tuple(chain), files)

@@ -18,6 +18,7 @@ from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.approvals import ChatApprovals
+from geodebot.chat.attachments import Attachments
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
@@ -133,7 +134,7 @@ async def _enter_daemon(
         await channels[destination.platform].typing(destination)
 
     # The outbox's window is its own: replies of turns that used the whole grace still go.
-    outbox = OutboxSender(store, channels, grace=Grace(turns_grace.seconds))
+    outbox = OutboxSender(store, channels, grace=Grace(turns_grace.seconds), files=app.files)
     approvals = ChatApprovals(store, channels, redactor=app.services.redactor)
     router = ChatRouter(
         app.run_turn,
@@ -149,6 +150,7 @@ async def _enter_daemon(
         grace=turns_grace,
         approvals=approvals,
         streams=ReplyStreams(store, channels, interval_s=config.daemon.stream_edit_interval_s),
+        attachments=Attachments(store, app.files, channels) if app.files is not None else None,
     )
     scheduler = JobScheduler(
         app.run_turn,

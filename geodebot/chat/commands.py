@@ -20,7 +20,7 @@ from geodebot.engine.session import (
     TurnListener,
     time_budget,
 )
-from geodebot.engine.tools.spec import ApprovalDesk
+from geodebot.engine.tools.spec import ApprovalDesk, ChatOutlet
 from geodebot.store.protocol import Store
 
 # Lines about the scheduled jobs that post in a binding's chat (given by key), for /status.
@@ -32,15 +32,17 @@ def session_spec(
     binding: BindingConfig,
     desk: ApprovalDesk | None = None,
     listener: TurnListener | None = None,
+    outlet: ChatOutlet | None = None,
 ) -> SessionSpec:
     """A chat turn's session: the binding's tools, pre-approvals, approvers' desk and time
-    budget, and what shows the answer as it arrives."""
+    budget, what shows the answer as it arrives, and where tools post into the chat."""
     return SessionSpec(
         session_id,
         tools=binding.tools,
         preapproved=binding.preapproved,
         desk=desk,
         listener=listener,
+        outlet=outlet,
         time_budget_s=binding.time_budget_s,
         # Tools acting for the chat (jobs) go by the binding, not the session, which
         # other bindings may share.

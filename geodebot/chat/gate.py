@@ -56,7 +56,8 @@ def _mention(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
 
 
 def _empty(inbound: Inbound, binding: BindingConfig) -> DropReason | None:
-    return "empty" if not inbound.text.strip() else None
+    # Files alone are a message (a screenshot sent without a word).
+    return "empty" if not inbound.text.strip() and not inbound.files else None
 
 
 CHECKS: tuple[Check, ...] = (_self, _bot, _sender, _mention, _empty)

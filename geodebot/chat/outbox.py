@@ -22,11 +22,13 @@ from geodebot.channels.base import (
     Channel,
     ChannelError,
     Destination,
+    OutboundFile,
     OutboundPart,
     Platform,
     SendUnknown,
 )
 from geodebot.engine.lanes import Grace
+from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
 from geodebot.store.records import OutboxRow, StoreError
 
@@ -60,8 +62,11 @@ class OutboxSender:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         grace: Grace | None = None,
+        files: FileStore | None = None,
     ) -> None:
         self._store = store
+        # Where the files that rows upload are kept (send_file).
+        self._files = files
         self._grace = grace if grace is not None else Grace(0.0)
         self._sender: asyncio.Task[None] | None = None
         self._channels = channels
@@ -207,7 +212,17 @@ class OutboxSender:
     async def deliver(self, row: OutboxRow) -> None:
         channel = self._channels[row.platform]
         dest = Destination(cast(Platform, row.platform), row.channel, row.thread, row.reply_to)
-        texts = channel.render(row.text) or ["(empty answer)"]
+        upload = self._upload(row)
+        if isinstance(upload, str):
+            log.error("outbox %s: %s", row.id, upload)
+            await self._store.outbox_finish(row.id, "failed", error=upload)
+            return
+        if upload is not None:
+            # A file goes as one message, its caption one part at most (send_file keeps
+            # captions short).
+            texts = (channel.render(row.text) if row.text.strip() else [])[:1] or [""]
+        else:
+            texts = channel.render(row.text) or ["(empty answer)"]
         # Begun by the commit that wrote the row, in this process, and not sent yet: neither
         # a lookup nor a blind resend, just the send.
         begun = row.id in self._begun
@@ -216,9 +231,15 @@ class OutboxSender:
             if index in row.sent_parts:
                 continue
             # The first part replaces the answer's streamed preview, if it had one.
-            edit_of = (row.preview or None) if index == 0 else None
+            edit_of = (row.preview or None) if index == 0 and upload is None else None
             part = OutboundPart(
-                dest, text, part_key(row.id, index), index, len(texts), edit_of=edit_of
+                dest,
+                text,
+                part_key(row.id, index),
+                index,
+                len(texts),
+                edit_of=edit_of,
+                file=upload,
             )
             row = await self._deliver_part(
                 channel, row, part, last=index == len(texts) - 1, begun=begun and index == 0
@@ -227,6 +248,20 @@ class OutboxSender:
                 return
         # Reached only when every part was recorded as sent before this pass.
         await self._store.outbox_finish(row.id, "sent")
+
+    def _upload(self, row: OutboxRow) -> OutboundFile | str | None:
+        """The file a row uploads (None for text), or why it cannot be sent."""
+        if row.file is None:
+            return None
+        if self._files is None:
+            return "this daemon keeps no file store, so the file cannot be sent"
+        try:
+            path = self._files.path(row.file.sha256)
+        except StoreError as exc:
+            return str(exc)
+        if not path.is_file():
+            return f"the file {row.file.name} is gone from the file store"
+        return OutboundFile(path, row.file.name, row.file.media_type, row.file.size)
 
     async def _deliver_part(
         self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool, begun: bool

@@ -30,7 +30,7 @@ def throttle_notice(wait_s: float) -> str:
     )
 
 
-def reply_to(row: InboxRow, text: str) -> NewOutbound:
+def reply_to(row: InboxRow, text: str, *, kind: str = "reply") -> NewOutbound:
     """The reply to an inbox row: in its chat and thread, answering its message."""
     return NewOutbound(
         session_id=row.session_id,
@@ -39,7 +39,15 @@ def reply_to(row: InboxRow, text: str) -> NewOutbound:
         thread=row.thread,
         reply_to=row.message_id,
         text=text,
+        kind=kind,
     )
+
+
+def files_refused(refused: Sequence[tuple[str, str]]) -> str:
+    """The notice for files of a message that were not passed on: (name, why) each. Names
+    are the sender's own, shown as code so they cannot format the message."""
+    lines = ["- `" + name.replace("`", "'") + f"`: {why}" for name, why in refused]
+    return "Not everything you sent was passed on:\n" + "\n".join(lines)
 
 
 def closing(result: TurnResult) -> tuple[FinishStatus, str, str]:

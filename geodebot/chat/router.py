@@ -22,6 +22,7 @@ from typing import cast
 
 from geodebot.channels.base import Destination, Inbound, Platform, command_of
 from geodebot.chat.approvals import ChatApprovals
+from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
 from geodebot.chat.gate import Accepted, decide
@@ -37,10 +38,12 @@ from geodebot.chat.replies import (
     reply_to,
     throttle_notice,
 )
+from geodebot.chat.send_file import ReplyOutlet
 from geodebot.chat.stream import ReplyStreams, StreamedReply
 from geodebot.chat.throttle import UserRateLimiter, Verdict
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
 from geodebot.engine.lanes import Grace
+from geodebot.engine.llm.types import Block
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import TurnResult, TurnRunner
 from geodebot.logs.context import log_context
@@ -85,8 +88,10 @@ class ChatRouter:
         grace: Grace | None = None,
         approvals: ChatApprovals | None = None,
         streams: ReplyStreams | None = None,
+        attachments: Attachments | None = None,
     ) -> None:
         self._run_turn = run_turn
+        self._attachments = attachments
         self._approvals = approvals
         self._streams = streams
         self._store = store
@@ -136,6 +141,7 @@ class ChatRouter:
             user=inbound.user,
             text=inbound.text,
             message_id=inbound.message_id,
+            files=[f.to_json() for f in inbound.files],
         )
         if not new:
             # A redelivery: it was committed (and will be or was answered) already.
@@ -267,14 +273,21 @@ class ChatRouter:
             if self._approvals is not None
             else None
         )
+        outlet = ReplyOutlet(self._store, self._outbox, row)
         try:
+            attachments: tuple[Block, ...] = ()
+            if self._attachments is not None:
+                attachments, notice = await self._attachments.blocks(row, binding)
+                if notice is not None:
+                    self._outbox.submit(notice)
             return await self._run_turn(
                 Mode.DAEMON,
-                session_spec(row.session_id, binding, desk, stream),
+                session_spec(row.session_id, binding, desk, stream, outlet),
                 row.text,
                 # Named after the row: a row recovered after a crash continues its turn.
                 turn_id=f"t-inbox-{row.id}",
                 ending=functools.partial(self._ending, row),
+                attachments=attachments,
             )
         finally:
             start.cancel()

@@ -30,6 +30,7 @@ CONFIG_ENV = "GEODEBOT_CONFIG"
 DB_FILE = "geodebot.db"
 LEDGER_FILE = "ledger.jsonl"
 SOCKET_FILE = "geodebot.sock"
+FILES_DIR = "files"
 TRUST_FILE = "trust.json"
 
 Provider = Literal["anthropic", "openai", "openai-compatible"]
@@ -398,6 +399,11 @@ class Config(_Strict):
     @property
     def ledger_path(self) -> Path:
         return self.state_dir / LEDGER_FILE
+
+    @property
+    def files_dir(self) -> Path:
+        """Files users sent and files sent to them, kept once by content hash."""
+        return self.state_dir / FILES_DIR
 
     @property
     def socket_path(self) -> Path:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from geodebot.engine.llm.types import (
+    FileBlock,
     LLMAdapter,
     LLMRequest,
     Message,
@@ -47,17 +48,21 @@ class ContextItem:
     # digest of its bytes, so a screenshot neither bloats the hash input nor the size.
     canonical: str = field(default="", compare=False, repr=False)
     images: int = field(default=0, compare=False, repr=False)
+    # Files a user sent (by reference in the JSON), each costing the model about an image.
+    files: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.canonical:
             data = self.message.to_json()
-            count = 0
+            count = files = 0
             for block in data["content"]:
+                files += block["type"] == "file"
                 for image in block.get("images", ()):
                     image["data"] = "sha256:" + hashlib.sha256(image["data"].encode()).hexdigest()
                     count += 1
             object.__setattr__(self, "canonical", canonical_json(data))
             object.__setattr__(self, "images", count)
+            object.__setattr__(self, "files", files)
 
 
 # What one screenshot costs a provider, roughly (about 1,600 tokens for 1280x800).
@@ -67,7 +72,7 @@ IMAGE_DROPPED = "[an earlier image was dropped: only the latest one stays in the
 
 def estimate_tokens(items: Sequence[ContextItem], system: str = "") -> int:
     """A cheap, provider-independent estimate: about four characters per token."""
-    chars = sum(len(item.canonical) + item.images * IMAGE_CHARS for item in items)
+    chars = sum(len(item.canonical) + (item.images + item.files) * IMAGE_CHARS for item in items)
     return (len(system) + chars) // 4 + 1
 
 
@@ -121,6 +126,8 @@ def render_transcript(items: Sequence[ContextItem]) -> str:
                 text = block.text
             elif isinstance(block, ToolUseBlock):
                 text = f"[called tool {block.name} with {canonical_json(dict(block.arguments))}]"
+            elif isinstance(block, FileBlock):
+                text = f"[sent file {block.name} ({block.media_type}, {block.size} bytes)]"
             else:
                 flag = " (error)" if block.is_error else ""
                 text = f"[tool result{flag}: {block.content}]"

@@ -35,6 +35,8 @@ from geodebot.engine.compaction import ContextItem
 from geodebot.engine.ledger import content_hash
 from geodebot.engine.llm.errors import LLMContextOverflow, LLMError
 from geodebot.engine.llm.types import (
+    Block,
+    FileBlock,
     LLMAdapter,
     LLMRequest,
     LLMResponse,
@@ -42,6 +44,7 @@ from geodebot.engine.llm.types import (
     StopReason,
     StreamEvent,
     StreamListener,
+    TextBlock,
     TextDelta,
     ToolResultBlock,
     ToolUseBlock,
@@ -160,11 +163,17 @@ class AgenticLoop:
 
     # -- entry points ---------------------------------------------------------------------
     async def arun(
-        self, message: str, turn_id: str | None = None, *, ending: Ending | None = None
+        self,
+        message: str,
+        turn_id: str | None = None,
+        *,
+        ending: Ending | None = None,
+        attachments: Sequence[Block] = (),
     ) -> TurnResult:
         """Run one turn. ``ending`` is written in the commit of the turn's last checkpoint
         (its result's ``ended``); a turn that ends without one (the store failed, or it had
-        ended before a crash) returns ``ended=None`` and its caller records it."""
+        ended before a crash) returns ``ended=None`` and its caller records it.
+        ``attachments``: blocks of the user's message after its text (files it carried)."""
         turn = await self._new_turn(turn_id or new_id("t"), message)
         turn.ending = ending
         with log_context(session=self._session.id, turn=turn.id):
@@ -172,7 +181,7 @@ class AgenticLoop:
                 return await self._guarded(turn, self._continue(turn))
             if turn_id is not None and turn.state.get("last_turn_id") == turn_id:
                 return await self._finished(turn)
-            return await self._guarded(turn, self._run(turn, message))
+            return await self._guarded(turn, self._run(turn, message, attachments))
 
     async def resume(self) -> TurnResult | None:
         """Finish a turn a crash interrupted after its tool batch was saved."""
@@ -249,13 +258,18 @@ class AgenticLoop:
                 error=type(exc).__name__,
             )
 
-    async def _run(self, turn: _Turn, message: str) -> TurnResult:
+    async def _run(self, turn: _Turn, message: str, attachments: Sequence[Block]) -> TurnResult:
         items = await self._restore(turn)
-        user = Message.user_text(message)
+        text = (TextBlock(message),) if message or not attachments else ()
+        user = Message("user", (*text, *attachments))
         turn.guards["open_turn"] = turn.id
-        turn.events.append(
-            (turn.id, "turn_started", {"mode": self._session.mode.value, "chars": len(message)})
-        )
+        started: dict[str, Any] = {"mode": self._session.mode.value, "chars": len(message)}
+        files = [b for b in attachments if isinstance(b, FileBlock)]
+        if files:
+            started["files"] = [
+                {"sha256": f.sha256, "media_type": f.media_type, "size": f.size} for f in files
+            ]
+        turn.events.append((turn.id, "turn_started", started))
         # Saved by the turn's first checkpoint, not before the model is asked: nothing the
         # answer leads to (a tool, a reply) happens before that checkpoint commits, and a
         # crash before it only repeats a model call. A message's turn without tools thus
@@ -333,6 +347,8 @@ class AgenticLoop:
             items = await self._maybe_compact(turn, items, force=False)
             try:
                 view = compaction.latest_images_only(items)
+                if self._svc.files is not None:
+                    view = await self._svc.files.view(view)
                 response = await self._call(turn, self._request(view), view)
             except LLMContextOverflow as exc:
                 # One forced compaction, and one more try only if it shortened anything.
@@ -482,6 +498,7 @@ class AgenticLoop:
             approver=self._session.approver,
             desk=self._session.desk,
             origin=self._session.origin,
+            outlet=self._session.outlet,
             waiting_for_a_person=functools.partial(self._waiting_for_a_person, turn),
         )
         if self._session.listener is not None:

@@ -5,20 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from geodebot.config.schema import BudgetConfig
+from geodebot.engine.attachments import FileView
 from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.lanes import Slot
 from geodebot.engine.ledger import EvidenceLedger
-from geodebot.engine.llm.types import LLMAdapter, StopReason, Usage
+from geodebot.engine.llm.types import Block, LLMAdapter, StopReason, Usage
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.engine.tools.plan import BoundToolPlan
 from geodebot.engine.tools.runner import ToolRunner
-from geodebot.engine.tools.spec import ApprovalDesk, Approver
+from geodebot.engine.tools.spec import ApprovalDesk, Approver, ChatOutlet
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.logs.redact import Redactor
 from geodebot.store.protocol import Store
@@ -74,6 +75,7 @@ class TurnRunner(Protocol):
         *,
         turn_id: str | None = None,
         ending: Ending | None = None,
+        attachments: Sequence[Block] = (),
     ) -> TurnResult: ...
 
 
@@ -104,6 +106,8 @@ class EngineServices:
     observers: tuple[Observer, ...] = ()
     # Decoded contexts of recently active sessions; None reads every context from the store.
     context_cache: ContextCache | None = None
+    # Fills in the files users sent for each model call; None shows them by name only.
+    files: FileView | None = None
 
     def emit(self, event: str, data: Mapping[str, Any]) -> None:
         for observer in self.observers:
@@ -130,6 +134,8 @@ class SessionSpec:
     desk: ApprovalDesk | None = field(default=None, compare=False)
     # Sees the answer as it is generated (the model is then called streamed).
     listener: TurnListener | None = field(default=None, compare=False)
+    # The chat the turn answers, for tools that post into it (DAEMON only).
+    outlet: ChatOutlet | None = field(default=None, compare=False)
     # Who asked, opaque to the engine: the calling binding's key (``platform:channel``) for
     # a chat message, None otherwise. Tools that act for a chat (jobs) read it from their
     # call context, since several bindings may share one session.
@@ -188,6 +194,7 @@ class Session:
     approver: Approver | None = field(default=None, repr=False)
     desk: ApprovalDesk | None = field(default=None, repr=False)
     listener: TurnListener | None = field(default=None, repr=False)
+    outlet: ChatOutlet | None = field(default=None, repr=False)
     origin: str | None = None
     # The turn's place under the global cap (see Lanes), given up while it waits for a person.
     slot: Slot | None = field(default=None, repr=False, compare=False)
@@ -236,6 +243,7 @@ async def create_session(
         approver=spec.approver if mode is Mode.IPC else None,
         desk=spec.desk if mode is Mode.DAEMON else None,
         listener=spec.listener,
+        outlet=spec.outlet if mode is Mode.DAEMON else None,
         origin=spec.origin,
         slot=slot,
         _opened=[opened],

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from geodebot.store.jobs import JobStore
 from geodebot.store.records import (
     ApprovalRecord,
+    AttachedFile,
     BatchStatus,
     EffectReceipt,
     FinishStatus,
@@ -256,13 +257,29 @@ class Store(JobStore, Protocol):
         text: str,
         message_id: str,
         cursor: tuple[str, str] | None = None,
+        files: Sequence[Mapping[str, Any]] = (),
     ) -> tuple[InboxRow, bool]:
-        """Commit an accepted event as ``pending``; ``(stored, True)``.
+        """Commit an accepted event as ``pending``; ``(stored, True)``. ``files``: what the
+        platform said the message carried (JSON objects), kept on the row as they are.
 
         A second event with the same ``(platform, event_id)`` writes nothing and returns
         ``(existing, False)``, also when the two race. ``cursor`` ``(name, value)`` is set in
         the same transaction, duplicate or not, so a poller's offset never runs ahead of the
         events it has committed.
+        """
+
+    async def inbox_attached(
+        self,
+        inbox_id: int,
+        attached: Sequence[AttachedFile],
+        notice: NewOutbound | None = None,
+    ) -> tuple[InboxRow, OutboxRow | None]:
+        """Record what became of a row's files, and add ``notice`` (a reply saying what was
+        refused) to the outbox in the same commit; ``(row, the notice's outbox row)``.
+
+        Only the first record counts: once a row has one, a later call writes nothing (no
+        second notice) and returns ``(row as recorded, None)``. Raises StoreError for an
+        unknown id.
         """
 
     async def inbox_start(self, inbox_id: int) -> InboxRow:

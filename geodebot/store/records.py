@@ -186,6 +186,61 @@ class OpenedSession:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredFile:
+    """A file in the state directory's file store: its bytes live under their SHA-256."""
+
+    sha256: str
+    name: str
+    media_type: str
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sha256": self.sha256,
+            "name": self.name,
+            "media_type": self.media_type,
+            "size": self.size,
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> StoredFile:
+        return StoredFile(
+            str(data["sha256"]), str(data["name"]), str(data["media_type"]), int(data["size"])
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedFile:
+    """What became of one file a message carried: stored (``file``) or refused (``refusal``
+    says why, in words for the sender and the model)."""
+
+    name: str
+    media_type: str
+    size: int
+    file: StoredFile | None = None
+    refusal: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "media_type": self.media_type, "size": self.size}
+        if self.file is not None:
+            out["file"] = self.file.to_json()
+        if self.refusal:
+            out["refusal"] = self.refusal
+        return out
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> AttachedFile:
+        stored = data.get("file")
+        return AttachedFile(
+            str(data.get("name", "")),
+            str(data.get("media_type", "")),
+            int(data.get("size", 0) or 0),
+            StoredFile.from_json(stored) if stored else None,
+            str(data.get("refusal", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class InboxRow:
     """One accepted platform event, committed before the platform is acknowledged.
 
@@ -209,6 +264,11 @@ class InboxRow:
     finished_at: float | None = None
     # The streamed preview's platform message id ("" until one was shown).
     preview: str = ""
+    # The files the platform said the message carried, as the channel described them (JSON
+    # objects of channels.base.InboundFile: the store does not know that type).
+    files: tuple[Mapping[str, Any], ...] = ()
+    # What became of them once checked; None until then (see Store.inbox_attached).
+    attached: tuple[AttachedFile, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +281,9 @@ class NewOutbound:
     thread: str | None
     reply_to: str | None
     text: str  # the whole reply, markdown; split into parts only when sent
-    kind: str = "reply"  # reply | notice | job  (free text, for reports)
+    kind: str = "reply"  # reply | notice | job | file  (free text, for reports)
+    # A file uploaded as the message, ``text`` its caption.
+    file: StoredFile | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +314,8 @@ class OutboxRow:
     # Times an in-flight part the platform could not look up was sent again regardless; kept
     # so that a crash loop cannot turn "resend at most once" into "resend on every restart".
     blind_resends: int = 0
+    # A file uploaded as the message (its only part), ``text`` its caption.
+    file: StoredFile | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, get_args
 
 from geodebot.store.records import (
+    AttachedFile,
     InboxEnding,
     InboxFinish,
     InboxFinished,
@@ -22,6 +23,7 @@ from geodebot.store.records import (
     OutboxFinish,
     OutboxRow,
     OutboxStatus,
+    StoredFile,
     StoreError,
 )
 from geodebot.store.sqlite_rows import Transactions, dumps
@@ -35,19 +37,19 @@ _OUTBOX_FINISHES: frozenset[str] = frozenset(get_args(OutboxFinish))
 
 _INBOX_COLS = (
     "id, platform, event_id, session_id, channel, thread, user_id, text, message_id, "
-    "received_at, status, attempts, detail, finished_at, preview"
+    "received_at, status, attempts, detail, finished_at, preview, files, attached"
 )
 _OUTBOX_COLS = (
     "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
-    "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends, preview"
+    "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends, preview, file"
 )
 
 # DO NOTHING + RETURNING yields a row only when this call inserted it, so "was it mine?" needs
 # no second look that another writer could race.
 _ADD_INBOX = f"""
 INSERT INTO inbox (platform, event_id, session_id, channel, thread, user_id, text, message_id,
-    received_at, status, attempts, detail)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, '')
+    received_at, status, attempts, detail, files)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, '', ?)
 ON CONFLICT (platform, event_id) DO NOTHING
 RETURNING {_INBOX_COLS}
 """
@@ -67,8 +69,8 @@ RETURNING {_INBOX_COLS}
 _ADD_OUTBOX = f"""
 INSERT INTO outbox (inbox_id, session_id, platform, channel, thread, reply_to, text, kind,
     status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends,
-    preview)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0, ?)
+    preview, file)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0, ?, ?)
 RETURNING {_OUTBOX_COLS}
 """
 _BEGIN_PART = f"""
@@ -115,6 +117,12 @@ def _inbox(row: sqlite3.Row) -> InboxRow:
         detail=row["detail"],
         finished_at=row["finished_at"],
         preview=row["preview"],
+        files=tuple(json.loads(row["files"])),
+        attached=(
+            None
+            if row["attached"] is None
+            else tuple(AttachedFile.from_json(a) for a in json.loads(row["attached"]))
+        ),
     )
 
 
@@ -140,6 +148,7 @@ def _outbox(row: sqlite3.Row) -> OutboxRow:
         error=row["error"],
         blind_resends=row["blind_resends"],
         preview=row["preview"],
+        file=StoredFile.from_json(json.loads(row["file"])) if row["file"] else None,
     )
 
 
@@ -151,7 +160,8 @@ def _outbound_params(
     reply: NewOutbound, inbox_id: int | None, now: float, preview: str = ""
 ) -> tuple[Any, ...]:
     head = (inbox_id, reply.session_id, reply.platform, reply.channel, reply.thread)
-    return (*head, reply.reply_to, reply.text, reply.kind, now, now, preview)
+    file = dumps(reply.file.to_json()) if reply.file is not None else ""
+    return (*head, reply.reply_to, reply.text, reply.kind, now, now, preview, file)
 
 
 def _counts(rows: Any, statuses: tuple[str, ...]) -> dict[str, int]:
@@ -201,13 +211,15 @@ class ChatInboxOutbox:
         text: str,
         message_id: str,
         cursor: tuple[str, str] | None = None,
+        files: Sequence[Mapping[str, Any]] = (),
     ) -> tuple[InboxRow, bool]:
         what = f"adding event {event_id!r} of {platform!r} to the inbox"
         if not platform or not event_id:
             # An empty id would make every later event of the platform a "duplicate".
             raise StoreError(f"{what} failed: platform and event id must not be empty")
         now = time.time()
-        params = (platform, event_id, session_id, channel, thread, user, text, message_id, now)
+        head = (platform, event_id, session_id, channel, thread, user, text, message_id)
+        params = (*head, now, dumps(list(files)))
 
         def add(db: sqlite3.Connection) -> tuple[InboxRow, bool]:
             inserted = db.execute(_ADD_INBOX, params).fetchone()
@@ -255,6 +267,37 @@ class ChatInboxOutbox:
             )
 
         await self._transact(f"recording the preview of inbox row {inbox_id}", note, durable=True)
+
+    async def inbox_attached(
+        self: Transactions,
+        inbox_id: int,
+        attached: Sequence[AttachedFile],
+        notice: NewOutbound | None = None,
+    ) -> tuple[InboxRow, OutboxRow | None]:
+        what = f"recording the files of inbox row {inbox_id}"
+        encoded = dumps([a.to_json() for a in attached])
+        now = time.time()
+
+        def note(db: sqlite3.Connection) -> tuple[InboxRow, OutboxRow | None]:
+            row = db.execute(
+                f"UPDATE inbox SET attached = ? WHERE id = ? AND attached IS NULL "
+                f"RETURNING {_INBOX_COLS}",
+                (encoded, inbox_id),
+            ).fetchone()
+            if row is None:
+                current = _inbox_row(db, inbox_id)
+                if current is None:
+                    raise StoreError(f"{what} failed: no such inbox row")
+                # Recorded before (a turn cut short): that record and its notice stand.
+                return current, None
+            added = None
+            if notice is not None:
+                added = _outbox(
+                    db.execute(_ADD_OUTBOX, _outbound_params(notice, None, now)).fetchone()
+                )
+            return _inbox(row), added
+
+        return await self._transact(what, note, durable=notice is not None)
 
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"

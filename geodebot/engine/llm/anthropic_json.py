@@ -16,17 +16,28 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from anthropic.types import (
+    DocumentBlockParam,
     ImageBlockParam,
     TextBlockParam,
     ToolResultBlockParam,
     ToolUseBlockParam,
 )
 
-from geodebot.engine.llm.types import Block, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from geodebot.engine.llm.types import (
+    Block,
+    FileBlock,
+    Message,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 
 __all__ = ["HistoryJSON", "MessageJSON", "dumps"]
 
-_BlockParam: TypeAlias = TextBlockParam | ToolUseBlockParam | ToolResultBlockParam
+_BlockParam: TypeAlias = (
+    TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | ImageBlockParam | DocumentBlockParam
+)
 
 
 def dumps(value: object) -> str:
@@ -232,9 +243,35 @@ class _Conversation:
     chars: int  # of the array text, for the bound
 
 
+def _file_param(block: FileBlock) -> _BlockParam:
+    """A user's file: an image or a PDF as its block, anything else (or a file whose bytes
+    this request does not carry) as the line that names it."""
+    if block.data and block.media_type.startswith("image/"):
+        image: ImageBlockParam = {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                # Only the four types the API takes get here (see engine/attachments.py).
+                "media_type": block.media_type,  # type: ignore[typeddict-item]
+                "data": block.data,
+            },
+        }
+        return image
+    if block.data and block.media_type == "application/pdf":
+        document: DocumentBlockParam = {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": block.data},
+            "title": block.name[:200],
+        }
+        return document
+    return {"type": "text", "text": block.note}
+
+
 def _block_param(block: Block) -> _BlockParam:
     if isinstance(block, TextBlock):
         return {"type": "text", "text": block.text}
+    if isinstance(block, FileBlock):
+        return _file_param(block)
     if isinstance(block, ToolUseBlock):
         return {
             "type": "tool_use",

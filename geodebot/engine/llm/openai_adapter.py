@@ -25,6 +25,7 @@ from openai.types.chat import (
     ChatCompletion,
     ChatCompletionAssistantMessageParam,
     ChatCompletionContentPartImageParam,
+    ChatCompletionContentPartParam,
     ChatCompletionContentPartTextParam,
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageFunctionToolCall,
@@ -50,6 +51,7 @@ from geodebot.engine.llm.openai_stream import StreamedCompletion
 from geodebot.engine.llm.stream_listener import GuardedListener
 from geodebot.engine.llm.types import (
     Block,
+    FileBlock,
     LLMRequest,
     LLMResponse,
     Message,
@@ -321,28 +323,53 @@ def to_openai_messages(
                 assistant["tool_calls"] = calls
             out.append(assistant)
             continue
-        images: list[ChatCompletionContentPartImageParam] = []
-        for block in message.content:
-            if isinstance(block, ToolResultBlock):
-                content = f"ERROR: {block.content}" if block.is_error else block.content
-                out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
-                images += [
-                    {
-                        "type": "image_url",
-                        "image_url": {"url": f"data:{i.media_type};base64,{i.data}"},
-                    }
-                    for i in block.images
-                ]
-        if images:
-            # Chat Completions takes images only in user messages, not in tool results.
-            note: ChatCompletionContentPartTextParam = {
-                "type": "text",
-                "text": "The image(s) the tool calls above returned.",
-            }
-            out.append({"role": "user", "content": [note, *images]})
-        if text:
-            out.append({"role": "user", "content": text})
+        out += _user_messages(message, text)
     return out
+
+
+def _user_messages(message: Message, text: str) -> list[ChatCompletionMessageParam]:
+    out: list[ChatCompletionMessageParam] = []
+    images: list[ChatCompletionContentPartImageParam] = []
+    for block in message.content:
+        if isinstance(block, ToolResultBlock):
+            content = f"ERROR: {block.content}" if block.is_error else block.content
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+            images += [
+                {
+                    "type": "image_url",
+                    "image_url": {"url": f"data:{i.media_type};base64,{i.data}"},
+                }
+                for i in block.images
+            ]
+    if images:
+        # Chat Completions takes images only in user messages, not in tool results.
+        note: ChatCompletionContentPartTextParam = {
+            "type": "text",
+            "text": "The image(s) the tool calls above returned.",
+        }
+        out.append({"role": "user", "content": [note, *images]})
+    files = [b for b in message.content if isinstance(b, FileBlock)]
+    if files:
+        parts: list[ChatCompletionContentPartParam] = []
+        if text:
+            parts.append({"type": "text", "text": text})
+        parts += [_file_part(f) for f in files]
+        out.append({"role": "user", "content": parts})
+    elif text:
+        out.append({"role": "user", "content": text})
+    return out
+
+
+def _file_part(block: FileBlock) -> ChatCompletionContentPartParam:
+    """A user's file as a content part: an image as a data URL, a PDF as a file part (the
+    Chat Completions API takes base64 PDFs), anything else, or a file without its bytes in
+    this request, as the line that names it."""
+    url = f"data:{block.media_type};base64,{block.data}"
+    if block.data and block.media_type.startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": url}}
+    if block.data and block.media_type == "application/pdf":
+        return {"type": "file", "file": {"filename": block.name, "file_data": url}}
+    return {"type": "text", "text": block.note}
 
 
 def _call_param(block: ToolUseBlock) -> ChatCompletionMessageFunctionToolCallParam:

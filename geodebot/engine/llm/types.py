@@ -55,7 +55,35 @@ class ToolResultBlock:
     images: tuple[ImageData, ...] = ()
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock
+@dataclass(frozen=True, slots=True)
+class FileBlock:
+    """A file a user sent (an image, a PDF, a text file), by reference: the history keeps
+    its digest in the file store, never its bytes. ``data`` (base64) is filled only in the
+    request being sent (see engine/attachments.py) and never stored; an adapter given a
+    block without data shows the model a line naming the file instead."""
+
+    sha256: str
+    media_type: str
+    name: str
+    size: int
+    data: str = ""
+    type: Literal["file"] = "file"
+
+    @property
+    def note(self) -> str:
+        """The one line that stands for the file where its content is not shown."""
+        return f"[file {self.name} ({self.media_type}, {human_size(self.size)}) not shown here]"
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | FileBlock
+
+
+def human_size(size: int) -> str:
+    if size < 1000:
+        return f"{size} bytes"
+    if size < 1000 * 1000:
+        return f"{size / 1000:.1f} KB"
+    return f"{size / 1000 / 1000:.1f} MB"
 
 
 # weakref_slot: adapters may keep per-message data only as long as the message lives.
@@ -94,6 +122,15 @@ class Message:
 def block_to_json(block: Block) -> dict[str, Any]:
     if isinstance(block, TextBlock):
         return {"type": "text", "text": block.text}
+    if isinstance(block, FileBlock):
+        # The bytes are never part of the history: only the reference is.
+        return {
+            "type": "file",
+            "sha256": block.sha256,
+            "media_type": block.media_type,
+            "name": block.name,
+            "size": block.size,
+        }
     if isinstance(block, ToolUseBlock):
         out: dict[str, Any] = {
             "type": "tool_use",
@@ -125,6 +162,13 @@ def block_from_json(data: Mapping[str, Any]) -> Block:
             name=str(data["name"]),
             arguments=dict(data.get("arguments") or {}),
             arguments_error=data.get("arguments_error"),
+        )
+    if kind == "file":
+        return FileBlock(
+            sha256=str(data["sha256"]),
+            media_type=str(data["media_type"]),
+            name=str(data["name"]),
+            size=int(data["size"]),
         )
     if kind == "tool_result":
         return ToolResultBlock(

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from geodebot.engine.llm.types import ImageData, ToolSchema
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.schema import ArgumentSchema
-from geodebot.store.records import ApprovalRecord
+from geodebot.store.records import ApprovalRecord, StoredFile
 
 
 class Safety(StrEnum):
@@ -92,6 +92,18 @@ class ApprovalDesk(Protocol):
         return it decided or expired; at its expiry it is expired, never left pending."""
 
 
+class ChatOutlet(Protocol):
+    """Where a tool's messages to the chat a turn answers go (a chat's DAEMON session):
+    through the outbox, in order with the turn's other replies, exactly once."""
+
+    @property
+    def platform(self) -> str: ...
+
+    async def send_file(self, file: StoredFile, caption: str) -> None:
+        """Queue ``file`` (already in the file store) for upload into the chat; returns once
+        the message is durably queued, not when it is sent."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallContext:
     session_id: str
@@ -102,6 +114,8 @@ class ToolCallContext:
     desk: ApprovalDesk | None = field(default=None, compare=False)
     # The session spec's ``origin``: the binding a chat message came through, or None.
     origin: str | None = None
+    # The chat the turn answers, for tools that post into it (send_file); None elsewhere.
+    outlet: ChatOutlet | None = field(default=None, compare=False)
     # Entered while the call waits for a person's decision: the turn's time budget stands
     # still and its place under the global cap is free (see AgenticLoop).
     waiting_for_a_person: Callable[[], AbstractAsyncContextManager[None]] | None = field(

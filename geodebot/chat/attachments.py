@@ -1,0 +1,242 @@
+"""Files users send with a message: checked, fetched through their platform, kept once.
+
+The channel only describes a message's files (``Inbound.files``); they are committed with
+the message, so the platform is acknowledged without waiting for a download. When the
+message's turn starts, each file is checked in order, cheapest first, and refused at the
+first check it fails:
+
+1. the binding takes files at all (``attachments``);
+2. the size the platform announced is within ``max_attachment_mb`` (refused: no download);
+3. the type the platform announced, or the name's extension, is one the model can be shown:
+   PNG, JPEG, GIF and WebP images, PDFs, text;
+4. the download, capped at the limit (the channel stops reading past it);
+5. the bytes themselves are what they claim (a PNG's signature, valid UTF-8 text, ...), and
+   within what the model takes for that kind (images up to 5 MB, text up to 200 KB).
+
+What passed is stored once by content hash (store/files.py) and goes into the user's message
+as a :class:`FileBlock`, a reference; what was refused goes in as a one-line note, so the
+model knows what it was not shown and why. The outcome is recorded on the inbox row with the
+sender's notice of refusals in one commit, so a turn resumed after a crash downloads
+nothing again and repeats no notice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mimetypes
+import re
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from geodebot.channels.base import Channel, ChannelError, FileTooLarge, InboundFile
+from geodebot.chat.replies import files_refused, reply_to
+from geodebot.config.schema import BindingConfig
+from geodebot.engine.attachments import (
+    IMAGE_TYPES,
+    MAX_IMAGE_BYTES,
+    MAX_PDF_BYTES,
+    MAX_TEXT_BYTES,
+    PDF_TYPE,
+    TEXT_TYPE,
+)
+from geodebot.engine.llm.types import Block, FileBlock, TextBlock, human_size
+from geodebot.store.files import FileStore
+from geodebot.store.protocol import Store
+from geodebot.store.records import AttachedFile, InboxRow, OutboxRow
+
+__all__ = ["Attachments", "safe_name", "sniff"]
+
+log = logging.getLogger(__name__)
+
+# One download may take this long; a platform that stalls longer refuses the file, not the
+# message.
+DOWNLOAD_TIMEOUT_S = 120.0
+_MAX_NAME_CHARS = 120
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f\[\]]+")
+# Declared types that say nothing: the name's extension and then the bytes decide.
+_UNKNOWN_TYPES = frozenset({"", "application/octet-stream", "binary/octet-stream"})
+_TEXT_TYPES = frozenset(
+    {
+        "application/json",
+        "application/xml",
+        "application/yaml",
+        "application/x-yaml",
+        "application/toml",
+        "application/x-ndjson",
+        "application/x-sh",
+        "application/javascript",
+        "application/sql",
+        "application/csv",
+    }
+)
+_TEXT_SUFFIXES = frozenset(
+    (
+        *(".txt", ".log", ".md", ".markdown", ".csv", ".tsv", ".json", ".jsonl", ".ndjson"),
+        *(".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".xml", ".html", ".htm", ".env"),
+        *(".py", ".sh", ".js", ".ts", ".go", ".rs", ".java", ".c", ".h", ".cpp", ".rb", ".sql"),
+        *(".diff", ".patch", ".service", ".timer"),
+    )
+)
+_KIND_LIMITS = {**dict.fromkeys(IMAGE_TYPES, MAX_IMAGE_BYTES), PDF_TYPE: MAX_PDF_BYTES}
+
+
+def safe_name(name: str) -> str:
+    """A sender's file name as it may be shown: no control characters or brackets (it goes
+    into notes the model reads), bounded in length, never empty."""
+    cleaned = _UNSAFE.sub(" ", name).strip() or "file"
+    if len(cleaned) > _MAX_NAME_CHARS:
+        cleaned = cleaned[: _MAX_NAME_CHARS - 1] + "…"
+    return cleaned
+
+
+def _accepted_type(media_type: str, name: str) -> bool:
+    """Whether what the platform announced could be something the model is shown."""
+    declared = media_type.split(";")[0].strip().lower()
+    if declared in _UNKNOWN_TYPES:
+        if PurePosixPath(name).suffix.lower() in _TEXT_SUFFIXES:
+            return True
+        guessed = (mimetypes.guess_type(name)[0] or "").lower()
+        return guessed not in _UNKNOWN_TYPES and _accepted_type(guessed, "")
+    return (
+        declared in IMAGE_TYPES
+        or declared == PDF_TYPE
+        or declared.startswith("text/")
+        or declared in _TEXT_TYPES
+    )
+
+
+def sniff(data: bytes) -> str | None:
+    """The type the bytes show, among those the model is shown; None for anything else."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data.startswith(b"%PDF-"):
+        return PDF_TYPE
+    if b"\x00" in data:
+        return None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return TEXT_TYPE
+
+
+class Attachments:
+    def __init__(self, store: Store, files: FileStore, channels: Mapping[str, Channel]) -> None:
+        self._store = store
+        self._files = files
+        self._channels = channels
+
+    async def blocks(
+        self, row: InboxRow, binding: BindingConfig
+    ) -> tuple[tuple[Block, ...], OutboxRow | None]:
+        """The blocks the row's files add to its user message, and the notice of refusals
+        (an outbox row to send) if this call wrote one."""
+        if not row.files:
+            return (), None
+        notice = None
+        attached = row.attached
+        if attached is None:
+            checked = [await self._check(raw, row, binding) for raw in row.files]
+            refused = [(a.name, a.refusal) for a in checked if a.refusal]
+            text = files_refused(refused) if refused else None
+            recorded, notice = await self._store.inbox_attached(
+                row.id, checked, reply_to(row, text, kind="notice") if text else None
+            )
+            attached = recorded.attached if recorded.attached is not None else tuple(checked)
+        return tuple(_block(a) for a in attached), notice
+
+    async def _check(
+        self, raw: Mapping[str, Any], row: InboxRow, binding: BindingConfig
+    ) -> AttachedFile:
+        try:
+            described = InboundFile.from_json(raw)
+        except (KeyError, TypeError, ValueError):
+            return AttachedFile("file", "", 0, refusal="its description was unreadable")
+        name = safe_name(described.name)
+        why = _refused_before(described, binding)
+        if why is None:
+            fetched = await self._fetch(described, row, binding)
+            if isinstance(fetched, str):
+                why = fetched
+            else:
+                return await self._keep(name, fetched, binding)
+        return AttachedFile(name, described.media_type, described.size, refusal=why)
+
+    async def _fetch(
+        self, described: InboundFile, row: InboxRow, binding: BindingConfig
+    ) -> bytes | str:
+        """The file's bytes, or why there are none."""
+        channel = self._channels.get(row.platform)
+        if channel is None:
+            return "its platform is not connected"
+        limit = _limit(binding)
+        try:
+            async with asyncio.timeout(DOWNLOAD_TIMEOUT_S):
+                data = await channel.download(described, limit)
+        except FileTooLarge as exc:
+            return _too_large(exc.size, binding)
+        except TimeoutError:
+            return "the download took too long"
+        except ChannelError as exc:
+            log.warning("inbox row %s: download of a file failed: %s", row.id, exc)
+            return "the platform did not hand it over"
+        return _too_large(len(data), binding) if len(data) > limit else data
+
+    async def _keep(self, name: str, data: bytes, binding: BindingConfig) -> AttachedFile:
+        """Store the bytes if they are what the model can be shown (checked on the bytes,
+        whatever the platform said)."""
+        actual = sniff(data)
+        if actual is None:
+            return AttachedFile(
+                name, "", len(data), refusal="its content is not an image, a PDF or text"
+            )
+        most = _KIND_LIMITS.get(actual, MAX_TEXT_BYTES if actual == TEXT_TYPE else _limit(binding))
+        if len(data) > most:
+            why = f"{human_size(len(data))}, over the model's limit of {human_size(most)}"
+            return AttachedFile(name, actual, len(data), refusal=why)
+        stored = await asyncio.to_thread(self._files.put, data, name=name, media_type=actual)
+        return AttachedFile(name, actual, len(data), stored)
+
+
+def _refused_before(described: InboundFile, binding: BindingConfig) -> str | None:
+    """Why the file is refused on what the platform said, before any download; None: fetch."""
+    if not binding.attachments:
+        return "this chat does not take files"
+    size, media_type = described.size, described.media_type
+    if size > _limit(binding):
+        return _too_large(size, binding)
+    if not _accepted_type(media_type, described.name):
+        shown = media_type or PurePosixPath(described.name).suffix or "unknown"
+        return f"its type ({shown}) is not one I take: images, PDFs and text files"
+    kind_limit = _KIND_LIMITS.get(media_type.split(";")[0].strip().lower())
+    if kind_limit is not None and size > kind_limit:
+        return f"{human_size(size)}, over the model's limit of {human_size(kind_limit)}"
+    return None
+
+
+def _limit(binding: BindingConfig) -> int:
+    return int(binding.max_attachment_mb * 1000 * 1000)
+
+
+def _too_large(size: int | None, binding: BindingConfig) -> str:
+    shown = human_size(size) if size else "Larger"
+    return f"{shown}, over this chat's limit of {binding.max_attachment_mb:g} MB"
+
+
+def _block(attached: AttachedFile) -> Block:
+    if attached.file is not None:
+        f = attached.file
+        return FileBlock(f.sha256, f.media_type, f.name, f.size)
+    size = f", {human_size(attached.size)}" if attached.size else ""
+    kind = attached.media_type or "unknown type"
+    return TextBlock(
+        f"[the user sent {attached.name} ({kind}{size}); not passed on: {attached.refusal}]"
+    )

@@ -61,6 +61,9 @@ from tests.support.fakes.telegram_server import FakeTelegram
 KEY_ENV = "BENCH_ANTHROPIC_KEY"
 KEY = "sk-bench-0123456789abcdef"
 TOKEN_ENV = "BENCH_TELEGRAM_TOKEN"
+SLACK_BOT_ENV = "BENCH_SLACK_BOT"
+SLACK_APP_ENV = "BENCH_SLACK_APP"
+DISCORD_TOKEN_ENV = "BENCH_DISCORD"
 USER = 4242
 LATENCY_CHAT = -100_000
 LOOP_CHAT_BASE = -100_100  # the closed-loop chats are LOOP_CHAT_BASE - i
@@ -434,16 +437,18 @@ async def idle_rss_all_channels(tmp: Path, llm: FakeLLMServer) -> tuple[float, f
         config.write_text(
             config.read_text()
             + "[channels.slack]\n"
-            + 'bot_token_env = "BENCH_SLACK_BOT"\napp_token_env = "BENCH_SLACK_APP"\n'
+            + f'bot_token_env = "{SLACK_BOT_ENV}"\napp_token_env = "{SLACK_APP_ENV}"\n'
             + f'api_base_url = "{slack.api_base_url}"\n'
-            + '[channels.discord]\ntoken_env = "BENCH_DISCORD"\n'
+            + f'[channels.discord]\ntoken_env = "{DISCORD_TOKEN_ENV}"\n'
             + f'api_base_url = "{discord.api_base_url}"\ngateway_url = "{discord.gateway_url}"\n'
         )
         env = dict(
             geodebot_env(telegram),
-            BENCH_SLACK_BOT=slack.bot_token,
-            BENCH_SLACK_APP=slack.app_token,
-            BENCH_DISCORD=discord.token,
+            **{
+                SLACK_BOT_ENV: slack.bot_token,
+                SLACK_APP_ENV: slack.app_token,
+                DISCORD_TOKEN_ENV: discord.token,
+            },
         )
         return await fresh_daemon_idle(DaemonProcess(config, env))
 

@@ -32,6 +32,20 @@ interaction. Slack shows the presser an error unless it is acked within 3 s, and
 redelivers one, so the envelope is acked at once and the press is decided afterwards, in a
 task of its own; an answer that did not count goes to the presser alone, as an ephemeral
 message. The outcome shows on the card when the core edits it (the buttons go then).
+
+Files in: a message event with ``files`` (subtype ``file_share``, or none) lists each file
+with its private URL; ``to_inbound`` keeps the URL as the file's ref and downloads nothing.
+``download`` fetches it with the bot token, which goes only to Slack's own file host
+(``https://files.slack.com``) or to the configured API host; a redirect must stay on those
+hosts too. Slack answers a token that may not read the file with its HTML sign-in page and
+status 200, so an HTML answer for a file that is not HTML is an error, not the file.
+
+Files out: the external upload, in its three steps (files.getUploadURLExternal, a POST of
+the bytes to the upload URL, files.completeUploadExternal), done here step by step rather
+than through the SDK's ``files_upload_v2``: the bytes stream from disk instead of being read
+whole, and only the last step can have shared anything, so only its failures can be of
+unknown outcome (a file uploaded but never completed is never shown). Nothing in a shared
+file carries the part's key, so ``find_sent`` cannot look a file part up.
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
+import yarl
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError, SlackClientError
@@ -57,8 +72,11 @@ from geodebot.channels.base import (
     ChannelError,
     ChannelStatus,
     Destination,
+    FileTooLarge,
     Inbound,
+    InboundFile,
     InboundSink,
+    OutboundFile,
     OutboundPart,
     Platform,
     Press,
@@ -105,6 +123,14 @@ APPROVE_ACTION, DENY_ACTION = "geodebot_approve", "geodebot_deny"
 NOT_VALID = "This button is not valid."
 SECTION_CHARS = 3000  # Slack refuses a section block whose text is longer
 PRESS_FAILED = "That did not work; please try again."
+# Slack's file host: url_private(_download) points there, and only there (or at the configured
+# API host) does the bot token go.
+FILES_HOST = "files.slack.com"
+# Files Slack lists without their content: deleted ones, and ones beyond a free workspace's
+# history limit.
+_CONTENTLESS_MODES = frozenset({"tombstone", "hidden_by_limit"})
+_MAX_REDIRECTS = 3
+_CHUNK = 64 * 1024
 
 
 def to_inbound(
@@ -147,7 +173,41 @@ def to_inbound(
         or f"<@{bot_user_id}|" in text,
         is_dm=event.get("channel_type") == "im",
         ts=_float(ts),
+        files=files_of(event),
     )
+
+
+def files_of(event: Mapping[str, Any]) -> tuple[InboundFile, ...]:
+    """The downloadable files of a message event, as Slack describes them: the ref is the
+    private download URL (else the private URL); a file without either, or deleted, or
+    hidden by a workspace limit, is left out."""
+    files = event.get("files")
+    if not isinstance(files, list):
+        return ()
+    found: list[InboundFile] = []
+    for item in files:
+        if not isinstance(item, Mapping) or item.get("mode") in _CONTENTLESS_MODES:
+            continue
+        url = item.get("url_private_download") or item.get("url_private")
+        if not isinstance(url, str) or not url:
+            continue
+        name = next(
+            (v for k in ("name", "title", "id") if isinstance(v := item.get(k), str) and v),
+            "file",
+        )
+        media_type = item.get("mimetype")
+        size = item.get("size")
+        found.append(
+            InboundFile(
+                ref=url,
+                name=name,
+                media_type=media_type if isinstance(media_type, str) else "",
+                size=size
+                if isinstance(size, int) and not isinstance(size, bool) and size > 0
+                else 0,
+            )
+        )
+    return tuple(found)
 
 
 def _strings(event: Mapping[str, Any], *keys: str) -> bool:
@@ -322,7 +382,7 @@ class SlackChannel:
         self._stopping = False
         names = (
             "received delivered ignored duplicates sink_errors errors sent send_errors"
-            " presses press_errors edited edits_gone"
+            " presses press_errors edited edits_gone downloads download_errors uploads"
         )
         self._counters: dict[str, int] = dict.fromkeys(names.split(), 0)
 
@@ -558,6 +618,8 @@ class SlackChannel:
         return render_for("slack", markdown)
 
     async def send(self, part: OutboundPart) -> SentPart:
+        if part.file is not None:
+            return await self._upload(part, part.file)
         if part.edit_of is not None:
             if await self._edit(part, part.edit_of):
                 return SentPart(part.edit_of)
@@ -610,6 +672,140 @@ class SlackChannel:
         self._counters["edited"] += 1
         return True
 
+    async def _upload(self, part: OutboundPart, file: OutboundFile) -> SentPart:
+        """Upload ``file`` and share it in the part's chat with the part's text as its comment.
+
+        Until the last step nothing is shown to anyone, so a failure before it is a plain
+        ChannelError (worth retrying unless permanent) and never an unknown outcome.
+        """
+        client, session = self._require_client(), self._require_session()
+        dest = part.destination
+        try:
+            length = file.path.stat().st_size
+        except OSError as exc:
+            raise ChannelError(
+                f"Slack upload: cannot read the file: {exc}", permanent=True
+            ) from exc
+        try:
+            ticket = await client.files_getUploadURLExternal(filename=file.name, length=length)
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            self._counters["send_errors"] += 1
+            raise _not_sent(_to_channel_error(exc, "files.getUploadURLExternal")) from exc
+        file_id, upload_url = ticket.get("file_id"), ticket.get("upload_url")
+        if not isinstance(file_id, str) or not isinstance(upload_url, str):
+            self._counters["send_errors"] += 1
+            raise ChannelError("Slack files.getUploadURLExternal: no upload URL in the answer")
+        await self._post_bytes(session, upload_url, file, length)
+        response = await self._call(
+            "files.completeUploadExternal",
+            client.files_completeUploadExternal(
+                files=[{"id": file_id, "title": file.name}],
+                channel_id=dest.channel,
+                thread_ts=_thread_ts(dest),
+                initial_comment=part.text or None,
+            ),
+        )
+        self._counters["uploads"] += 1
+        return SentPart(_share_ts(response.get("files"), dest.channel) or file_id)
+
+    async def _post_bytes(
+        self, session: aiohttp.ClientSession, url: str, file: OutboundFile, length: int
+    ) -> None:
+        """Step two of an upload: the bytes, streamed from disk, to the URL Slack gave."""
+        # The whole request may take long for a large file; each read may not.
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._request_timeout, sock_read=self._request_timeout
+        )
+        try:
+            body = file.path.open("rb")
+        except OSError as exc:
+            self._counters["send_errors"] += 1
+            raise ChannelError(
+                f"Slack upload: cannot read the file: {exc}", permanent=True
+            ) from exc
+        headers = {"Content-Type": "application/octet-stream"}
+        try:
+            with body:
+                async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+                    status = resp.status
+                    retry_after = resp.headers.get("Retry-After")
+                    await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._counters["send_errors"] += 1
+            raise ChannelError(f"Slack file upload: {type(exc).__name__}: {exc}") from exc
+        if status == 200:
+            return
+        self._counters["send_errors"] += 1
+        message = f"Slack file upload: HTTP {status}"
+        if status == 429:
+            raise ChannelError(message, retry_after=_float(retry_after, default=1.0))
+        raise ChannelError(message, permanent=400 <= status < 500 and status != 408)
+
+    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
+        session = self._require_session()
+        api = yarl.URL(self._config.api_base_url)
+        try:
+            url = yarl.URL(file.ref)
+        except (TypeError, ValueError) as exc:
+            raise ChannelError("Slack file download: not a URL", permanent=True) from exc
+        # The token travels in a header, never in the URL, so the URL may be logged.
+        auth = {"Authorization": f"Bearer {self._bot_token}"}
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._request_timeout, sock_read=self._request_timeout
+        )
+        try:
+            for _ in range(_MAX_REDIRECTS + 1):
+                if not file_host_allowed(url, api):
+                    self._counters["download_errors"] += 1
+                    raise ChannelError(
+                        f"Slack file download: {url.host or url} is not Slack's file host",
+                        permanent=True,
+                    )
+                async with session.get(
+                    url, headers=auth, allow_redirects=False, timeout=timeout
+                ) as resp:
+                    location = resp.headers.get("Location")
+                    if resp.status in (301, 302, 303, 307, 308) and location:
+                        url = url.join(yarl.URL(location))
+                        continue
+                    data = await self._read_file(resp, file, max_bytes)
+                    self._counters["downloads"] += 1
+                    return data
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            self._counters["download_errors"] += 1
+            raise ChannelError(f"Slack file download: {type(exc).__name__}: {exc}") from exc
+        self._counters["download_errors"] += 1
+        raise ChannelError("Slack file download: too many redirects", permanent=True)
+
+    async def _read_file(
+        self, resp: aiohttp.ClientResponse, file: InboundFile, max_bytes: int
+    ) -> bytes:
+        """The body of a file's answer, read no further than ``max_bytes``."""
+        status = resp.status
+        if status != 200:
+            self._counters["download_errors"] += 1
+            message = f"Slack file download: HTTP {status}"
+            if status == 429:
+                retry_after = _float(resp.headers.get("Retry-After"), default=1.0)
+                raise ChannelError(message, retry_after=retry_after)
+            raise ChannelError(message, permanent=status < 500 and status != 408)
+        if resp.content_type == "text/html" and not file.media_type.startswith("text/html"):
+            self._counters["download_errors"] += 1
+            raise ChannelError(
+                "Slack file download: Slack answered with a web page, not the file"
+                " (does the bot token have the files:read scope?)",
+                permanent=True,
+            )
+        announced = resp.content_length
+        if announced is not None and announced > max_bytes:
+            raise FileTooLarge(max_bytes, announced)
+        body = bytearray()
+        async for chunk in resp.content.iter_chunked(_CHUNK):
+            body += chunk
+            if len(body) > max_bytes:
+                raise FileTooLarge(max_bytes)
+        return bytes(body)
+
     async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
         client = self._require_client()
         response = await self._call(
@@ -651,6 +847,10 @@ class SlackChannel:
         return response
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
+        if part.file is not None:
+            # completeUploadExternal takes no metadata, and nothing else in a share may carry
+            # the key without showing it to the chat.
+            raise NotImplementedError("Slack cannot look up a shared file by its key")
         client = self._require_client()
         dest = part.destination
         thread = _thread_ts(dest)
@@ -712,6 +912,50 @@ class SlackChannel:
         if self._client is None:
             raise ChannelError("Slack channel is not started")
         return self._client
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise ChannelError("Slack channel is not started")
+        return self._session
+
+
+def file_host_allowed(url: yarl.URL, api_base: yarl.URL) -> bool:
+    """Whether the bot token may go to ``url``: Slack's file host over https, or the host of
+    the configured API (the same scheme, host and port: a proxy or a test's fake)."""
+    if not url.is_absolute() or url.user is not None or url.password is not None:
+        return False
+    if url.scheme == "https" and (url.host or "").lower() == FILES_HOST and url.port == 443:
+        return True
+    return (url.scheme, (url.host or "").lower(), url.port) == (
+        api_base.scheme,
+        (api_base.host or "").lower(),
+        api_base.port,
+    )
+
+
+def _share_ts(files: object, channel: str) -> str | None:
+    """The ts of the message that shared the (one) uploaded file in ``channel``, when the
+    answer already lists it (Slack shares asynchronously, so it may not)."""
+    if not isinstance(files, list) or not files or not isinstance(files[0], Mapping):
+        return None
+    shares = files[0].get("shares")
+    if not isinstance(shares, Mapping):
+        return None
+    for scope in ("public", "private"):
+        in_scope = shares.get(scope)
+        places = in_scope.get(channel) if isinstance(in_scope, Mapping) else None
+        if isinstance(places, list) and places and isinstance(places[0], Mapping):
+            ts = places[0].get("ts")
+            if isinstance(ts, str) and ts:
+                return ts
+    return None
+
+
+def _not_sent(error: ChannelError) -> ChannelError:
+    """An error of a step before anything was shown: never an unknown outcome."""
+    if not isinstance(error, SendUnknown):
+        return error
+    return ChannelError(str(error), retry_after=error.retry_after, permanent=error.permanent)
 
 
 def _part_text(part: OutboundPart) -> str:

@@ -6,6 +6,12 @@ confirmed only after the sink committed it: the next ``getUpdates`` offset moves
 and the offset is persisted so a restart resumes right after the last committed update.
 Anything not committed is simply delivered again by Telegram. A press of an approval card's
 button (a callback query) goes the same way: handed to the press sink, answered, then confirmed.
+
+Files: a message's photo or document becomes an :class:`InboundFile` carrying its file_id;
+nothing is fetched until ``download`` (getFile, then the file URL under ``file_base_url``,
+read with a cap). That URL holds the bot token in its path: it is built here, fetched, and
+never put in a log line or an error text. Uploads go by sendPhoto (small images) or
+sendDocument.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import asyncio
 import html
 import json
 import logging
+import mimetypes
 import os
 import random
 import re
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
@@ -27,6 +35,7 @@ from telegram import (
     CallbackQuery,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
+    InputFile,
     LinkPreviewOptions,
     Message,
     MessageEntity,
@@ -36,18 +45,23 @@ from telegram import (
 )
 from telegram import error as tg
 from telegram.constants import CallbackQueryLimit, ChatAction, ChatType, MessageLimit, ParseMode
-from telegram.request import RequestData
+from telegram.request import BaseRequest, RequestData
 from telegram.request._requestparameter import RequestParameter  # what Bot._post builds
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    TELEGRAM_PHOTO_LIMIT,
+    UPLOAD_LIMITS,
     ApprovalCard,
     ChannelError,
     ChannelStatus,
     CursorStore,
     Destination,
+    FileTooLarge,
     Inbound,
+    InboundFile,
     InboundSink,
+    OutboundFile,
     OutboundPart,
     Platform,
     Press,
@@ -87,6 +101,15 @@ _NOT_MODIFIED = "message is not modified"
 # will not change any more: the part then goes out as a new message, so it is not lost.
 _EDIT_GONE = ("message to edit not found", "message_id_invalid", "message can't be edited")
 _NO_LINK_PREVIEW = LinkPreviewOptions(is_disabled=True)
+# sendPhoto takes these; Telegram recompresses them to JPEG. Anything else goes as a document.
+_PHOTO_TYPES = frozenset({"image/jpeg", "image/png", "image/webp"})
+# What sendPhoto answers an image it will not take as a photo (too long and thin, say); the
+# file then goes as a document, which Telegram takes as it is.
+_NOT_A_PHOTO = ("photo_invalid_dimensions", "image_process_failed", "photo_ext_invalid")
+# The cloud Bot API's getFile answer for a file over its 20 MB download limit.
+_TOO_BIG = "file is too big"
+# A slow upload's answer comes once Telegram stored the file; be patient with it.
+_UPLOAD_READ_TIMEOUT_S = 60.0
 _NOT_VALID = "This button is not valid."
 _TRY_AGAIN = "That did not work; please try again."
 _HTML_TAG = re.compile(
@@ -97,12 +120,14 @@ _HTML_TAG = re.compile(
 
 
 def to_inbound(update: Update, bot_user: User) -> Inbound | None:
-    """The update as geodebot sees it; None for anything without text (stickers, joins)."""
+    """The update as geodebot sees it; None for anything with neither text nor a file
+    (stickers, joins). A file's message has its caption as text, maybe empty."""
     message = update.message or update.channel_post
     if message is None:
         return None
-    text = message.text or message.caption
-    if not text:
+    text = message.text or message.caption or ""
+    files = files_of(message)
+    if not text and not files:
         return None
     thread = message.message_thread_id if message.is_topic_message else None
     # Anonymous admins and channels: from_user is a placeholder bot, the chat is the sender.
@@ -127,7 +152,37 @@ def to_inbound(update: Update, bot_user: User) -> Inbound | None:
         mentions_bot=_mentions(message, bot_user),
         is_dm=message.chat.type == ChatType.PRIVATE,
         ts=message.date.timestamp(),
+        files=files,
     )
+
+
+def files_of(message: Message) -> tuple[InboundFile, ...]:
+    """The file a message carries, described as Telegram does (a message holds one at most;
+    an album is a message per item). A photo comes in several sizes: the largest is taken.
+    Audio, video and voice notes come as documents; a sticker is no file to pass on."""
+    if message.photo:
+        photo = max(message.photo, key=lambda p: (p.width * p.height, p.file_size or 0))
+        name = f"photo-{photo.file_unique_id}.jpg"  # Telegram stores every photo as JPEG
+        return (InboundFile(photo.file_id, name, "image/jpeg", photo.file_size or 0),)
+    if message.document is not None:  # an animation (GIF) comes as a document too
+        document = message.document
+        return (
+            InboundFile(
+                document.file_id,
+                document.file_name or "document",
+                document.mime_type or "",
+                document.file_size or 0,
+            ),
+        )
+    media = message.audio or message.video or message.voice or message.video_note
+    if media is None:
+        return ()
+    kind = type(media).__name__.lower()  # audio, video, voice, videonote
+    media_type = str(getattr(media, "mime_type", None) or "")
+    name = getattr(media, "file_name", None) or (
+        f"{kind}-{media.file_unique_id}{mimetypes.guess_extension(media_type) or ''}"
+    )
+    return (InboundFile(media.file_id, str(name), media_type, media.file_size or 0),)
 
 
 def _mentions(message: Message, bot_user: User) -> bool:
@@ -211,6 +266,44 @@ def _decided(press: Press) -> str:
     return "Approved." if press.approve else "Denied."
 
 
+def _addressed(dest: Destination) -> dict[str, object]:
+    """A send's chat, topic and reply fields; a reply to a message gone is sent anyway."""
+    try:
+        thread = int(dest.thread) if dest.thread else None
+        reply = int(dest.reply_to) if dest.reply_to else None
+    except ValueError:
+        raise ChannelError(f"telegram: not a message id: {dest}", permanent=True) from None
+    fields: dict[str, object] = {"chat_id": _chat_id(dest.channel)}
+    if thread is not None:
+        fields["message_thread_id"] = thread
+    if reply is not None:
+        fields["reply_parameters"] = ReplyParameters(reply, allow_sending_without_reply=True)
+    return fields
+
+
+def _caption(part: OutboundPart) -> tuple[str, str | None]:
+    """The part's text as a caption and its parse mode. A caption holds 1024 characters, not
+    a message's 4096: a longer one goes as plain text, cut, since HTML cut anywhere would be
+    refused (and the file must still arrive)."""
+    if not part.text:
+        return "", None
+    parse_mode = None if part.plain else ParseMode.HTML
+    visible = part.text if part.plain else html_to_plain(part.text)
+    if _utf16(visible) <= MessageLimit.CAPTION_LENGTH:
+        return part.text, parse_mode
+    return _clip(visible, MessageLimit.CAPTION_LENGTH), None
+
+
+def _fetch_error(status: int, body: str) -> ChannelError:
+    """A file download's error status as a ChannelError."""
+    text = f"telegram: download failed: HTTP {status} {body[:200]}".rstrip()
+    if status in (404, 410):
+        return ChannelError(f"{text} (the file is gone)", permanent=True)
+    if status == 429 or status >= 500:
+        return ChannelError(text)
+    return ChannelError(text, permanent=True)  # refused: asking again gets the same
+
+
 def _chat_id(channel: str) -> int | str:
     try:
         return int(channel)
@@ -230,10 +323,14 @@ class TelegramChannel:
             AiohttpRequest(connection_pool_size=1, connect_timeout=10.0),
             # A slow answer to sendMessage becomes an unknown outcome, so be patient with it.
             AiohttpRequest(connection_pool_size=8, read_timeout=20.0, connect_timeout=10.0),
+            # Downloads of users' files, apart so a large one never holds up a reply.
+            AiohttpRequest(connection_pool_size=4, read_timeout=30.0, connect_timeout=10.0),
         )
         self._bot = Bot(
             token,
             base_url=config.api_base_url,
+            # PTB appends the token, as to base_url: the file URLs carry it.
+            base_file_url=config.file_base_url,
             get_updates_request=self._requests[0],
             request=self._requests[1],
         )
@@ -250,7 +347,8 @@ class TelegramChannel:
         self._sink_failures = 0
         self._counters = dict.fromkeys(
             ("received", "delivered", "skipped", "sink_errors", "poll_errors", "sent",
-             "send_errors", "plain_fallbacks", "presses", "press_errors"),
+             "send_errors", "plain_fallbacks", "presses", "press_errors", "downloads",
+             "download_errors", "uploads"),
             0,
         )  # fmt: skip
 
@@ -557,13 +655,18 @@ class TelegramChannel:
     async def send(self, part: OutboundPart) -> SentPart:
         """Send the part, or edit ``part.edit_of`` to it (a streamed preview it replaces)."""
         try:
-            if part.edit_of is not None:
+            if part.file is not None:
+                sent = await self._send_file(part, part.file)
+            elif part.edit_of is not None:
                 sent = await self._edit_or_send(part, part.edit_of)
             else:
                 sent = await self._send_part(part)
         except tg.TelegramError as exc:
             self._counters["send_errors"] += 1
             raise self._send_error(exc) from exc
+        except ChannelError:
+            self._counters["send_errors"] += 1
+            raise
         self._counters["sent"] += 1
         return sent
 
@@ -680,30 +783,160 @@ class TelegramChannel:
         ``Bot.send_message`` would build a whole ``Message`` (chat, sender, entities) from the
         answer only for its id to be read: the largest single CPU cost of a reply.
         """
-        try:
-            thread = int(dest.thread) if dest.thread else None
-            reply = int(dest.reply_to) if dest.reply_to else None
-        except ValueError:
-            raise ChannelError(f"telegram: not a message id: {dest}", permanent=True) from None
-        fields: dict[str, object] = {"chat_id": _chat_id(dest.channel), "text": text}
+        fields = _addressed(dest)
+        fields["text"] = text
         if parse_mode is not None:
             fields["parse_mode"] = parse_mode
-        if thread is not None:
-            fields["message_thread_id"] = thread
-        if reply is not None:
-            fields["reply_parameters"] = ReplyParameters(reply, allow_sending_without_reply=True)
         if reply_markup is not None:
             fields["reply_markup"] = reply_markup
         if not link_preview:
             fields["link_preview_options"] = _NO_LINK_PREVIEW
+        return await self._post_message("sendMessage", fields)
+
+    async def _post_message(
+        self, method: str, fields: Mapping[str, object], read_timeout: float | None = None
+    ) -> SentPart:
+        """Post a message-making method through PTB's request layer; the new message's id."""
         data = RequestData([RequestParameter.from_input(k, v) for k, v in fields.items()])
-        result = await self._requests[1].post(f"{self._bot.base_url}/sendMessage", data)
+        result = await self._requests[1].post(
+            f"{self._bot.base_url}/{method}",
+            data,
+            read_timeout=BaseRequest.DEFAULT_NONE if read_timeout is None else read_timeout,
+        )
         message_id = result.get("message_id") if isinstance(result, dict) else None
         if not isinstance(message_id, int):
             # Telegram said ok, so the message is posted; sending it again would repeat it.
-            log.warning("telegram: sendMessage answered without a message id: %.200r", result)
+            log.warning("telegram: %s answered without a message id: %.200r", method, result)
             return SentPart("")
         return SentPart(str(message_id))
+
+    # -- files ----------------------------------------------------------------------------
+    async def _send_file(self, part: OutboundPart, file: OutboundFile) -> SentPart:
+        """Upload the file with the part's text as its caption: a small image as a photo
+        (shown inline), anything else as a document under its own name."""
+        if file.size > UPLOAD_LIMITS["telegram"]:
+            raise ChannelError(
+                f"telegram: {file.name} is {file.size} bytes, over the Bot API's upload "
+                f"limit of {UPLOAD_LIMITS['telegram']}",
+                permanent=True,
+            )
+        if file.media_type in _PHOTO_TYPES and file.size <= TELEGRAM_PHOTO_LIMIT:
+            try:
+                return await self._upload_captioned(part, file, "photo")
+            except tg.BadRequest as exc:
+                if not any(reason in str(exc).lower() for reason in _NOT_A_PHOTO):
+                    raise
+                # Refused outright, so nothing was posted: the document is no duplicate.
+                log.info(
+                    "telegram: part %s not taken as a photo (%s); sent as a file",
+                    part.key,
+                    self._safe(exc),
+                )
+        return await self._upload_captioned(part, file, "document")
+
+    async def _upload_captioned(
+        self, part: OutboundPart, file: OutboundFile, kind: str
+    ) -> SentPart:
+        """The upload with the part's text as caption, in HTML as text parts are; a caption
+        Telegram cannot parse goes again as plain text, as text parts do."""
+        caption, parse_mode = _caption(part)
+        try:
+            return await self._upload(part, file, kind, caption, parse_mode)
+        except tg.BadRequest as exc:
+            if parse_mode is None or _ENTITY_ERROR not in str(exc).lower():
+                raise
+            log.warning(
+                "telegram: caption of part %s rejected as HTML (%s); sent as plain", part.key, exc
+            )
+            self._counters["plain_fallbacks"] += 1
+            return await self._upload(part, file, kind, html_to_plain(caption), None)
+
+    async def _upload(
+        self,
+        part: OutboundPart,
+        file: OutboundFile,
+        kind: str,
+        caption: str,
+        parse_mode: str | None,
+    ) -> SentPart:
+        fields = _addressed(part.destination)
+        if caption:
+            fields["caption"] = caption
+            if parse_mode is not None:
+                fields["parse_mode"] = parse_mode
+        try:
+            handle = file.path.open("rb")
+        except OSError as exc:
+            raise ChannelError(
+                f"telegram: cannot read {file.name} to upload: {exc.strerror}", permanent=True
+            ) from None
+        with handle:
+            # Streamed from the file, not read whole into memory first.
+            upload = InputFile(handle, filename=file.name, read_file_handle=False)
+            if file.media_type:
+                upload.mimetype = file.media_type
+            fields[kind] = upload
+            method = "sendPhoto" if kind == "photo" else "sendDocument"
+            sent = await self._post_message(method, fields, _UPLOAD_READ_TIMEOUT_S)
+        self._counters["uploads"] += 1
+        return sent
+
+    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
+        """getFile, then the file from ``file_base_url``, at most ``max_bytes`` of it."""
+        if file.size > max_bytes:
+            raise FileTooLarge(max_bytes, file.size)
+        try:
+            data = RequestData([RequestParameter.from_input("file_id", file.ref)])
+            info = await self._requests[1].post(f"{self._bot.base_url}/getFile", data)
+        except tg.TelegramError as exc:
+            self._counters["download_errors"] += 1
+            raise self._get_file_error(exc) from exc
+        info = info if isinstance(info, dict) else {}
+        size = info.get("file_size")
+        if isinstance(size, int) and size > max_bytes:
+            raise FileTooLarge(max_bytes, size)
+        url = self._file_url(info.get("file_path"))
+        try:
+            status, body = await self._requests[2].fetch(url, max_bytes)
+        except tg.TelegramError as exc:
+            self._counters["download_errors"] += 1
+            raise ChannelError(f"telegram: download failed: {self._safe(exc)}") from exc
+        if status != 200:
+            self._counters["download_errors"] += 1
+            raise _fetch_error(status, self._redactor.redact(body.decode("utf-8", "replace")))
+        self._counters["downloads"] += 1
+        return body
+
+    def _file_url(self, path: object) -> str:
+        """The download URL of getFile's ``file_path``, always under ``file_base_url``: a
+        path that would leave it (absolute, ``..``) is refused, so the token in the URL
+        only ever goes to the Bot API's own file server."""
+        if not isinstance(path, str) or not path:
+            raise ChannelError("telegram: the file has no download path", permanent=True)
+        if (
+            path.startswith("/")
+            or "\\" in path
+            or any(segment in ("", ".", "..") for segment in path.split("/"))
+        ):
+            # An absolute path is a local Bot API server's (--local): a file on its disk,
+            # not served over HTTP.
+            raise ChannelError(
+                f"telegram: refused the file path {path[:80]!r}: not under the file URL",
+                permanent=True,
+            )
+        return f"{self._bot.base_file_url}/{urllib.parse.quote(path, safe='/')}"
+
+    def _get_file_error(self, exc: tg.TelegramError) -> ChannelError:
+        text = f"telegram: getFile failed: {self._safe(exc)}"
+        if isinstance(exc, tg.RetryAfter):
+            return ChannelError(text, retry_after=_retry_seconds(exc))
+        if isinstance(exc, tg.BadRequest) and _TOO_BIG in str(exc).lower():
+            # The cloud Bot API serves files up to 20 MB; only a local server serves more.
+            return ChannelError(
+                "telegram: the file is over the Bot API's 20 MB download limit", permanent=True
+            )
+        # Forbidden, or a file_id that is wrong or no longer served.
+        return ChannelError(text, permanent=isinstance(exc, tg.Forbidden | tg.BadRequest))
 
     def _send_error(self, exc: tg.TelegramError) -> ChannelError:
         text = f"telegram: {self._safe(exc)}"

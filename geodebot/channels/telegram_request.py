@@ -8,7 +8,9 @@ chat spends its time. aiohttp is already a dependency through discord.py and sla
 
 The wire format is PTB's: form fields (nested values JSON-encoded by ``RequestData``) and,
 when files are attached, multipart. Errors become PTB's own ``TimedOut`` and ``NetworkError``,
-so PTB's status and error handling above this class is unchanged.
+so PTB's status and error handling above this class is unchanged. File downloads
+(:meth:`AiohttpRequest.fetch`) stream with a cap instead of PTB's ``retrieve``, which holds
+the whole body however large.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
+from geodebot.channels.base import FileTooLarge
+
 _UNSET: Final = BaseRequest.DEFAULT_NONE
+_CHUNK: Final = 64 * 1024
+# Of an error answer's body, enough for its description.
+_ERROR_BODY_MAX: Final = 4096
 
 
 class AiohttpRequest(BaseRequest):
@@ -105,6 +112,37 @@ class AiohttpRequest(BaseRequest):
                 proxy=self._proxy(url),
             ) as response:
                 return await response.json(content_type=None)
+
+    async def fetch(self, url: str, max_bytes: int) -> tuple[int, bytes]:
+        """GET ``url``: the status and the body, read as it arrives.
+
+        Raises FileTooLarge when the answer announces (Content-Length) or delivers more than
+        ``max_bytes``, as soon as it does: the rest is never read. An error status returns
+        only the start of its body. Raises NetworkError or TimedOut like a Bot API call; the
+        read timeout applies between chunks, so a large file on a slow link still arrives.
+        """
+        session = await self._open_session()
+        pool, connect = self._pool_timeout, self._connect_timeout
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=None if pool is None or connect is None else pool + connect,
+            sock_connect=connect,
+            sock_read=self._read_timeout,
+        )
+        with _ptb_errors():
+            async with session.get(url, timeout=timeout, proxy=self._proxy(url)) as response:
+                if response.status != 200:
+                    return response.status, await response.content.read(_ERROR_BODY_MAX)
+                declared = response.content_length
+                if declared is not None and declared > max_bytes:
+                    raise FileTooLarge(max_bytes, declared)
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(_CHUNK):
+                    body += chunk
+                    if len(body) > max_bytes:
+                        # Leaving the block closes the connection with the rest unread.
+                        raise FileTooLarge(max_bytes)
+                return response.status, bytes(body)
 
     async def do_request(
         self,

@@ -38,7 +38,7 @@ from geodebot.chat.replies import (
     reply_to,
     throttle_notice,
 )
-from geodebot.chat.send_file import ReplyOutlet
+from geodebot.chat.send_file import OutboxOutlet
 from geodebot.chat.stream import ReplyStreams, StreamedReply
 from geodebot.chat.throttle import UserRateLimiter, Verdict
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
@@ -273,7 +273,7 @@ class ChatRouter:
             if self._approvals is not None
             else None
         )
-        outlet = ReplyOutlet(self._store, self._outbox, row)
+        outlet = OutboxOutlet.answering(self._store, row, self._outbox.submit)
         try:
             attachments: tuple[Block, ...] = ()
             if self._attachments is not None:

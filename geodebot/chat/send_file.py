@@ -13,22 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import mimetypes
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from geodebot.channels.base import UPLOAD_LIMITS
 from geodebot.chat.attachments import safe_name, sniff
-from geodebot.chat.outbox import OutboxSender
 from geodebot.engine.attachments import IMAGE_TYPES, PDF_TYPE
 from geodebot.engine.llm.types import human_size
 from geodebot.engine.tools.builtin.paths import inside, locate, open_file, os_errors
 from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow, NewOutbound, StoredFile, StoreError
+from geodebot.store.records import InboxRow, NewOutbound, OutboxRow, StoredFile, StoreError
 
-__all__ = ["MAX_CAPTION_CHARS", "SEND_FILE", "ReplyOutlet", "send_file_spec"]
+__all__ = ["MAX_CAPTION_CHARS", "SEND_FILE", "OutboxOutlet", "send_file_spec"]
 
 SEND_FILE = "send_file"
 # Telegram takes 1,024 characters of caption; markup added by rendering needs some room.
@@ -54,36 +53,61 @@ _SCHEMA: Mapping[str, Any] = {
 }
 
 
-class ReplyOutlet:
-    """A chat message's turn posting into its chat: where its reply goes (the same chat and
-    thread, answering the same message), through the outbox."""
+class OutboxOutlet:
+    """Where a turn's files go: one chat (and thread, answering one message if any), through
+    the outbox. ``deliver`` gets each row once it is written: a chat turn hands it to the
+    outbox at once, so it goes before the turn's answer (handed over the same way when the
+    turn ends); a job's turn wakes the outbox, whose scan sends rows in the order written."""
 
-    def __init__(self, store: Store, outbox: OutboxSender, row: InboxRow) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        session_id: str,
+        platform: str,
+        channel: str,
+        thread: str | None,
+        reply_to: str | None,
+        deliver: Callable[[OutboxRow], None],
+    ) -> None:
         self._store = store
-        self._outbox = outbox
-        self._row = row
+        self._where = (session_id, platform, channel, thread, reply_to)
+        self._deliver = deliver
+
+    @classmethod
+    def answering(
+        cls, store: Store, row: InboxRow, deliver: Callable[[OutboxRow], None]
+    ) -> OutboxOutlet:
+        """Into the chat and thread of an inbox row, answering its message."""
+        return cls(
+            store,
+            session_id=row.session_id,
+            platform=row.platform,
+            channel=row.channel,
+            thread=row.thread,
+            reply_to=row.message_id,
+            deliver=deliver,
+        )
 
     @property
     def platform(self) -> str:
-        return self._row.platform
+        return self._where[1]
 
     async def send_file(self, file: StoredFile, caption: str) -> None:
-        row = self._row
+        session_id, platform, channel, thread, reply_to = self._where
         queued = await self._store.outbox_add(
             NewOutbound(
-                session_id=row.session_id,
-                platform=row.platform,
-                channel=row.channel,
-                thread=row.thread,
-                reply_to=row.message_id,
+                session_id=session_id,
+                platform=platform,
+                channel=channel,
+                thread=thread,
+                reply_to=reply_to,
                 text=caption,
                 kind="file",
                 file=file,
             )
         )
-        # Handed over now, not found by the next scan: it must go before the turn's answer,
-        # which is handed over the same way when the turn ends.
-        self._outbox.submit(queued)
+        self._deliver(queued)
 
 
 def send_file_spec(workspace: Path, files: FileStore) -> ToolSpec:

@@ -36,12 +36,17 @@ PREVIEW_ROOM = 500
 CLOSE_WAIT_S = 2.0
 RETRYING_TEXT = "(The answer broke off; asking the model again…)"
 
-_ChatKey = tuple[str, str, str | None]
+# The platforms limit a chat (a Slack channel, a Telegram chat with its forum topics, a
+# Discord channel), not a thread: every thread of one chat shares its pace.
+_ChatKey = tuple[str, str]
+# Discord allows 5 edits per 5 s per channel, the final answer's edit included: previews at
+# one a second would leave it no room. Elsewhere the limits are about one a second.
+MIN_INTERVAL_S: Mapping[str, float] = {"discord": 1.25}
 
 
 class EditPacer:
-    """When each chat may get its next preview request: one per interval, and none before a
-    rate limit's Retry-After has passed."""
+    """When each chat may get its next preview request: one per interval (never more often
+    than its platform's MIN_INTERVAL_S), and none before a rate limit's Retry-After."""
 
     def __init__(self, interval_s: float) -> None:
         self._interval_s = interval_s
@@ -51,7 +56,8 @@ class EditPacer:
         return max(0.0, self._next.get(key, 0.0) - now)
 
     def used(self, key: _ChatKey, now: float) -> None:
-        self._next[key] = max(self._next.get(key, 0.0), now + self._interval_s)
+        interval = max(self._interval_s, MIN_INTERVAL_S.get(key[0], 0.0))
+        self._next[key] = max(self._next.get(key, 0.0), now + interval)
         if len(self._next) > 10_000:
             # Chats long past their slot need no entry: drop those, so the map stays small.
             self._next = {k: t for k, t in self._next.items() if t > now}
@@ -92,7 +98,7 @@ class StreamedReply:
         self._store = store
         self._row = row
         self._pacer = pacer
-        self._key: _ChatKey = (row.platform, row.channel, row.thread)
+        self._key: _ChatKey = (row.platform, row.channel)
         self._destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
         )

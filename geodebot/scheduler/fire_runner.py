@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from geodebot.chat.bindings import BindingIndex
+from geodebot.chat.send_file import OutboxOutlet
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult, TurnRunner
@@ -85,6 +86,16 @@ class FireRunner:
                     tools=tools,
                     preapproved=_preapproved(job, target, tools),
                     time_budget_s=job.time_budget_s,
+                    # Files the run sends go where its result goes, before it.
+                    outlet=OutboxOutlet(
+                        self._store,
+                        session_id=job.session_id,
+                        platform=target.platform,
+                        channel=target.channel,
+                        thread=None,
+                        reply_to=None,
+                        deliver=lambda _row: self._kick(),
+                    ),
                 )
                 result = await self._run_turn(Mode.DAEMON, spec, job.prompt)
                 if not result.ok:

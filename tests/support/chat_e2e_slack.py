@@ -10,6 +10,9 @@ The tool is the built-in ``edit_file`` (a write: it needs approval): ``geodebot 
 with its own registry, and the tools of tests/support/tools.py are for in-process tests. Each
 scene's call replaces the file's :data:`END` line by ``ran <scene>`` and END again, so every
 run of the call leaves one more line (:func:`tests.support.tools.marker_lines` counts them).
+
+tests/e2e/test_files_slack.py uses the same world with :class:`FileScene` s: their binding
+has ``send_file``, pre-approved (no card), and their call sends a workspace file.
 """
 
 from __future__ import annotations
@@ -61,6 +64,23 @@ class Scene:
     def call(self) -> Call:
         arguments = {"path": self.file, "old_text": END, "new_text": f"ran {self.name}\n{END}"}
         return Call("edit_file", arguments, id=f"toolu_{self.name.replace('-', '_')}")
+
+
+@dataclass(frozen=True)
+class FileScene(Scene):
+    """A scene whose call (if ``send`` names a workspace file) is ``send_file``, which the
+    binding pre-approves: it runs without a card."""
+
+    tool: bool = False
+    send: str | None = None
+    caption: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tool", self.send is not None)
+
+    def call(self) -> Call:
+        arguments = {"path": self.send or "", "caption": self.caption}
+        return Call("send_file", arguments, id=f"toolu_{self.name.replace('-', '_')}")
 
 
 class SceneModel:
@@ -188,7 +208,9 @@ api_base_url = "{self.slack.api_base_url}"
         ]
         if not self.stream:
             lines.append("stream = false")
-        if scene.tool:
+        if isinstance(scene, FileScene):
+            lines += ['tools = ["send_file"]', 'preapproved = ["send_file"]']
+        elif scene.tool:
             lines += ['tools = ["edit_file"]', f'approvers = ["{ALICE}"]']
         if scene.approval_timeout_s is not None:
             lines.append(f"approval_timeout_s = {scene.approval_timeout_s}")
@@ -221,6 +243,18 @@ api_base_url = "{self.slack.api_base_url}"
         """Post a message in the scene's channel as ``user``; its ts once the daemon acked it."""
         ts = new_ts()
         event = FakeSlack.message_event(scene.channel, user, f"[scene:{scene.name}] {text}", ts=ts)
+        envelope = await self.slack.push_event(event)
+        await self.slack.wait_for_ack(envelope, timeout=15)
+        return ts
+
+    async def share(
+        self, scene: Scene, text: str, files: list[dict[str, Any]], user: str = ALICE
+    ) -> str:
+        """Share ``files`` (objects from ``FakeSlack.add_file``) with ``text`` in the scene's
+        channel as ``user``; the message's ts once the daemon acked it."""
+        ts = new_ts()
+        caption = f"[scene:{scene.name}] {text}"
+        event = FakeSlack.file_message_event(scene.channel, user, caption, files, ts=ts)
         envelope = await self.slack.push_event(event)
         await self.slack.wait_for_ack(envelope, timeout=15)
         return ts

@@ -6,6 +6,10 @@ The tool that needs approval is the fake MCP server's ``write_note``
 (tests/support/fakes/mcp_tools_server.py), declared ``write``/``mutate`` in the config: it
 appends its text to ``$NOTES_FILE``, so a test counts its runs. ``geodebot serve`` builds its
 own tool registry; an MCP server is how a tool of the tests gets into it unpatched.
+
+For files (tests/e2e/test_files_telegram.py) the daemon downloads from the fake's
+``file_base_url``; :class:`FilesModel` finds a turn by any text of its newest user message
+(a caption, followed by the files' blocks and notes).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "CHAT_E2E_TELEGRAM_TOKEN"
 WRITE_NOTE = "mcp__fake__write_note"
 ALICE, BOB, CAROL = 4242, 5151, 6262  # Alice asks; Bob and Carol may approve
+SEND_FILE = "send_file"
 APPROVERS = (BOB, CAROL)
 STREAM_INTERVAL_S = 0.2
 
@@ -68,13 +73,15 @@ class Chat:
     keys: str = ""
     stream: bool = True
     approvers: tuple[int, ...] = APPROVERS
+    tools: tuple[str, ...] = (WRITE_NOTE,)
 
     def toml(self) -> str:
         approvers = ", ".join(f'"{a}"' for a in self.approvers)
+        tools = ", ".join(f'"{t}"' for t in self.tools)
         return (
             f'[[bindings]]\nplatform = "telegram"\nchannel = "{self.id}"\n'
             f'session = "chat{-self.id}"\nallowed_users = ["{ALICE}", "{BOB}"]\n'
-            f'tools = ["{WRITE_NOTE}"]\napprovers = [{approvers}]\n'
+            f"tools = [{tools}]\napprovers = [{approvers}]\n"
             f"stream = {'true' if self.stream else 'false'}\n{self.keys}"
         )
 
@@ -118,6 +125,47 @@ class ChatModel:
         return "".join(part.get("text", "") for part in result["content"])
 
 
+class FilesModel(ChatModel):
+    """A :class:`ChatModel` that finds a prompt in any text block of the newest user message,
+    not only the last: a message's files follow its caption there, a refused one as a text
+    note."""
+
+    def __call__(self, body: dict[str, Any]) -> Item | None:
+        texts, rounds = user_texts(body)
+        for prompt, items in self._scripts.items():
+            if any(prompt in text for text in texts):
+                self.asked[prompt].append((rounds, body))
+                return items[min(rounds, len(items) - 1)]
+        return None
+
+    def blocks(self, prompt: str) -> list[dict[str, Any]]:
+        """The content blocks of the user message that asked ``prompt`` (its first request)."""
+        _, body = self.asked[prompt][0]
+        for message in reversed(body["messages"]):
+            content = message["content"]
+            if message["role"] != "user" or isinstance(content, str):
+                continue
+            if any(prompt in b.get("text", "") for b in content if b.get("type") == "text"):
+                return list(content)
+        raise AssertionError(f"no user message of {prompt!r} with blocks")
+
+
+def user_texts(body: dict[str, Any]) -> tuple[list[str], int]:
+    """Every text of the newest user message that has text, and how many tool rounds
+    followed it (as :func:`last_prompt` counts them)."""
+    rounds = 0
+    for message in reversed(body.get("messages") or []):
+        content = message["content"]
+        if isinstance(content, str):
+            return [content], rounds
+        texts = [b["text"] for b in content if b.get("type") == "text"]
+        if message["role"] == "user" and texts:
+            return texts, rounds
+        if message["role"] == "user":
+            rounds += 1
+    return [], rounds
+
+
 @dataclass
 class ChatWorld:
     telegram: FakeTelegram
@@ -159,6 +207,7 @@ class ChatWorld:
             '[mcp.servers.tools.write_note]\nsafety = "write"\neffect = "mutate"\n'
             f'[channels.telegram]\ntoken_env = "{TOKEN_ENV}"\n'
             f'api_base_url = "{self.telegram.api_base_url}"\npoll_timeout_s = 1\n'
+            f'file_base_url = "{self.telegram.file_base_url}"\n'
             + "".join(chat.toml() for chat in self.chats)
         )
         return path
@@ -188,6 +237,17 @@ class ChatWorld:
 
     def ask(self, chat: int, text: str, *, user: int = ALICE) -> int:
         return self.telegram.push_message(chat, text, user_id=user)
+
+    def send(self, chat: int, data: bytes, caption: str, **file: Any) -> int:
+        """Alice sends a file with a caption (``file``: push_file's arguments); the update."""
+        return self.telegram.push_file(chat, data, user_id=ALICE, caption=caption, **file)
+
+    @property
+    def workspace(self) -> Path:
+        """The daemon's workspace (``[tools] workspace``), where send_file finds files."""
+        path = self.root / "ws"
+        path.mkdir(exist_ok=True)
+        return path
 
     def messages(self, chat: int) -> list[SentMessage]:
         """The bot's messages in the chat, each as it reads now."""

@@ -97,7 +97,7 @@ async def scheduler_world(
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, tmp_path / "marker")
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(app.services.store, {"telegram": chat})
+        outbox = OutboxSender(app.services.store, {"telegram": chat}, files=app.files)
         sender = asyncio.create_task(outbox.run())
         world = World(app, config, chat, outbox, llm)
         try:

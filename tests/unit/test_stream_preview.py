@@ -198,3 +198,21 @@ async def test_a_long_answer_previews_within_the_platforms_limit(store: SQLiteSt
     assert shown.startswith("x" * 3000)
     assert "…\n\n(running read_file " in shown
     assert len(shown) <= LIMITS["telegram"]
+
+
+def test_the_pace_is_per_chat_whatever_the_thread_and_discord_leaves_room_for_the_final() -> None:
+    pacer = EditPacer(1.0)
+    pacer.used(("slack", "C1"), now=100.0)
+    # Every thread of the channel waits: Slack limits the channel.
+    assert pacer.wait_s(("slack", "C1"), now=100.5) == 0.5
+    assert pacer.wait_s(("slack", "C2"), now=100.5) == 0.0
+    # Five edits per 5 s on Discord, the final answer's edit among them: previews come at
+    # most four times in 5 s, whatever the configured interval.
+    pacer.used(("discord", "D1"), now=100.0)
+    assert pacer.wait_s(("discord", "D1"), now=100.0) == 1.25
+    previews, now = [], 0.0
+    while now < 5.0:
+        now += pacer.wait_s(("discord", "D2"), now)
+        previews.append(now)
+        pacer.used(("discord", "D2"), now)
+    assert len([t for t in previews if t < 5.0]) == 4

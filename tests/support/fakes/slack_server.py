@@ -29,6 +29,22 @@ Point ``AsyncWebClient(base_url=fake.api_base_url)`` at it. ``apps.connections.o
   ``push_action`` presses a button of a stored message: an ``interactive`` envelope with a
   ``block_actions`` payload, as Slack sends it for Block Kit buttons.
   ``disconnect_clients`` closes the sockets; ``send_disconnect`` asks for a refresh.
+* Files in: ``add_file`` keeps a file's bytes and returns its Slack file object, whose
+  ``url_private`` / ``url_private_download`` point here (``/files-pri/<team>-<id>/...``);
+  ``file_message_event`` wraps such objects in a ``file_share`` message. A file's URL answers
+  only the bot token in ``Authorization: Bearer``; any other request gets Slack's HTML sign-in
+  page with status 200, as does every request while ``files_readable`` is off (a token
+  without ``files:read``). Every request for a file is counted (``downloads``) and kept with
+  the token it carried (``file_requests``). A file's declared ``size`` may differ from its
+  bytes (an oversized file needs no big bytes); ``chunked`` serves it without a
+  Content-Length.
+* Files out: ``files.getUploadURLExternal`` hands out ``/upload/v1/<id>``, which takes the
+  bytes (raw or as multipart, answered ``OK - <length>`` in text/plain as Slack does);
+  ``files.completeUploadExternal`` shares the uploaded files: each share is an
+  :class:`Upload` in ``uploads`` and a message in the channel (``posted``, with ``files``).
+  Its answer lists the share's ts under ``shares`` unless ``upload_shares_in_answer`` is off
+  (Slack shares asynchronously and often answers before). ``fail("upload", ...)`` makes the
+  upload URL fail.
 * Redelivery (``redeliver_after_s``): like Slack, an events envelope not acked within that
   time is sent again (``retry_attempt`` + 1, a new envelope id, the same event id), up to
   ``max_redeliveries`` times, over whichever socket is open then; with no socket open it
@@ -43,13 +59,14 @@ import itertools
 import json
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
-from aiohttp import WSMsgType, web
+from aiohttp import BodyPartReader, WSMsgType, web
 
 MAX_TEXT = 40_000
 MAX_SECTION_TEXT = 3000  # Slack answers invalid_blocks for a longer section text
@@ -80,6 +97,7 @@ class Posted:
     thread_ts: str | None
     metadata: dict[str, Any] | None
     blocks: list[dict[str, Any]] | None = None
+    files: list[dict[str, Any]] | None = None  # a file share's files
     edits: int = 0  # chat.update calls on it; text and blocks are the latest
     # Every text it showed, the posted one first, and when each began (time.monotonic()).
     texts: list[str] = field(default_factory=list)
@@ -90,6 +108,49 @@ class Posted:
         if not self.texts:
             self.texts.append(self.text)
             self.shown_at.append(time.monotonic())
+
+
+@dataclass
+class StoredFile:
+    """A file a user shared, as the fake serves it."""
+
+    id: str
+    name: str
+    data: bytes
+    mimetype: str
+    size: int  # as declared in events (may differ from len(data))
+    chunked: bool = False  # served without a Content-Length
+    redirect_to: str | None = None  # answered with a 302 to there instead
+
+
+@dataclass
+class FileRequest:
+    file_id: str
+    token: str  # the bearer token it carried ("" none)
+
+
+@dataclass
+class Upload:
+    """One file shared through files.completeUploadExternal."""
+
+    file_id: str
+    name: str  # filename given to files.getUploadURLExternal
+    title: str
+    data: bytes
+    channel: str
+    thread_ts: str | None
+    initial_comment: str | None
+    ts: str  # the share's message
+
+
+@dataclass
+class _PendingUpload:
+    name: str
+    length: int
+    data: bytes | None = None
+
+
+SIGN_IN_PAGE = "<!DOCTYPE html><html><head><title>Slack</title></head><body>Sign in</body></html>"
 
 
 @dataclass
@@ -146,6 +207,15 @@ class FakeSlack:
         self.ephemeral: list[Ephemeral] = []
         self.acks: dict[str, Ack] = {}
         self.connections = 0  # websockets accepted so far
+        self.files: dict[str, StoredFile] = {}
+        self.downloads: Counter[str] = Counter()  # requests per file id, whatever the answer
+        self.file_requests: list[FileRequest] = []
+        self.files_readable = True
+        self.uploads: list[Upload] = []
+        self.upload_posts = 0  # requests to upload URLs
+        self.upload_shares_in_answer = True
+        self._pending_uploads: dict[str, _PendingUpload] = {}
+        self._file_ids = itertools.count(1)
         self.redeliver_after_s = redeliver_after_s
         self.max_redeliveries = max_redeliveries
         self._redeliveries: set[asyncio.Task[None]] = set()
@@ -176,6 +246,8 @@ class FakeSlack:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/socket", self._socket)
+        app.router.add_get("/files-pri/{team_file}/{rest:.+}", self._file)
+        app.router.add_post("/upload/v1/{file_id}", self._upload)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -326,6 +398,78 @@ class FakeSlack:
         if subtype is not None:
             event["subtype"] = subtype
         return event
+
+    def add_file(
+        self,
+        data: bytes,
+        name: str,
+        mimetype: str,
+        *,
+        size: int | None = None,
+        chunked: bool = False,
+        redirect_to: str | None = None,
+    ) -> dict[str, Any]:
+        """Keep a file a user shares; its Slack file object (as in a message event).
+        ``size`` is what the object declares (default: the length of ``data``);
+        ``redirect_to`` answers an authorised request with a redirect there."""
+        file_id = f"F{next(self._file_ids):010d}"
+        declared = len(data) if size is None else size
+        self.files[file_id] = StoredFile(
+            file_id, name, data, mimetype, declared, chunked, redirect_to
+        )
+        base = f"{self.root}/files-pri/{self.team_id}-{file_id}"
+        return {
+            "id": file_id,
+            "created": int(time.time()),
+            "timestamp": int(time.time()),
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": name.rpartition(".")[2] if "." in name else "binary",
+            "pretty_type": mimetype,
+            "user": "",
+            "mode": "hosted",
+            "editable": False,
+            "is_external": False,
+            "external_type": "",
+            "is_public": True,
+            "public_url_shared": False,
+            "display_as_bot": False,
+            "size": declared,
+            "url_private": f"{base}/{quote(name)}",
+            "url_private_download": f"{base}/download/{quote(name)}",
+            "permalink": f"https://fake.slack.com/files/U0/{file_id}/{quote(name)}",
+        }
+
+    @staticmethod
+    def file_message_event(
+        channel: str,
+        user: str,
+        text: str,
+        files: list[dict[str, Any]],
+        *,
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        channel_type: str = "channel",
+    ) -> dict[str, Any]:
+        """A message sharing ``files`` (objects from ``add_file``), as Slack sends it."""
+        event = FakeSlack.message_event(
+            channel,
+            user,
+            text,
+            ts=ts,
+            thread_ts=thread_ts,
+            subtype="file_share",
+            channel_type=channel_type,
+        )
+        event["files"] = [dict(f, user=user) for f in files]
+        event["upload"] = True
+        event["display_as_bot"] = False
+        return event
+
+    def downloads_of(self, file: dict[str, Any]) -> int:
+        """Requests so far for a file object's URLs."""
+        return self.downloads[str(file["id"])]
 
     async def push_event(
         self, event: dict[str, Any], *, event_id: str | None = None, retry_attempt: int = 0
@@ -543,6 +687,124 @@ class FakeSlack:
                 self.acks[envelope.ack.envelope_id] = envelope.ack
                 envelope.acked.set()
 
+    # -- files --------------------------------------------------------------------------------
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        _, _, file_id = request.match_info["team_file"].partition("-")
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
+        self.downloads[file_id] += 1
+        self.file_requests.append(FileRequest(file_id, token))
+        await self._notify()
+        stored = self.files.get(file_id)
+        if token != self.bot_token or not self.files_readable:
+            # Slack's answer to a request it will not serve a file to: its sign-in page.
+            return web.Response(text=SIGN_IN_PAGE, content_type="text/html")
+        if stored is None:
+            return web.Response(status=404, text="file not found")
+        if stored.redirect_to is not None:
+            raise web.HTTPFound(stored.redirect_to)
+        headers = {"Content-Disposition": f'attachment; filename="{quote(stored.name)}"'}
+        if not stored.chunked:
+            return web.Response(body=stored.data, content_type=stored.mimetype, headers=headers)
+        response = web.StreamResponse(headers=headers)
+        response.content_type = stored.mimetype
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(stored.data), 16 * 1024):
+            await response.write(stored.data[start : start + 16 * 1024])
+        await response.write_eof()
+        return response
+
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        self.upload_posts += 1
+        file_id = request.match_info["file_id"]
+        fault = self._faults["upload"].popleft() if self._faults["upload"] else None
+        if fault is not None:
+            if fault.delay:
+                await asyncio.sleep(fault.delay)
+            if fault.drop and request.transport is not None:
+                request.transport.abort()
+            headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after else {}
+            status = fault.status if fault.status != 200 else 500
+            return web.Response(status=status, text="upload failed", headers=headers)
+        pending = self._pending_uploads.get(file_id)
+        if pending is None:
+            return web.Response(status=404, text="no such upload")
+        if request.content_type.startswith("multipart/"):
+            reader = await request.multipart()
+            data = b""
+            async for field_ in reader:
+                if isinstance(field_, BodyPartReader) and field_.filename is not None:
+                    data = bytes(await field_.read())
+                    break
+        else:
+            data = await request.read()
+        pending.data = data
+        await self._notify()
+        return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
+
+    def _m_files_getUploadURLExternal(self, args: dict[str, Any]) -> web.Response:
+        name, length = str(args.get("filename") or ""), str(args.get("length") or "")
+        if not name or not length.isdigit():
+            return _error("invalid_arguments")
+        file_id = f"F{next(self._file_ids):010d}"
+        self._pending_uploads[file_id] = _PendingUpload(name, int(length))
+        return _ok(upload_url=f"{self.root}/upload/v1/{file_id}", file_id=file_id)
+
+    def _m_files_completeUploadExternal(self, args: dict[str, Any]) -> web.Response:
+        try:
+            listed = json.loads(str(args.get("files") or "[]"))
+        except ValueError:
+            return _error("invalid_arguments")
+        channel = str(args.get("channel_id") or "")
+        thread_ts = str(args.get("thread_ts") or "") or None
+        comment = str(args.get("initial_comment") or "") or None
+        if not listed:
+            return _error("invalid_arguments")
+        items: list[tuple[str, str, _PendingUpload]] = []
+        for item in listed:
+            pending = self._pending_uploads.get(str(item.get("id")))
+            if pending is None or pending.data is None:
+                return _error("file_not_found")
+            items.append((str(item["id"]), str(item.get("title") or pending.name), pending))
+        if not channel:
+            return _ok(files=[{"id": fid, "title": title} for fid, title, _ in items])
+        files = [
+            {
+                "id": fid,
+                "name": p.name,
+                "title": title,
+                "size": len(p.data or b""),
+                "mode": "hosted",
+            }
+            for fid, title, p in items
+        ]
+        message = self._post(
+            {"channel": channel, "text": comment or "", "thread_ts": thread_ts}, files=files
+        )
+        for (fid, title, pending), _file in zip(items, files, strict=True):
+            del self._pending_uploads[fid]
+            self.uploads.append(
+                Upload(
+                    fid,
+                    pending.name,
+                    title,
+                    pending.data or b"",
+                    channel,
+                    thread_ts,
+                    comment,
+                    message["ts"],
+                )
+            )
+        if self.upload_shares_in_answer:
+            scope = "public" if channel.startswith("C") else "private"
+            share = {"ts": message["ts"], "channel_name": "fake-channel", "team_id": self.team_id}
+            if thread_ts:
+                share["thread_ts"] = thread_ts
+            for f in files:
+                f["shares"] = {scope: {channel: [share]}}
+        return _ok(files=files)
+
     # -- Web API ------------------------------------------------------------------------------
     async def _api(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]
@@ -701,7 +963,9 @@ class FakeSlack:
         cursor = str(start + limit) if more else ""
         return _ok(messages=page, has_more=more, response_metadata={"next_cursor": cursor})
 
-    def _post(self, args: dict[str, Any]) -> dict[str, Any]:
+    def _post(
+        self, args: dict[str, Any], files: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         self._last_ts = max(time.time(), self._last_ts + 0.000001)
         ts = f"{self._last_ts:.6f}"
         metadata = _metadata(args)
@@ -722,9 +986,12 @@ class FakeSlack:
             message["metadata"] = metadata
         if blocks is not None:
             message["blocks"] = blocks
+        if files is not None:
+            message["files"] = files
+            message["upload"] = True
         self._history[channel].append(message)
         self.posted[channel].append(
-            Posted(channel, ts, message["text"], thread_ts, metadata, blocks)
+            Posted(channel, ts, message["text"], thread_ts, metadata, blocks, files)
         )
         return message
 

@@ -36,6 +36,19 @@ Behaviour worth knowing in tests:
   is every edit of every message in order. ``delete_message`` plays someone deleting a message
   (an edit of it then fails with "message to edit not found"), and ``fail_edits`` answers the
   next editMessageText calls with Telegram's 429 for that method.
+* Files in: ``push_file`` queues a user's document or photo (a photo in two sizes, a small
+  thumbnail first, as Telegram sends them) with the given bytes and caption; ``size``
+  overrides the size Telegram declares (in the message and in getFile), so an oversized file
+  is faked without its bytes. getFile answers ``file_path`` and ``file_size``, and refuses a
+  declared size over 20 MB with the cloud Bot API's "file is too big"; the bytes are served at
+  ``GET /file/bot<token>/<file_path>`` (``file_base_url``), each fetch counted in
+  ``downloads`` by file_id. ``forget_file`` makes a file gone (getFile refuses it, its path
+  answers 404); ``chunked`` serves it without a Content-Length.
+* Files out: sendPhoto and sendDocument take PTB's multipart upload (the file in the
+  ``photo``/``document`` part, caption at most 1024 characters, HTML checked as for text);
+  sendPhoto refuses bytes that are no image with "IMAGE_PROCESS_FAILED". Each upload is in
+  ``uploads`` and shows in the chat as a message (``sent``) whose text is its caption; an
+  uploaded file can be fetched back with getFile like a user's.
 """
 
 from __future__ import annotations
@@ -47,7 +60,7 @@ import itertools
 import json
 import re
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
@@ -56,6 +69,12 @@ from aiohttp import web
 
 DEFAULT_TOKEN = "7000001234:AAHfake-token_for-tests-0123456789abcdef"
 MAX_TEXT = 4096
+MAX_CAPTION = 1024
+# The cloud Bot API's limits: getFile serves 20 MB at most, uploads take 50 MB (photos 10 MB).
+DOWNLOAD_LIMIT = 20 * 1000 * 1000
+UPLOAD_LIMIT = 50 * 1000 * 1000
+PHOTO_LIMIT = 10 * 1000 * 1000
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"RIFF")
 
 _PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)$")
 _JSON_PARAMS = {
@@ -101,6 +120,8 @@ class SentMessage:
     link_preview_options: dict[str, Any] | None = None
     # time.monotonic() when the fake made the message read like this (sent or edited).
     at: float = field(default=0.0, compare=False)
+    # A photo or document the bot uploaded (``text`` is then its caption).
+    upload: Upload | None = None
 
     @property
     def shows(self) -> tuple[str, str]:
@@ -112,6 +133,44 @@ class SentMessage:
         """Every inline button's (label, callback_data), row by row; [] without a keyboard."""
         rows = (self.reply_markup or {}).get("inline_keyboard", [])
         return [(str(b["text"]), str(b.get("callback_data", ""))) for row in rows for b in row]
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file the fake Bot API holds: sent by a user (push_file) or uploaded by the bot."""
+
+    file_id: str
+    file_unique_id: str
+    file_path: str
+    data: bytes
+    # What Telegram declares (file_size); None: not declared.
+    size: int | None
+    chunked: bool = False  # served without a Content-Length
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """A file part of a multipart request, as it arrived."""
+
+    filename: str
+    data: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A photo or document the bot sent (sendPhoto / sendDocument)."""
+
+    chat_id: int
+    message_id: int
+    kind: str  # "photo" or "document"
+    name: str  # the multipart filename
+    data: bytes
+    content_type: str
+    caption: str  # as sent (HTML source when parse_mode is HTML)
+    parse_mode: str | None
+    reply_to_message_id: int | None
+    thread_id: int | None
 
 
 @dataclass(frozen=True)
@@ -224,6 +283,12 @@ class FakeTelegram:
         self.webhook_deletes = 0
         self.confirmed_offset = 0
         self.pushed: dict[int, dict[str, Any]] = {}  # every update queued, by update_id
+        self.files: dict[str, StoredFile] = {}  # by file_id
+        self.pushed_files: dict[int, StoredFile] = {}  # the file of each push_file, by update_id
+        self.downloads: Counter[str] = Counter()  # fetches of each file's URL, by file_id
+        self.uploads: list[Upload] = []
+        self._file_ids = itertools.count(1)
+        self._gone: set[str] = set()
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1000)
         self._message_ids: defaultdict[int, itertools.count[int]] = defaultdict(
@@ -251,8 +316,15 @@ class FakeTelegram:
             raise RuntimeError("FakeTelegram is not running")
         return f"http://127.0.0.1:{self._port}/bot"
 
+    @property
+    def file_base_url(self) -> str:
+        """PTB's ``base_file_url`` for this fake (the token is appended to it)."""
+        return self.api_base_url.removesuffix("/bot") + "/file/bot"
+
     async def start(self) -> Self:
-        app = web.Application()
+        # Uploads arrive whole in one multipart body, up to the Bot API's 50 MB.
+        app = web.Application(client_max_size=UPLOAD_LIMIT + 1024 * 1024)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._download)
         app.router.add_post("/{tail:.*}", self._handle)
         # handler_cancellation: a client that gives up its long poll frees it at once.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2, handler_cancellation=True)
@@ -320,6 +392,79 @@ class FakeTelegram:
             if found:
                 message["entities"] = found
         return self.push_update({"message": message}, update_id=update_id)
+
+    def push_file(
+        self,
+        chat_id: int,
+        data: bytes,
+        *,
+        user_id: int,
+        name: str = "file.bin",
+        mime_type: str = "application/octet-stream",
+        caption: str = "",
+        photo: bool = False,
+        size: int | None = None,
+        hide_size: bool = False,
+        chunked: bool = False,
+        username: str | None = None,
+        chat_type: str = "group",
+        thread_id: int | None = None,
+    ) -> int:
+        """Queue a user's message with a file of ``data``: a document (``name``,
+        ``mime_type``), or with ``photo`` a photo (Telegram's: no name, JPEG, sizes smallest
+        first). ``size`` is the size Telegram declares instead of ``len(data)``; ``hide_size``
+        declares none; ``chunked`` serves the bytes without a Content-Length. The caption gets
+        entities like a text. Returns the update_id; ``pushed_files[update_id]`` is the file."""
+        sender: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": "Test"}
+        if username:
+            sender["username"] = username
+        message = self._new_message(chat_id, chat_type, thread_id, None)
+        message["from"] = sender
+        declared = None if hide_size else (len(data) if size is None else size)
+        stored = self.add_file(data, "photos" if photo else "documents", size=declared)
+        if chunked:
+            stored = self.files[stored.file_id] = replace(stored, chunked=True)
+        described: dict[str, Any] = {"file_id": stored.file_id}
+        described["file_unique_id"] = stored.file_unique_id
+        if declared is not None:
+            described["file_size"] = declared
+        if photo:
+            thumb = self.add_file(b"thumbnail", "photos")
+            message["photo"] = [
+                {
+                    "file_id": thumb.file_id,
+                    "file_unique_id": thumb.file_unique_id,
+                    "width": 90,
+                    "height": 60,
+                    "file_size": len(thumb.data),
+                },
+                {**described, "width": 1280, "height": 853},
+            ]
+        else:
+            message["document"] = {**described, "file_name": name, "mime_type": mime_type}
+        if caption:
+            message["caption"] = caption
+            if found := auto_entities(caption):
+                message["caption_entities"] = found
+        update_id = self.push_update({"message": message})
+        self.pushed_files[update_id] = stored
+        return update_id
+
+    def add_file(self, data: bytes, folder: str, *, size: int | None = None) -> StoredFile:
+        """Hold ``data`` as Telegram would hold a file: a file_id and a path to fetch it by."""
+        number = next(self._file_ids)
+        file_id = f"BQACAgIAAx{number:06d}"
+        path = f"{folder}/file_{number}{'.jpg' if folder == 'photos' else ''}"
+        stored = StoredFile(file_id, f"AgAD{number:04d}", path, data, size)
+        self.files[file_id] = stored
+        return stored
+
+    def forget_file(self, file_id: str) -> None:
+        """The file is gone: getFile refuses its id and its URL answers 404."""
+        self._gone.add(file_id)
+
+    def uploads_to(self, chat_id: int) -> list[Upload]:
+        return [u for u in self.uploads if u.chat_id == chat_id]
 
     def push_channel_post(self, chat_id: int, text: str) -> int:
         message = self._new_message(chat_id, "channel", None, None)
@@ -471,6 +616,16 @@ class FakeTelegram:
         answer = reply()
         assert answer is not None
         return answer
+
+    async def wait_for_uploads(
+        self,
+        chat_id: int,
+        n: int = 1,
+        timeout: float = 5.0,
+    ) -> list[Upload]:
+        """Until the bot uploaded ``n`` files to the chat in total; those uploads."""
+        await self._wait(lambda: len(self.uploads_to(chat_id)) >= n, timeout)
+        return self.uploads_to(chat_id)
 
     async def wait_for_request(
         self,
@@ -627,27 +782,16 @@ class FakeTelegram:
             raise ApiError(400, "Bad Request: message text is empty")
         if _utf16_len(visible) > MAX_TEXT:
             raise ApiError(400, "Bad Request: message is too long")
-        reply = params.get("reply_parameters") or {}
-        reply_id = reply.get("message_id", params.get("reply_to_message_id"))
-        allow = reply.get("allow_sending_without_reply", params.get("allow_sending_without_reply"))
-        allow_flag = None if allow is None else allow in (True, "true", "True")
-        replied = self._messages.get((chat_id, int(reply_id))) if reply_id is not None else None
-        if reply_id is not None and replied is None and not allow_flag:
-            raise ApiError(400, "Bad Request: message to be replied not found")
+        reply_to, allow_flag, replied = self._reply_of(chat_id, params)
         keyboard = _inline_keyboard(params.get("reply_markup"))
         thread = params.get("message_thread_id")
-        message_id = next(self._message_ids[chat_id])
-        chat = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
-        message: dict[str, Any] = {"message_id": message_id, "date": int(time.time())}
-        message.update(chat=chat, text=visible, **{"from": self.bot_user})
-        if thread is not None:
-            message.update(message_thread_id=thread, is_topic_message=True)
+        message = self._bot_message(chat_id, thread, text=visible)
+        message_id = int(message["message_id"])
         if keyboard is not None:
             message["reply_markup"] = keyboard
         self._messages[(chat_id, message_id)] = dict(message)
         if replied is not None:
             message["reply_to_message"] = replied
-        reply_to = None if reply_id is None else int(reply_id)
         sent = SentMessage(
             chat_id,
             message_id,
@@ -660,10 +804,135 @@ class FakeTelegram:
             params.get("link_preview_options"),
             time.monotonic(),
         )
-        self.sent[chat_id].append(sent)
-        self._shown[(chat_id, message_id)] = sent
-        self._history[(chat_id, message_id)].append(sent)
+        self._record_sent(sent)
         return message
+
+    def _reply_of(
+        self, chat_id: int, params: dict[str, Any]
+    ) -> tuple[int | None, bool | None, dict[str, Any] | None]:
+        """A send's reply: the id replied to, allow_sending_without_reply, the message."""
+        reply = params.get("reply_parameters") or {}
+        reply_id = reply.get("message_id", params.get("reply_to_message_id"))
+        allow = reply.get("allow_sending_without_reply", params.get("allow_sending_without_reply"))
+        allow_flag = None if allow is None else allow in (True, "true", "True")
+        replied = self._messages.get((chat_id, int(reply_id))) if reply_id is not None else None
+        if reply_id is not None and replied is None and not allow_flag:
+            raise ApiError(400, "Bad Request: message to be replied not found")
+        return (None if reply_id is None else int(reply_id)), allow_flag, replied
+
+    def _bot_message(self, chat_id: int, thread: int | None, **content: Any) -> dict[str, Any]:
+        """A new message of the bot in the chat, as the Bot API answers a send."""
+        message_id = next(self._message_ids[chat_id])
+        chat = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
+        message: dict[str, Any] = {"message_id": message_id, "date": int(time.time())}
+        message.update(chat=chat, **{"from": self.bot_user}, **content)
+        if thread is not None:
+            message.update(message_thread_id=thread, is_topic_message=True)
+        return message
+
+    def _record_sent(self, sent: SentMessage) -> None:
+        self.sent[sent.chat_id].append(sent)
+        self._shown[(sent.chat_id, sent.message_id)] = sent
+        self._history[(sent.chat_id, sent.message_id)].append(sent)
+
+    async def _m_sendphoto(self, params: dict[str, Any]) -> Any:
+        return self._media_message(params, "photo")
+
+    async def _m_senddocument(self, params: dict[str, Any]) -> Any:
+        return self._media_message(params, "document")
+
+    def _media_message(self, params: dict[str, Any], kind: str) -> dict[str, Any]:
+        chat_id = int(params["chat_id"])
+        upload = params.get(kind)
+        if not isinstance(upload, UploadedFile):
+            # A file_id or URL to send again: this fake takes uploads only.
+            raise ApiError(400, f"Bad Request: there is no {kind} in the request")
+        if not upload.data:
+            raise ApiError(400, "Bad Request: file must be non-empty")
+        if len(upload.data) > (PHOTO_LIMIT if kind == "photo" else UPLOAD_LIMIT):
+            raise ApiError(400, "Bad Request: file is too big")
+        if kind == "photo" and not upload.data.startswith(_IMAGE_MAGIC):
+            raise ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED")
+        caption = str(params.get("caption", ""))
+        parse_mode = params.get("parse_mode")
+        visible = html_visible(caption) if parse_mode == "HTML" else caption
+        if _utf16_len(visible) > MAX_CAPTION:
+            raise ApiError(400, "Bad Request: message caption is too long")
+        reply_to, allow_flag, replied = self._reply_of(chat_id, params)
+        thread = params.get("message_thread_id")
+        stored = self.add_file(upload.data, "photos" if kind == "photo" else "documents")
+        stored = replace(stored, size=len(upload.data))
+        self.files[stored.file_id] = stored
+        described: dict[str, Any] = {"file_id": stored.file_id, "file_size": len(upload.data)}
+        described["file_unique_id"] = stored.file_unique_id
+        if kind == "photo":
+            content: dict[str, Any] = {"photo": [{**described, "width": 1, "height": 1}]}
+        else:
+            content = {"document": {**described, "file_name": upload.filename}}
+            content["document"]["mime_type"] = upload.content_type
+        if visible:
+            content["caption"] = visible
+        message = self._bot_message(chat_id, thread, **content)
+        message_id = int(message["message_id"])
+        self._messages[(chat_id, message_id)] = dict(message)
+        if replied is not None:
+            message["reply_to_message"] = replied
+        record = Upload(
+            chat_id,
+            message_id,
+            kind,
+            upload.filename,
+            upload.data,
+            upload.content_type,
+            caption,
+            parse_mode,
+            reply_to,
+            thread,
+        )
+        self.uploads.append(record)
+        sent = SentMessage(chat_id, message_id, caption, parse_mode, reply_to, allow_flag, thread)
+        self._record_sent(replace(sent, at=time.monotonic(), upload=record))
+        return message
+
+    async def _m_getfile(self, params: dict[str, Any]) -> Any:
+        file_id = str(params.get("file_id", ""))
+        stored = self.files.get(file_id)
+        if stored is None:
+            raise ApiError(400, "Bad Request: invalid file_id")
+        if file_id in self._gone:
+            raise ApiError(400, "Bad Request: wrong file_id or the file is temporarily unavailable")
+        if stored.size is not None and stored.size > DOWNLOAD_LIMIT:
+            raise ApiError(400, "Bad Request: file is too big")
+        result: dict[str, Any] = {"file_id": file_id, "file_unique_id": stored.file_unique_id}
+        if stored.size is not None:
+            result["file_size"] = stored.size
+        result["file_path"] = stored.file_path
+        return result
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        """``GET /file/bot<token>/<file_path>``: the file's bytes, each fetch counted."""
+        if request.match_info["token"] != self.token:
+            return _error(404, "Not Found")
+        path = request.match_info["path"]
+        found = [f for f in self.files.values() if f.file_path == path]
+        if not found:
+            return _error(404, "Not Found")
+        stored = found[0]
+        self.downloads[stored.file_id] += 1
+        self._notify()
+        if stored.file_id in self._gone:
+            return _error(404, "Not Found")
+        if not stored.chunked:
+            return web.Response(body=stored.data, content_type="application/octet-stream")
+        response = web.StreamResponse()
+        response.content_type = "application/octet-stream"
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):  # the client may stop reading at its limit
+            for start in range(0, len(stored.data), 64 * 1024):
+                await response.write(stored.data[start : start + 64 * 1024])
+            await response.write_eof()
+        return response
 
     async def _m_editmessagetext(self, params: dict[str, Any]) -> Any:
         if "inline_message_id" in params:
@@ -675,6 +944,8 @@ class FakeTelegram:
         before = self._shown.get((chat_id, message_id))
         if before is None:  # not one the bot sent
             raise ApiError(400, "Bad Request: message can't be edited")
+        if before.upload is not None:
+            raise ApiError(400, "Bad Request: there is no text in the message to edit")
         text = str(params.get("text", ""))
         parse_mode = params.get("parse_mode")
         visible = html_visible(text) if parse_mode == "HTML" else text
@@ -749,8 +1020,9 @@ async def _params(request: web.Request) -> dict[str, Any]:
     form = await request.post()
     params: dict[str, Any] = {}
     for key, value in form.items():
-        if not isinstance(value, str):
-            continue  # an uploaded file: nothing here needs its bytes
+        if isinstance(value, web.FileField):
+            params[key] = UploadedFile(value.filename, value.file.read(), value.content_type)
+            continue
         if key in _JSON_PARAMS:
             params[key] = json.loads(value)
         elif key in _INT_PARAMS:

@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from geodebot.channels.base import parse_press_data
 from geodebot.channels.render import render_for
+from geodebot.chat.stream import MIN_INTERVAL_S
 from tests.support.chat_e2e_discord import (
     ALICE,
     APPROVER,
@@ -306,12 +307,14 @@ async def test_a_streamed_answer_is_one_message_edited_as_it_arrives(world: Chat
 
     assert message["message_reference"]["message_id"] == asked
     shown = previews(world, message, answer)
-    assert len(shown) >= 4  # a first preview and several edits, for a 2 s answer
+    # A first preview and at least one edit, for a 2 s answer paced at Discord's floor.
+    assert len(shown) >= 2
     assert len({r.text for r in shown}) == len(shown)  # each edit showed something new
     gaps = [b.at - a.at for a, b in itertools.pairwise(shown)]
-    # Paced by the daemon at EDIT_INTERVAL_S; what arrives here may be a little closer
-    # together than it was sent, never much.
-    assert min(gaps) >= EDIT_INTERVAL_S - 0.05, gaps
+    # Paced by the daemon at EDIT_INTERVAL_S, but never closer than Discord's 5 edits per
+    # 5 s leave room for (the final edit among them); what arrives here may be a little
+    # closer together than it was sent, never much.
+    assert min(gaps) >= max(EDIT_INTERVAL_S, MIN_INTERVAL_S["discord"]) - 0.05, gaps
     assert len(world.discord.posted[channel]) == 2  # the answer and the control's
     [request] = world.requests_for(prompt)
     assert request["stream"] is True

@@ -99,6 +99,7 @@ from geodebot.channels.base import (
     parse_press_data,
     press_data,
 )
+from geodebot.channels.download import read_capped
 from geodebot.channels.render import render_for
 from geodebot.config.schema import DiscordConfig
 
@@ -125,7 +126,6 @@ _TOO_LARGE = 40005  # Discord's JSON error code for an upload over the limit (HT
 # Where attachment URLs point: the CDN and its media proxy (``url`` and ``proxy_url``).
 CDN_HOSTS = frozenset({"cdn.discordapp.com", "media.discordapp.net"})
 DOWNLOAD_TIMEOUT_S = 300.0  # a whole download, 20 MB over a slow link included
-_DOWNLOAD_CHUNK = 64 * 1024
 # Discord renders a backslash before any ASCII punctuation as that character alone, so
 # escaping more than strictly needed loses nothing. "<" covers mentions, channels,
 # timestamps, custom emoji and <url> links; "[" masked links; the rest inline styles.
@@ -767,14 +767,7 @@ class DiscordChannel:
             ):
                 if response.status != 200:
                     raise _download_refused(file, response)
-                announced = response.content_length
-                if announced is not None and announced > max_bytes:
-                    raise FileTooLarge(max_bytes, announced)
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(_DOWNLOAD_CHUNK):
-                    body += chunk
-                    if len(body) > max_bytes:
-                        raise FileTooLarge(max_bytes)
+                body = await read_capped(response, max_bytes)
         except (FileTooLarge, ChannelError):
             raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -783,7 +776,7 @@ class DiscordChannel:
                 f"discord: download of {file.name} failed: {type(exc).__name__}"
             ) from exc
         self.counters["downloaded"] += 1
-        return bytes(body)
+        return body
 
     def _download_url(self, file: InboundFile) -> yarl.URL:
         """The attachment's URL, exactly as Discord gave it, if it is Discord's to serve."""

@@ -72,7 +72,6 @@ from geodebot.channels.base import (
     ChannelError,
     ChannelStatus,
     Destination,
-    FileTooLarge,
     Inbound,
     InboundFile,
     InboundSink,
@@ -86,6 +85,7 @@ from geodebot.channels.base import (
     parse_press_data,
     press_data,
 )
+from geodebot.channels.download import read_capped
 from geodebot.channels.render import render_for
 from geodebot.config.schema import SlackConfig
 
@@ -130,7 +130,6 @@ FILES_HOST = "files.slack.com"
 # history limit.
 _CONTENTLESS_MODES = frozenset({"tombstone", "hidden_by_limit"})
 _MAX_REDIRECTS = 3
-_CHUNK = 64 * 1024
 
 
 def to_inbound(
@@ -796,15 +795,7 @@ class SlackChannel:
                 " (does the bot token have the files:read scope?)",
                 permanent=True,
             )
-        announced = resp.content_length
-        if announced is not None and announced > max_bytes:
-            raise FileTooLarge(max_bytes, announced)
-        body = bytearray()
-        async for chunk in resp.content.iter_chunked(_CHUNK):
-            body += chunk
-            if len(body) > max_bytes:
-                raise FileTooLarge(max_bytes)
-        return bytes(body)
+        return await read_capped(resp, max_bytes)
 
     async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
         client = self._require_client()

@@ -27,10 +27,9 @@ from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
-from geodebot.channels.base import FileTooLarge
+from geodebot.channels.download import read_capped
 
 _UNSET: Final = BaseRequest.DEFAULT_NONE
-_CHUNK: Final = 64 * 1024
 # Of an error answer's body, enough for its description.
 _ERROR_BODY_MAX: Final = 4096
 
@@ -133,16 +132,7 @@ class AiohttpRequest(BaseRequest):
             async with session.get(url, timeout=timeout, proxy=self._proxy(url)) as response:
                 if response.status != 200:
                     return response.status, await response.content.read(_ERROR_BODY_MAX)
-                declared = response.content_length
-                if declared is not None and declared > max_bytes:
-                    raise FileTooLarge(max_bytes, declared)
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(_CHUNK):
-                    body += chunk
-                    if len(body) > max_bytes:
-                        # Leaving the block closes the connection with the rest unread.
-                        raise FileTooLarge(max_bytes)
-                return response.status, bytes(body)
+                return response.status, await read_capped(response, max_bytes)
 
     async def do_request(
         self,

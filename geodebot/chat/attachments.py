@@ -188,6 +188,10 @@ class Attachments:
         except ChannelError as exc:
             log.warning("inbox row %s: download of a file failed: %s", row.id, exc)
             return "the platform did not hand it over"
+        except Exception:
+            # An adapter's bug must cost the file, not the message it came with.
+            log.exception("inbox row %s: download of a file failed unexpectedly", row.id)
+            return "the platform did not hand it over"
         return _too_large(len(data), binding) if len(data) > limit else data
 
     async def _keep(self, name: str, data: bytes, binding: BindingConfig) -> AttachedFile:

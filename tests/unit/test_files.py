@@ -301,6 +301,34 @@ async def test_a_recovered_turn_neither_downloads_again_nor_repeats_its_notice(
         assert raced.attached == again.attached
 
 
+class _BrokenDownloads(MemoryChannel):
+    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
+        raise RuntimeError("a bug in an adapter")
+
+
+async def test_a_download_that_fails_unexpectedly_costs_the_file_not_the_message(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    async with store:
+        attachments = Attachments(
+            store, FileStore(tmp_path / "files"), {"telegram": _BrokenDownloads("telegram")}
+        )
+        row, _ = await store.inbox_add(
+            platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
+            user="u1", text="look", message_id="m1",
+            files=[InboundFile("p", "dot.png", "image/png", 67).to_json()],
+        )  # fmt: skip
+        binding = BindingConfig(platform="telegram", channel="c1", session="s1")
+        blocks, notice = await attachments.blocks(row, binding)
+        assert notice is not None
+        assert "`dot.png`: the platform did not hand it over" in notice.text
+        [note] = blocks
+        assert isinstance(note, TextBlock)
+        assert "dot.png" in note.text
+        assert "not passed on" in note.text
+
+
 def test_sniffing_trusts_the_bytes_not_the_name() -> None:
     assert sniff(tiny_png()) == "image/png"
     assert sniff(b"\xff\xd8\xff\xe0rest") == "image/jpeg"

@@ -79,12 +79,17 @@ class TelegramWorld:
     async def replies(self, count: int, limit_s: float = 30.0) -> list[str]:
         """The first ``count`` messages as they read once final. A streamed answer's first
         message is its preview, plain text; the answer replaces it in HTML, as every reply
-        is sent (Telegram's plain fallback aside)."""
+        is sent (Telegram's plain fallback aside), unless the preview showed exactly that
+        already: Telegram then refuses the edit as "not modified", and the preview stays."""
+
+        def answered(message_id: int) -> bool:
+            if self.telegram.shown(GROUP, message_id).parse_mode == "HTML":
+                return True
+            return (GROUP, message_id, "HTML") in self.telegram.unmodified
 
         def final() -> bool:
             sent = self.telegram.sent[GROUP][:count]
-            shown = [self.telegram.shown(GROUP, m.message_id) for m in sent]
-            return len(sent) >= count and all(m.parse_mode == "HTML" for m in shown)
+            return len(sent) >= count and all(answered(m.message_id) for m in sent)
 
         await self.telegram.wait_until(final, limit_s)
         return self.texts()[:count]

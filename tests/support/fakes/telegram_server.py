@@ -276,6 +276,9 @@ class FakeTelegram:
         self.bot_user.update(username=bot_username, can_read_all_group_messages=False)
         self.sent: defaultdict[int, list[SentMessage]] = defaultdict(list)
         self.edits: list[SentMessage] = []  # each edit: the message as it was made to read
+        # Edits refused as "not modified" (the message showed that already): (chat, message,
+        # parse mode), so a test can tell an answer that edited nothing from one never sent.
+        self.unmodified: list[tuple[int, int, str | None]] = []
         self.callback_answers: dict[str, CallbackAnswer] = {}
         self.actions: list[SentAction] = []
         self.commands: list[dict[str, str]] | None = None
@@ -956,6 +959,8 @@ class FakeTelegram:
         # Telegram keeps only a keyboard the edit names: none, or an empty one, removes it.
         keyboard = _inline_keyboard(params.get("reply_markup"))
         if (shown_content(text, parse_mode), keyboard) == (before.shows, before.reply_markup):
+            self.unmodified.append((chat_id, message_id, parse_mode))
+            self._notify()
             raise ApiError(400, _NOT_MODIFIED)
         message = {k: v for k, v in stored.items() if k != "reply_markup"}
         message.update(text=visible, edit_date=int(time.time()))

@@ -205,11 +205,16 @@ async def test_the_openai_adapter_sends_images_as_data_urls_and_pdfs_as_file_par
                 "look",
                 w.offer("p", png, "a.png", "image/png"),
                 w.offer("d", pdf, "b.pdf", "application/pdf"),
+                w.offer("z", b"PK\x03\x04", "c.zip", "application/zip"),
             )
         )
-        assert await w.texts(1) == ["seen"]
+        assert (await w.texts(2))[1] == "seen"
         content = w.user_content()
+        assert len(content) == 4
         assert content[0] == {"type": "text", "text": "look"}
+        # The note about the refused file is a part of its own, after the files.
+        assert content[3]["type"] == "text"
+        assert content[3]["text"].startswith("[the user sent c.zip (application/zip, 4 bytes)")
         assert content[1] == {
             "type": "image_url",
             "image_url": {"url": f"data:image/png;base64,{b64(png)}"},

@@ -348,12 +348,14 @@ def _user_messages(message: Message, text: str) -> list[ChatCompletionMessagePar
             "text": "The image(s) the tool calls above returned.",
         }
         out.append({"role": "user", "content": [note, *images]})
-    files = [b for b in message.content if isinstance(b, FileBlock)]
-    if files:
-        parts: list[ChatCompletionContentPartParam] = []
-        if text:
-            parts.append({"type": "text", "text": text})
-        parts += [_file_part(f) for f in files]
+    if any(isinstance(b, FileBlock) for b in message.content):
+        # Each text and file its own part, in the message's order: a caption, the files,
+        # and the notes about files that were not passed on stay apart.
+        parts: list[ChatCompletionContentPartParam] = [
+            _file_part(b) if isinstance(b, FileBlock) else {"type": "text", "text": b.text}
+            for b in message.content
+            if isinstance(b, FileBlock) or (isinstance(b, TextBlock) and b.text)
+        ]
         out.append({"role": "user", "content": parts})
     elif text:
         out.append({"role": "user", "content": text})

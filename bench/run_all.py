@@ -58,6 +58,13 @@ BENCHES = [
         ["bench/scheduler_bench.py", "--jobs", "2000"],
     ),
     Bench(
+        "streaming",
+        "Streamed replies on Telegram, Slack and Discord: first visible characters after the "
+        "model's first token, edits per chat against each platform's limit, answers whole.",
+        ["bench/stream_bench.py"],
+        ["bench/stream_bench.py", "--quick"],
+    ),
+    Bench(
         "soak",
         "20,000 turns: RSS series and slope, open files, threads, asyncio tasks.",
         ["bench/soak.py"],

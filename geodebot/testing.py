@@ -108,8 +108,9 @@ class MemoryChannel:
     send failures (a ChannelError with retry_after for a 429, a SendUnknown, ...). Approval
     cards are kept by message id in ``cards`` (edits replace them); ``press`` plays a
     button press and returns what the presser alone was told. Files users send are served
-    from ``files`` (ref -> bytes; ``downloads`` counts fetches per ref); files sent are in
-    ``uploads`` (message id -> the bytes, as read when sent).
+    from ``files`` (ref -> bytes; ``downloads`` counts fetches per ref; a queued failure
+    fails the next download as it fails the next send); files sent are in ``uploads``
+    (message id -> the bytes, as read when sent).
     """
 
     def __init__(self, platform: Platform = "telegram", *, limit: int = 4096) -> None:
@@ -202,6 +203,10 @@ class MemoryChannel:
         await asyncio.sleep(0)
         if file.size > max_bytes:
             raise FileTooLarge(max_bytes, file.size)
+        if self.failures:
+            error = self.failures.popleft()
+            asyncio.get_running_loop().create_task(self._notify())
+            raise error
         data = self.files.get(file.ref)
         if data is None:
             raise ChannelError(f"no file {file.ref!r}", permanent=True)

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 # One download may take this long; a platform that stalls longer refuses the file, not the
 # message.
 DOWNLOAD_TIMEOUT_S = 120.0
+# A download refused for a passing reason (a 429, a server error) is tried this often in all,
+# pausing as the platform asks, at most this long.
+DOWNLOAD_ATTEMPTS = 3
+DOWNLOAD_PAUSE_MAX_S = 10.0
 _MAX_NAME_CHARS = 120
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\[\]]+")
 # Declared types that say nothing: the name's extension and then the bytes decide.
@@ -178,21 +182,29 @@ class Attachments:
         if channel is None:
             return "its platform is not connected"
         limit = _limit(binding)
-        try:
-            async with asyncio.timeout(DOWNLOAD_TIMEOUT_S):
-                data = await channel.download(described, limit)
-        except FileTooLarge as exc:
-            return _too_large(exc.size, binding)
-        except TimeoutError:
-            return "the download took too long"
-        except ChannelError as exc:
-            log.warning("inbox row %s: download of a file failed: %s", row.id, exc)
-            return "the platform did not hand it over"
-        except Exception:
-            # An adapter's bug must cost the file, not the message it came with.
-            log.exception("inbox row %s: download of a file failed unexpectedly", row.id)
-            return "the platform did not hand it over"
-        return _too_large(len(data), binding) if len(data) > limit else data
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            try:
+                async with asyncio.timeout(DOWNLOAD_TIMEOUT_S):
+                    data = await channel.download(described, limit)
+            except FileTooLarge as exc:
+                return _too_large(exc.size, binding)
+            except TimeoutError:
+                return "the download took too long"
+            except ChannelError as exc:
+                log.warning(
+                    "inbox row %s: download of a file failed (attempt %s): %s", row.id, attempt, exc
+                )
+                if exc.permanent or attempt == DOWNLOAD_ATTEMPTS:
+                    return "the platform did not hand it over"
+                # A rate limit or a server error: worth one more try, soon.
+                await asyncio.sleep(min(exc.retry_after or float(attempt), DOWNLOAD_PAUSE_MAX_S))
+                continue
+            except Exception:
+                # An adapter's bug must cost the file, not the message it came with.
+                log.exception("inbox row %s: download of a file failed unexpectedly", row.id)
+                return "the platform did not hand it over"
+            return _too_large(len(data), binding) if len(data) > limit else data
+        return "the platform did not hand it over"
 
     async def _keep(self, name: str, data: bytes, binding: BindingConfig) -> AttachedFile:
         """Store the bytes if they are what the model can be shown (checked on the bytes,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from geodebot.app.build import App
-from geodebot.channels.base import UPLOAD_LIMITS, Inbound, InboundFile
+from geodebot.channels.base import UPLOAD_LIMITS, ChannelError, Inbound, InboundFile
 from geodebot.chat.attachments import Attachments, safe_name, sniff
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
@@ -332,6 +332,36 @@ async def test_a_download_that_fails_unexpectedly_costs_the_file_not_the_message
         assert isinstance(note, TextBlock)
         assert "dot.png" in note.text
         assert "not passed on" in note.text
+
+
+async def test_a_download_refused_for_a_passing_reason_is_tried_again(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    async with store:
+        chat = MemoryChannel("telegram")
+        chat.files["p"] = tiny_png()
+        chat.fail_next(ChannelError("429", retry_after=0.01), ChannelError("502"))
+        attachments = Attachments(store, FileStore(tmp_path / "files"), {"telegram": chat})
+        row, _ = await store.inbox_add(
+            platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
+            user="u1", text="look", message_id="m1",
+            files=[InboundFile("p", "dot.png", "image/png", 67).to_json()],
+        )  # fmt: skip
+        binding = BindingConfig(platform="telegram", channel="c1", session="s1")
+        [block], notice = await attachments.blocks(row, binding)
+        assert notice is None
+        assert isinstance(block, FileBlock)
+        assert chat.downloads == {"p": 1}
+        # A permanent refusal is not asked again.
+        chat.fail_next(ChannelError("gone", permanent=True))
+        row2, _ = await store.inbox_add(
+            platform="telegram", event_id="e2", session_id="s1", channel="c1", thread=None,
+            user="u1", text="again", message_id="m2",
+            files=[InboundFile("p", "dot.png", "image/png", 67).to_json()],
+        )  # fmt: skip
+        _, refused = await attachments.blocks(row2, binding)
+        assert refused is not None
+        assert "did not hand it over" in refused.text
+        assert chat.downloads == {"p": 1}
 
 
 def test_sniffing_trusts_the_bytes_not_the_name() -> None:

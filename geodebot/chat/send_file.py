@@ -115,7 +115,8 @@ def send_file_spec(workspace: Path, files: FileStore) -> ToolSpec:
         outlet = ctx.outlet
         if outlet is None:
             raise ToolError(
-                "send_file works only while answering a chat message; there is no chat here"
+                "send_file posts into a chat: it works in a chat's turn or a job that posts "
+                "in one, and there is no chat here"
             )
         limit = UPLOAD_LIMITS.get(outlet.platform, 0)
         raw = arguments.get("path")

@@ -25,10 +25,13 @@ from geodebot.channels.base import UPLOAD_LIMITS, ChannelError, Inbound, Inbound
 from geodebot.chat.attachments import Attachments, safe_name, sniff
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
+from geodebot.chat.send_file import send_file_spec
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.attachments import FILES_SHOWN, FileView
 from geodebot.engine.compaction import ContextItem
 from geodebot.engine.llm.types import FileBlock, Message, TextBlock
+from geodebot.engine.modes import Mode
+from geodebot.engine.tools.spec import ToolCallContext, ToolError
 from geodebot.store.files import FileStore
 from geodebot.store.records import AttachedFile, NewOutbound, StoredFile, StoreError
 from geodebot.store.sqlite import SQLiteStore
@@ -547,3 +550,12 @@ async def test_a_job_sends_its_file_where_its_result_goes_before_the_result(
         assert (upload.destination.channel, upload.file.name) == ("c1", "daily.csv")
         assert upload.file.media_type == "text/csv"
         assert list(sw.chat.uploads.values()) == [b"day,deploys\nmon,3\n"]
+
+
+async def test_send_file_without_a_chat_is_a_clear_tool_error(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a")
+    spec = send_file_spec(tmp_path, FileStore(tmp_path / "files"))
+    for mode in (Mode.IPC, Mode.HEADLESS):
+        with pytest.raises(ToolError, match="there is no chat here"):
+            await spec.handler({"path": "a.txt"}, ToolCallContext("s", "t", mode))
+    assert not (tmp_path / "files").exists()

@@ -34,7 +34,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.control import CONTROL, CONTROL_ANSWER, answer_controls
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.discord_server import FakeDiscord, Json
-from tests.support.fakes.llm_server import FakeLLMServer, Item, Reply, last_prompt
+from tests.support.fakes.llm_server import FakeLLMServer, Item, Reply, last_prompt, user_texts
 from tests.support.mcp import FAKE as FAKE_MCP
 
 TOKEN = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GfAkEx.chat-e2e-discord-token-0123456789abcdef"
@@ -110,28 +110,11 @@ class ModelByAnyText(ModelByPrompt):
     message: with files, its last text block may be a note about a file, not the caption."""
 
     def __call__(self, body: dict[str, Any]) -> Item | None:
-        text, rounds = user_texts(body)
+        texts, rounds = user_texts(body)
         for prompt, script in self.scripts.items():
-            if text and prompt in text:
+            if any(prompt in text for text in texts):
                 return script[rounds] if rounds < len(script) else Reply("(no such round)")
         return None
-
-
-def user_texts(body: Mapping[str, Any]) -> tuple[str, int]:
-    """Every text block of the newest user message that has any, joined by newlines, and
-    how many tool rounds followed it (as :func:`last_prompt` counts them)."""
-    rounds = 0
-    for message in reversed(body.get("messages") or []):
-        content = message["content"]
-        if message["role"] != "user":
-            continue
-        if isinstance(content, str):
-            return content, rounds
-        texts = [b["text"] for b in content if b.get("type") == "text"]
-        if texts:
-            return "\n".join(texts), rounds
-        rounds += 1
-    return "", rounds
 
 
 def user_blocks(body: Mapping[str, Any], prompt: str) -> list[Json]:

@@ -31,7 +31,7 @@ from geodebot.config.schema import DB_FILE
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.control import CONTROL, CONTROL_ANSWER, answer_controls
 from tests.support.daemon import CONNECTED_MARK, DaemonProcess
-from tests.support.fakes.llm_server import FakeLLMServer, Item, last_prompt
+from tests.support.fakes.llm_server import FakeLLMServer, Item, last_prompt, user_texts
 from tests.support.fakes.telegram_server import (
     FakeTelegram,
     SentMessage,
@@ -148,22 +148,6 @@ class FilesModel(ChatModel):
             if any(prompt in b.get("text", "") for b in content if b.get("type") == "text"):
                 return list(content)
         raise AssertionError(f"no user message of {prompt!r} with blocks")
-
-
-def user_texts(body: dict[str, Any]) -> tuple[list[str], int]:
-    """Every text of the newest user message that has text, and how many tool rounds
-    followed it (as :func:`last_prompt` counts them)."""
-    rounds = 0
-    for message in reversed(body.get("messages") or []):
-        content = message["content"]
-        if isinstance(content, str):
-            return [content], rounds
-        texts = [b["text"] for b in content if b.get("type") == "text"]
-        if message["role"] == "user" and texts:
-            return texts, rounds
-        if message["role"] == "user":
-            rounds += 1
-    return [], rounds
 
 
 @dataclass

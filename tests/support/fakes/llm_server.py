@@ -627,17 +627,25 @@ def _has_credentials(request: web.Request, dialect: Dialect) -> bool:
     return bearer
 
 
-def last_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
-    """For a responder: the newest user text of a request (Anthropic shape), and how many tool
-    rounds followed it; ("", rounds) when there is none."""
+def user_texts(body: Mapping[str, Any]) -> tuple[list[str], int]:
+    """For a responder: every text of the newest user message that has text (Anthropic
+    shape; with files, a caption and notes about files), and how many tool rounds followed
+    it; ([], rounds) when there is none."""
     rounds = 0
     for message in reversed(body.get("messages") or []):
         content = message["content"]
         if isinstance(content, str):
-            return content, rounds
+            return [content], rounds
         texts = [b["text"] for b in content if b.get("type") == "text"]
         if message["role"] == "user" and texts:
-            return texts[-1], rounds
+            return texts, rounds
         if message["role"] == "user":
             rounds += 1
-    return "", rounds
+    return [], rounds
+
+
+def last_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
+    """For a responder: the newest user text of a request (Anthropic shape), and how many tool
+    rounds followed it; ("", rounds) when there is none."""
+    texts, rounds = user_texts(body)
+    return (texts[-1] if texts else ""), rounds

@@ -12,6 +12,7 @@ approval or a pre-approval like any other.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import mimetypes
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
@@ -19,6 +20,7 @@ from typing import Any
 
 from geodebot.channels.base import UPLOAD_LIMITS
 from geodebot.chat.attachments import safe_name, sniff
+from geodebot.chat.replies import reply_to
 from geodebot.engine.attachments import IMAGE_TYPES, PDF_TYPE
 from geodebot.engine.llm.types import human_size
 from geodebot.engine.tools.builtin.paths import inside, locate, open_file, os_errors
@@ -55,23 +57,16 @@ _SCHEMA: Mapping[str, Any] = {
 
 class OutboxOutlet:
     """Where a turn's files go: one chat (and thread, answering one message if any), through
-    the outbox. ``deliver`` gets each row once it is written: a chat turn hands it to the
-    outbox at once, so it goes before the turn's answer (handed over the same way when the
-    turn ends); a job's turn wakes the outbox, whose scan sends rows in the order written."""
+    the outbox; ``where`` is a message to that place, whose text and file each upload sets.
+    ``deliver`` gets each row once it is written: a chat turn hands it to the outbox at once,
+    so it goes before the turn's answer (handed over the same way when the turn ends); a
+    job's turn wakes the outbox, whose scan sends rows in the order written."""
 
     def __init__(
-        self,
-        store: Store,
-        *,
-        session_id: str,
-        platform: str,
-        channel: str,
-        thread: str | None,
-        reply_to: str | None,
-        deliver: Callable[[OutboxRow], None],
+        self, store: Store, where: NewOutbound, deliver: Callable[[OutboxRow], None]
     ) -> None:
         self._store = store
-        self._where = (session_id, platform, channel, thread, reply_to)
+        self._where = where
         self._deliver = deliver
 
     @classmethod
@@ -79,33 +74,15 @@ class OutboxOutlet:
         cls, store: Store, row: InboxRow, deliver: Callable[[OutboxRow], None]
     ) -> OutboxOutlet:
         """Into the chat and thread of an inbox row, answering its message."""
-        return cls(
-            store,
-            session_id=row.session_id,
-            platform=row.platform,
-            channel=row.channel,
-            thread=row.thread,
-            reply_to=row.message_id,
-            deliver=deliver,
-        )
+        return cls(store, reply_to(row, ""), deliver)
 
     @property
     def platform(self) -> str:
-        return self._where[1]
+        return self._where.platform
 
     async def send_file(self, file: StoredFile, caption: str) -> None:
-        session_id, platform, channel, thread, reply_to = self._where
         queued = await self._store.outbox_add(
-            NewOutbound(
-                session_id=session_id,
-                platform=platform,
-                channel=channel,
-                thread=thread,
-                reply_to=reply_to,
-                text=caption,
-                kind="file",
-                file=file,
-            )
+            dataclasses.replace(self._where, text=caption, kind="file", file=file)
         )
         self._deliver(queued)
 

@@ -89,12 +89,10 @@ class FireRunner:
                     # Files the run sends go where its result goes, before it.
                     outlet=OutboxOutlet(
                         self._store,
-                        session_id=job.session_id,
-                        platform=target.platform,
-                        channel=target.channel,
-                        thread=None,
-                        reply_to=None,
-                        deliver=lambda _row: self._kick(),
+                        NewOutbound(
+                            job.session_id, target.platform, target.channel, None, None, ""
+                        ),
+                        lambda _row: self._kick(),
                     ),
                 )
                 result = await self._run_turn(Mode.DAEMON, spec, job.prompt)

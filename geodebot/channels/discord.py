@@ -99,7 +99,7 @@ from geodebot.channels.base import (
     parse_press_data,
     press_data,
 )
-from geodebot.channels.download import read_capped
+from geodebot.channels.download import platform_host, read_capped
 from geodebot.channels.render import render_for
 from geodebot.config.schema import DiscordConfig
 
@@ -782,13 +782,10 @@ class DiscordChannel:
         """The attachment's URL, exactly as Discord gave it, if it is Discord's to serve."""
         try:
             url = yarl.URL(file.ref, encoded=True)
-            api = yarl.URL(self._config.api_base_url)
-            where = (url.scheme, url.host, url.port)
+            allowed = platform_host(url, CDN_HOSTS, yarl.URL(self._config.api_base_url))
         except (TypeError, ValueError) as exc:
             raise ChannelError(f"discord: {file.name}: not a URL", permanent=True) from exc
-        cdn = where[0] == "https" and where[1] in CDN_HOSTS and where[2] == 443
-        own = where == (api.scheme, api.host, api.port)
-        if not (cdn or own) or url.user is not None or url.password is not None:
+        if not allowed:
             host = str(url.host or "")[:100]
             raise ChannelError(f"discord: {file.name}: {host!r} is not Discord's", permanent=True)
         return url

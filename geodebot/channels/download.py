@@ -1,9 +1,12 @@
-"""A file's body from an aiohttp response, read with a cap: what every adapter's download
-shares (the SDKs all sit on aiohttp)."""
+"""What every adapter's download shares (the SDKs all sit on aiohttp): which hosts a file may
+come from, and its body read with a cap."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import aiohttp
+import yarl
 
 from geodebot.channels.base import FileTooLarge
 
@@ -23,3 +26,19 @@ async def read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytes
         if len(body) > max_bytes:
             raise FileTooLarge(max_bytes)
     return bytes(body)
+
+
+def platform_host(url: yarl.URL, hosts: Collection[str], api_base: yarl.URL) -> bool:
+    """Whether ``url`` is the platform's to serve: https on one of its ``hosts`` (port 443),
+    or the same scheme, host and port as the configured API (a proxy, a test's fake). A URL
+    with a user or password in it never is: what goes there is not the platform's choice."""
+    if not url.is_absolute() or url.user is not None or url.password is not None:
+        return False
+    host = (url.host or "").lower()
+    if url.scheme == "https" and host in hosts and url.port == 443:
+        return True
+    return (url.scheme, host, url.port) == (
+        api_base.scheme,
+        (api_base.host or "").lower(),
+        api_base.port,
+    )

@@ -85,7 +85,7 @@ from geodebot.channels.base import (
     parse_press_data,
     press_data,
 )
-from geodebot.channels.download import read_capped
+from geodebot.channels.download import platform_host, read_capped
 from geodebot.channels.render import render_for
 from geodebot.config.schema import SlackConfig
 
@@ -913,15 +913,7 @@ class SlackChannel:
 def file_host_allowed(url: yarl.URL, api_base: yarl.URL) -> bool:
     """Whether the bot token may go to ``url``: Slack's file host over https, or the host of
     the configured API (the same scheme, host and port: a proxy or a test's fake)."""
-    if not url.is_absolute() or url.user is not None or url.password is not None:
-        return False
-    if url.scheme == "https" and (url.host or "").lower() == FILES_HOST and url.port == 443:
-        return True
-    return (url.scheme, (url.host or "").lower(), url.port) == (
-        api_base.scheme,
-        (api_base.host or "").lower(),
-        api_base.port,
-    )
+    return platform_host(url, (FILES_HOST,), api_base)
 
 
 def _share_ts(files: object, channel: str) -> str | None:

@@ -33,14 +33,7 @@ from typing import Any
 from geodebot.channels.base import Channel, ChannelError, FileTooLarge, InboundFile
 from geodebot.chat.replies import files_refused, reply_to
 from geodebot.config.schema import BindingConfig
-from geodebot.engine.attachments import (
-    IMAGE_TYPES,
-    MAX_IMAGE_BYTES,
-    MAX_PDF_BYTES,
-    MAX_TEXT_BYTES,
-    PDF_TYPE,
-    TEXT_TYPE,
-)
+from geodebot.engine.attachments import IMAGE_TYPES, PDF_TYPE, SHOWN_LIMITS, TEXT_TYPE
 from geodebot.engine.llm.types import Block, FileBlock, TextBlock, human_size
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
@@ -83,7 +76,6 @@ _TEXT_SUFFIXES = frozenset(
         *(".diff", ".patch", ".service", ".timer"),
     )
 )
-_KIND_LIMITS = {**dict.fromkeys(IMAGE_TYPES, MAX_IMAGE_BYTES), PDF_TYPE: MAX_PDF_BYTES}
 
 
 def safe_name(name: str) -> str:
@@ -171,7 +163,7 @@ class Attachments:
             if isinstance(fetched, str):
                 why = fetched
             else:
-                return await self._keep(name, fetched, binding)
+                return await self._keep(name, fetched)
         return AttachedFile(name, described.media_type, described.size, refusal=why)
 
     async def _fetch(
@@ -182,7 +174,9 @@ class Attachments:
         if channel is None:
             return "its platform is not connected"
         limit = _limit(binding)
-        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 async with asyncio.timeout(DOWNLOAD_TIMEOUT_S):
                     data = await channel.download(described, limit)
@@ -204,9 +198,8 @@ class Attachments:
                 log.exception("inbox row %s: download of a file failed unexpectedly", row.id)
                 return "the platform did not hand it over"
             return _too_large(len(data), binding) if len(data) > limit else data
-        return "the platform did not hand it over"
 
-    async def _keep(self, name: str, data: bytes, binding: BindingConfig) -> AttachedFile:
+    async def _keep(self, name: str, data: bytes) -> AttachedFile:
         """Store the bytes if they are what the model can be shown (checked on the bytes,
         whatever the platform said)."""
         actual = sniff(data)
@@ -214,7 +207,7 @@ class Attachments:
             return AttachedFile(
                 name, "", len(data), refusal="its content is not an image, a PDF or text"
             )
-        most = _KIND_LIMITS.get(actual, MAX_TEXT_BYTES if actual == TEXT_TYPE else _limit(binding))
+        most = SHOWN_LIMITS[actual]
         if len(data) > most:
             why = f"{human_size(len(data))}, over the model's limit of {human_size(most)}"
             return AttachedFile(name, actual, len(data), refusal=why)
@@ -232,7 +225,7 @@ def _refused_before(described: InboundFile, binding: BindingConfig) -> str | Non
     if not _accepted_type(media_type, described.name):
         shown = media_type or PurePosixPath(described.name).suffix or "unknown"
         return f"its type ({shown}) is not one I take: images, PDFs and text files"
-    kind_limit = _KIND_LIMITS.get(media_type.split(";")[0].strip().lower())
+    kind_limit = SHOWN_LIMITS.get(media_type.split(";")[0].strip().lower())
     if kind_limit is not None and size > kind_limit:
         return f"{human_size(size)}, over the model's limit of {human_size(kind_limit)}"
     return None

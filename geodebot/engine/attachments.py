@@ -2,10 +2,11 @@
 
 A message with files is stored with :class:`FileBlock` s that name a digest in the file store.
 Each model call, :class:`FileView` gives the newest files their content (an image or a PDF as
-base64 for its block, a text file as text) and leaves older ones as a line naming them, so a
-long-lived chat does not resend every picture it was ever shown. What the provider would
-refuse (an image over its size limit, too many bytes in one request) is named, not sent: a
-refused block would fail the call, and with it every later turn of the session.
+base64 for its block, a text file as text) and leaves older ones as references, which the
+adapters show as a line naming the file, so a long-lived chat does not resend every picture
+it was ever shown. What the provider would refuse (an image over its size limit, too many
+bytes in one request) is named, not sent: a refused block would fail the call, and with it
+every later turn of the session.
 
 Resolved messages are kept while their original lives (a weak reference, as the adapters'
 JSON caches do) and within a byte bound, so a round does not read the files again and the
@@ -20,7 +21,7 @@ import functools
 import logging
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from geodebot.engine.compaction import ContextItem
@@ -34,6 +35,7 @@ __all__ = [
     "MAX_PDF_BYTES",
     "MAX_TEXT_BYTES",
     "PDF_TYPE",
+    "SHOWN_LIMITS",
     "TEXT_TYPE",
     "FileView",
     "file_note",
@@ -55,7 +57,8 @@ MAX_TEXT_BYTES = 200_000
 FILES_SHOWN = 8
 SHOWN_BYTES = 22 * 1000 * 1000
 _CACHE_BYTES = 64 * 1000 * 1000
-_LIMITS = {
+# The largest file of each kind the model is shown: what chat/attachments.py accepts, too.
+SHOWN_LIMITS: Mapping[str, int] = {
     **dict.fromkeys(IMAGE_TYPES, MAX_IMAGE_BYTES),
     PDF_TYPE: MAX_PDF_BYTES,
     TEXT_TYPE: MAX_TEXT_BYTES,
@@ -90,14 +93,14 @@ class FileView:
         """``items`` as the model sees them: file blocks filled in or named (see above)."""
         self._reap()
         shown = _choose(items)
-        if not shown and not any(item.files for item in items):
+        if not shown:
             return items
+        # Only messages with a file shown change: a file not shown stays a reference, which
+        # every adapter renders as the line naming it (FileBlock.note).
         view = list(items)
-        for index, item in enumerate(items):
-            if not item.files:
-                continue
-            wanted = shown.get(index, frozenset())
-            view[index] = replace(item, message=await self._resolved(item.message, wanted))
+        for index, positions in shown.items():
+            item = items[index]
+            view[index] = replace(item, message=await self._resolved(item.message, positions))
         return view
 
     async def _resolved(self, message: Message, shown: frozenset[int]) -> Message:
@@ -109,11 +112,8 @@ class FileView:
         blocks: list[Block] = []
         size = 0
         for position, block in enumerate(message.content):
-            if not isinstance(block, FileBlock):
+            if not isinstance(block, FileBlock) or position not in shown:
                 blocks.append(block)
-                continue
-            if position not in shown:
-                blocks.append(file_note(block, "sent earlier; only the newest files are shown"))
                 continue
             resolved = await self._content(block)
             if isinstance(resolved, FileBlock):
@@ -126,7 +126,7 @@ class FileView:
         return result
 
     async def _content(self, block: FileBlock) -> Block:
-        limit = _LIMITS.get(block.media_type)
+        limit = SHOWN_LIMITS.get(block.media_type)
         if limit is None or block.size > limit:
             # Accepted files are within these (chat/attachments.py); a history written under
             # other rules must still not fail the call.
@@ -175,6 +175,8 @@ def _choose(items: Sequence[ContextItem]) -> dict[int, frozenset[int]]:
     chosen: dict[int, set[int]] = {}
     count = total = 0
     for index in range(len(items) - 1, -1, -1):
+        if count >= FILES_SHOWN:
+            break
         item = items[index]
         if not item.files or item.is_summary:
             continue

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import hashlib
 import itertools
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from geodebot.chat.send_file import send_file_spec
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.attachments import FILES_SHOWN, FileView
 from geodebot.engine.compaction import ContextItem
+from geodebot.engine.llm.anthropic_json import MessageJSON
 from geodebot.engine.llm.types import FileBlock, Message, TextBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.spec import ToolCallContext, ToolError
@@ -421,8 +423,16 @@ async def test_only_the_newest_files_are_shown_and_a_missing_copy_is_named(
     # The newest FILES_SHOWN (the missing one counts) carry their bytes; older are named.
     with_data = [b for b in blocks if isinstance(b, FileBlock) and b.data]
     assert len(with_data) == FILES_SHOWN - 1
-    assert isinstance(blocks[0], TextBlock)
-    assert "p0.png" in blocks[0].text
+    # An older one stays a reference, which the adapters name in one line.
+    assert isinstance(blocks[0], FileBlock)
+    assert blocks[0].data == ""
+    assert blocks[0].name == "p0.png"
+    assert shown[0] is items[0]
+    *_, (_, _, encoded) = MessageJSON()(shown[0].message)
+    assert json.loads(encoded) == {
+        "type": "text",
+        "text": f"[file p0.png (image/png, {len(tiny_png(0))} bytes) not shown here]",
+    }
     assert base64.b64decode(with_data[-1].data) == tiny_png(FILES_SHOWN + 1)
     # The next round sees the very same objects: nothing is read or encoded again.
     again = await view.view(items)

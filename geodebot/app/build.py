@@ -45,6 +45,7 @@ from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.logs.redact import Redactor
+from geodebot.relay.tools import ThreadRelay
 from geodebot.scheduler.chat_tools import JobTools
 from geodebot.scheduler.definitions import check_jobs
 from geodebot.store.files import FileStore
@@ -190,6 +191,8 @@ class App:
     adapters: tuple[DeferredAdapter, ...] = ()
     # Files users sent and files sent to them (see store/files.py).
     files: FileStore | None = None
+    # Thread Relay's tools; the daemon connects its deliveries to the outbox and router.
+    relay: ThreadRelay | None = None
 
     async def load_models(self) -> None:
         """Load the model SDKs now rather than at the first turn (each only once); a failure
@@ -210,6 +213,7 @@ class App:
         turn_id: str | None = None,
         ending: Ending | None = None,
         attachments: Sequence[Block] = (),
+        record_only: bool = False,
     ) -> TurnResult:
         """Run one turn in its session's lane (one at a time per session, global cap).
 
@@ -218,7 +222,11 @@ class App:
         async with self.lanes.slot(spec.session_id) as slot:
             session = await create_session(mode, spec, self.services, slot=slot)
             return await AgenticLoop(session).arun(
-                text, turn_id=turn_id, ending=ending, attachments=attachments
+                text,
+                turn_id=turn_id,
+                ending=ending,
+                attachments=attachments,
+                record_only=record_only,
             )
 
 
@@ -255,9 +263,18 @@ async def build_app(
     registry = registry if registry is not None else ToolRegistry(builtin_tools(settings))
     bindings = BindingIndex(config.bindings)
     files = FileStore(config.files_dir)
+    relay = ThreadRelay(
+        store,
+        bindings,
+        config.relay,
+        adapters=config.enabled_platforms,
+        model=f"{config.model.provider}/{config.model.name}",
+        ledger=ledger,
+    )
     chat_tools = [
         *JobTools(store, bindings, default_timezone=config.daemon.timezone).specs(),
         send_file_spec(config.workspace, files),
+        *relay.specs(),
     ]
     for spec in chat_tools:
         if registry.get(spec.name) is None:
@@ -291,4 +308,4 @@ async def build_app(
         files=FileView(files),
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
-    return App(config, services, lanes, bindings, tuple(chain), files)
+    return App(config, services, lanes, bindings, tuple(chain), files, relay)

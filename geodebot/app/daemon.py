@@ -33,6 +33,7 @@ from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
 from geodebot.store.protocol import Store
+from geodebot.store.records import InboxRow, OutboxRow
 
 if TYPE_CHECKING:
     from geodebot.ops.health import EngineMetrics, HealthServer
@@ -160,6 +161,13 @@ async def _enter_daemon(
         config_jobs=functools.partial(config_jobs, config),
         grace=turns_grace,
     )
+    if app.relay is not None:
+
+        def delivered(post: OutboxRow, message: InboxRow) -> None:
+            outbox.submit(post)
+            router.take(message)
+
+        app.relay.connect(delivered)
     supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
     daemon = _Daemon(channels, supervisor, router, scheduler)
     if metrics is not None:

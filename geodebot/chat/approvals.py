@@ -104,8 +104,10 @@ class ChatApprovals:
         binding: BindingConfig,
         on_wait: Callable[[str], None] | None = None,
     ) -> ChatDesk | None:
-        """The desk for a turn answering ``row``; None when nobody may approve there."""
-        if not binding.approvers or row.platform not in self._channels:
+        """The desk for a turn answering ``row``; None when no card can be shown there. Its
+        approvers are the binding's (maybe nobody); a call only the asker may approve
+        (ToolSpec.asks_caller) goes to ``row.user`` alone."""
+        if row.platform not in self._channels:
             return None
         # Where the reply goes: in its thread, answering the message (Slack threads a
         # channel's reply under the message it answers).

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from geodebot.config.schema import BindingConfig
+from geodebot.engine.tools.spec import ToolCallContext
 
 
 def binding_key(binding: BindingConfig) -> str:
@@ -38,6 +39,7 @@ class BindingIndex:
             by_key[binding_key(binding)] = binding
             by_session.setdefault(binding.session, []).append(binding)
         self._by_key: Mapping[str, BindingConfig] = by_key
+        self._all = tuple(by_key.values())
         self._by_session: Mapping[str, tuple[BindingConfig, ...]] = {
             session: tuple(found) for session, found in by_session.items()
         }
@@ -46,6 +48,10 @@ class BindingIndex:
     def of(cls, bindings: BindingIndex | Iterable[BindingConfig]) -> BindingIndex:
         """``bindings`` itself if it is an index already, else an index of them."""
         return bindings if isinstance(bindings, BindingIndex) else cls(bindings)
+
+    def all(self) -> tuple[BindingConfig, ...]:
+        """Every binding, in config order."""
+        return self._all
 
     # -- channel -> binding ---------------------------------------------------------------
     def find(self, platform: str, channel: str) -> BindingConfig | None:
@@ -58,3 +64,14 @@ class BindingIndex:
     def with_session(self, session: str) -> tuple[BindingConfig, ...]:
         """The bindings whose session is exactly ``session``, in config order."""
         return self._by_session.get(session, ())
+
+
+def calling_binding(index: BindingIndex, ctx: ToolCallContext) -> BindingConfig | None:
+    """The binding a tool call came from: the one its origin names, if the call's session is
+    that binding's (its session or, for a thread binding, one of its threads)."""
+    if ctx.origin is None:
+        return None
+    binding = index.by_key(ctx.origin)
+    if binding is None or not owns(binding, ctx.session_id):
+        return None
+    return binding

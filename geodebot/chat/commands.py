@@ -33,6 +33,9 @@ def session_spec(
     desk: ApprovalDesk | None = None,
     listener: TurnListener | None = None,
     outlet: ChatOutlet | None = None,
+    *,
+    user: str | None = None,
+    forwarded: int = 0,
 ) -> SessionSpec:
     """A chat turn's session: the binding's tools, pre-approvals, approvers' desk and time
     budget, what shows the answer as it arrives, and where tools post into the chat."""
@@ -47,6 +50,8 @@ def session_spec(
         # Tools acting for the chat (jobs) go by the binding, not the session, which
         # other bindings may share.
         origin=binding_key(binding),
+        user=user,
+        forwarded=forwarded,
     )
 
 

@@ -184,12 +184,18 @@ class ChatRouter:
         """Queue what a previous run accepted but did not answer (in arrival order)."""
         rows = await self._store.inbox_unfinished()
         for row in rows:
-            binding = self._index.find(row.platform, row.channel)
-            if binding is None:
+            if not self.take(row):
                 await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
-                continue
-            self._enqueue(row, binding)
         return len(rows)
+
+    def take(self, row: InboxRow) -> bool:
+        """Queue a row committed elsewhere: one a previous run left, or a message another
+        thread relayed (the sender's commit wrote it). False: no binding has its chat."""
+        binding = self._index.find(row.platform, row.channel)
+        if binding is None:
+            return False
+        self._enqueue(row, binding)
+        return True
 
     def load(self) -> tuple[int, int]:
         """(turns running, messages queued behind them), over every session."""
@@ -235,7 +241,11 @@ class ChatRouter:
         # turn's own first write (group commit), one round trip to the store less before the
         # model is asked. A row that cannot start (already finished) gets no second answer.
         started = asyncio.ensure_future(self._store.inbox_start(row.id))
-        stream = self._streams.for_row(row, binding) if self._streams is not None else None
+        stream = (
+            self._streams.for_row(row, binding)
+            if self._streams is not None and not _recorded_only(row)
+            else None
+        )
         try:
             result = await self._run(row, binding, stream)
         except BaseException:
@@ -264,9 +274,14 @@ class ChatRouter:
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
         )
         typing: list[asyncio.Task[None]] = []
-        start = asyncio.get_running_loop().call_later(
-            self._typing_after_s,
-            lambda: typing.append(asyncio.create_task(self._keep_typing(destination))),
+        # Nobody answers a message that is only recorded: no typing is shown for it.
+        start = (
+            None
+            if _recorded_only(row)
+            else asyncio.get_running_loop().call_later(
+                self._typing_after_s,
+                lambda: typing.append(asyncio.create_task(self._keep_typing(destination))),
+            )
         )
         desk = (
             self._approvals.desk(row, binding, stream.waiting if stream is not None else None)
@@ -280,17 +295,29 @@ class ChatRouter:
                 attachments, notice = await self._attachments.blocks(row, binding)
                 if notice is not None:
                     self._outbox.submit(notice)
+            spec = session_spec(
+                row.session_id,
+                binding,
+                desk,
+                stream,
+                outlet,
+                user=row.user,
+                # A relayed "ask" is answered here, and relays no further (see relay/).
+                forwarded=1 if row.relay_id is not None else 0,
+            )
             return await self._run_turn(
                 Mode.DAEMON,
-                session_spec(row.session_id, binding, desk, stream, outlet),
+                spec,
                 row.text,
                 # Named after the row: a row recovered after a crash continues its turn.
-                turn_id=f"t-inbox-{row.id}",
+                turn_id=row.turn_id,
                 ending=functools.partial(self._ending, row),
                 attachments=attachments,
+                record_only=_recorded_only(row),
             )
         finally:
-            start.cancel()
+            if start is not None:
+                start.cancel()
             for task in typing:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -311,6 +338,8 @@ class ChatRouter:
     @staticmethod
     def _ending(row: InboxRow, result: TurnResult) -> InboxEnding:
         """What the turn's last commit writes for ``row``: the same as :meth:`_answer`."""
+        if _recorded_only(row) and result.ok:
+            return InboxEnding(row.id, "done", "relay_notify")
         status, text, detail = closing(result)
         return InboxEnding(row.id, status, detail, reply_to(row, text), begin_first_part=True)
 
@@ -353,6 +382,11 @@ class ChatRouter:
         )
         if outbound is not None:
             self._outbox.submit(outbound, first_part_begun=True)
+
+
+def _recorded_only(row: InboxRow) -> bool:
+    """A message another thread relayed to be read here, not answered (intent "notify")."""
+    return row.relay_intent == "notify"
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

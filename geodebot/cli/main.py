@@ -25,6 +25,7 @@ from geodebot.app.daemon import serve
 from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.cli.check import format_rows, run_checks
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
+from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
 from geodebot.config.schema import Config, ConfigError, config_path, load_config, secret_names
 from geodebot.engine.loop import new_id
 from geodebot.engine.mcp.trust import TrustStore
@@ -96,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     mcp_sub.add_parser("serve", parents=[common], help="serve run_agent over stdio")
 
     add_jobs_parser(sub, common)
+    add_relay_parser(sub, common)
 
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
     timeline.add_argument("id")
@@ -131,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "desktop-agent":
         # Runs in its own service beside the display; it reads no configuration.
         return _desktop_agent(args)
+    if args.command == "relay" and args.action == "schema":
+        # The contracts are the code's, whatever the configuration.
+        return print_schema()
     try:
         config = _load(args)
     except ConfigError as exc:
@@ -152,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "check": _check,
         "status": _status,
         "jobs": jobs_command,
+        "relay": relay_command,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))

@@ -346,6 +346,13 @@ class BindingConfig(_Strict):
     # model by reference), each up to this size; larger ones are refused before any download.
     attachments: bool = True
     max_attachment_mb: Annotated[float, Field(gt=0, le=2000)] = 20.0
+    # Threads of one project may read and send into each other with Thread Relay (relay/);
+    # absent, the binding is a project of its own (its session id), so nothing is shared.
+    project: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+    @property
+    def project_name(self) -> str:
+        return self.project if self.project is not None else self.session
 
     @field_validator("approvers")
     @classmethod
@@ -363,6 +370,28 @@ class BindingConfig(_Strict):
         return self
 
 
+class RelayConfig(_Strict):
+    """Thread Relay (relay/): what a session may read of other threads of its project, and
+    how sends into them are bounded. The tools themselves are listed per binding."""
+
+    # False blocks new deliveries; receipts and what was delivered stay.
+    enabled: bool = True
+    # One read returns at most this many messages and characters of message text.
+    max_read_messages: Annotated[int, Field(ge=1, le=100)] = 20
+    max_read_chars: Annotated[int, Field(ge=200, le=50_000)] = 8_000
+    # A send is based on the session's last read of the target: its revision, its active
+    # turn, its capability revision. After this long the read is too old to send on (the
+    # envelope expires) and the thread must be read again.
+    envelope_ttl_s: Annotated[float, Field(ge=1, le=86_400)] = 600.0
+    # Deliveries from one thread whose target has not yet taken them (posted, answered).
+    max_in_flight: Annotated[int, Field(ge=1, le=4)] = 4
+    # The longest message a send may carry.
+    max_send_chars: Annotated[int, Field(ge=1, le=16_000)] = 4_000
+    # The project of terminal chats (geodebot chat), whose user is the person at the
+    # terminal; None: the terminal takes no part in Thread Relay.
+    terminal_project: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+
 class Config(_Strict):
     daemon: DaemonConfig = DaemonConfig()
     model: ModelConfig = ModelConfig()
@@ -374,6 +403,7 @@ class Config(_Strict):
     channels: ChannelsConfig = ChannelsConfig()
     bindings: tuple[BindingConfig, ...] = ()
     jobs: tuple[JobConfig, ...] = ()
+    relay: RelayConfig = RelayConfig()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 
@@ -426,6 +456,15 @@ class Config(_Strict):
             if key in seen:
                 raise ValueError(f"bindings: {binding.platform} channel {binding.channel} twice")
             seen.add(key)
+        projects: dict[str, str] = {}
+        for index, binding in enumerate(self.bindings):
+            # A thread belongs to one project, whichever of its bindings is asked.
+            first = projects.setdefault(binding.session, binding.project_name)
+            if first != binding.project_name:
+                raise ValueError(
+                    f"bindings.{index}.project: session {binding.session!r} is bound in "
+                    f"project {first!r} already; bindings sharing a session share its project"
+                )
         return self
 
     @model_validator(mode="after")
@@ -445,6 +484,13 @@ class Config(_Strict):
     @property
     def workspace(self) -> Path:
         return self._relative(self.tools.workspace)
+
+    @property
+    def enabled_platforms(self) -> frozenset[str]:
+        """The platforms whose channel table is present and enabled."""
+        ch = self.channels
+        tables = (("telegram", ch.telegram), ("slack", ch.slack), ("discord", ch.discord))
+        return frozenset(name for name, t in tables if t is not None and t.enabled)
 
     @property
     def project_mcp_config(self) -> Path | None:

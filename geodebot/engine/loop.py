@@ -169,11 +169,14 @@ class AgenticLoop:
         *,
         ending: Ending | None = None,
         attachments: Sequence[Block] = (),
+        record_only: bool = False,
     ) -> TurnResult:
         """Run one turn. ``ending`` is written in the commit of the turn's last checkpoint
         (its result's ``ended``); a turn that ends without one (the store failed, or it had
         ended before a crash) returns ``ended=None`` and its caller records it.
-        ``attachments``: blocks of the user's message after its text (files it carried)."""
+        ``attachments``: blocks of the user's message after its text (files it carried).
+        ``record_only``: the message is saved in the history (with the ending) and nobody
+        answers it: no model call (a message another thread relayed to be read later)."""
         turn = await self._new_turn(turn_id or new_id("t"), message)
         turn.ending = ending
         with log_context(session=self._session.id, turn=turn.id):
@@ -181,6 +184,8 @@ class AgenticLoop:
                 return await self._guarded(turn, self._continue(turn))
             if turn_id is not None and turn.state.get("last_turn_id") == turn_id:
                 return await self._finished(turn)
+            if record_only:
+                return await self._guarded(turn, self._record(turn, message))
             return await self._guarded(turn, self._run(turn, message, attachments))
 
     async def resume(self) -> TurnResult | None:
@@ -279,6 +284,15 @@ class AgenticLoop:
         turn.unsaved = (_append(user, turn.id), items, item)
         self._svc.emit("turn_started", {"session": self._session.id, "turn": turn.id})
         return await self._rounds(turn, items)
+
+    async def _record(self, turn: _Turn, message: str) -> TurnResult:
+        user = Message.user_text(message)
+        turn.events.append((turn.id, "turn_started", {"mode": "record", "chars": len(message)}))
+        item = ContextItem(0, user)
+        turn.unsaved = (_append(user, turn.id), [item], item)
+        self._close(turn, "completed")
+        result = self._outcome(turn, "completed", "")
+        return self._report(turn, await self._end(turn, [], result))
 
     async def _continue(self, turn: _Turn) -> TurnResult:
         # The message was saved by the attempt a crash cut short; saving it again would
@@ -499,6 +513,8 @@ class AgenticLoop:
             desk=self._session.desk,
             origin=self._session.origin,
             outlet=self._session.outlet,
+            user=self._session.user,
+            forwarded=self._session.forwarded,
             waiting_for_a_person=functools.partial(self._waiting_for_a_person, turn),
         )
         if self._session.listener is not None:

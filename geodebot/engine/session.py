@@ -76,6 +76,7 @@ class TurnRunner(Protocol):
         turn_id: str | None = None,
         ending: Ending | None = None,
         attachments: Sequence[Block] = (),
+        record_only: bool = False,
     ) -> TurnResult: ...
 
 
@@ -140,6 +141,10 @@ class SessionSpec:
     # a chat message, None otherwise. Tools that act for a chat (jobs) read it from their
     # call context, since several bindings may share one session.
     origin: str | None = None
+    # The person the turn acts for (see ToolCallContext.user); None: nobody is there.
+    user: str | None = None
+    # Relays that brought the turn's message (see ToolCallContext.forwarded).
+    forwarded: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,8 @@ class Session:
     listener: TurnListener | None = field(default=None, repr=False)
     outlet: ChatOutlet | None = field(default=None, repr=False)
     origin: str | None = None
+    user: str | None = None
+    forwarded: int = 0
     # The turn's place under the global cap (see Lanes), given up while it waits for a person.
     slot: Slot | None = field(default=None, repr=False, compare=False)
     # What create_session read with the row. The first turn starts from it rather than
@@ -245,6 +252,9 @@ async def create_session(
         listener=spec.listener,
         outlet=spec.outlet if mode is Mode.DAEMON else None,
         origin=spec.origin,
+        # Only where a person can be asked: a headless run acts for nobody.
+        user=spec.user if mode is not Mode.HEADLESS else None,
+        forwarded=spec.forwarded,
         slot=slot,
         _opened=[opened],
         _budget_from=[started],

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from geodebot.chat.bindings import BindingIndex, binding_key, owns
+from geodebot.chat.bindings import BindingIndex, binding_key, calling_binding
 from geodebot.config.jobs import JOB_ID_PATTERN
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
@@ -35,17 +35,6 @@ from geodebot.store.records import JobRecord, StoreError
 
 SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB = "schedule_job", "list_jobs", "cancel_job"
 JOB_TOOL_NAMES = (SCHEDULE_JOB, LIST_JOBS, CANCEL_JOB)
-
-
-def calling_binding(index: BindingIndex, ctx: ToolCallContext) -> BindingConfig | None:
-    """The binding a tool call came from: the one its origin names, if the call's session is
-    that binding's (its session or, for a thread binding, one of its threads)."""
-    if ctx.origin is None:
-        return None
-    binding = index.by_key(ctx.origin)
-    if binding is None or not owns(binding, ctx.session_id):
-        return None
-    return binding
 
 
 _SCHEDULE_SCHEMA: Mapping[str, Any] = {

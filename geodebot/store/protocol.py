@@ -36,6 +36,9 @@ from geodebot.store.records import (
     OutboxFinish,
     OutboxRow,
     ReceiptStatus,
+    RelayDelivery,
+    RelayedMessage,
+    RelayRead,
     Resolution,
     SessionRecord,
     TimelineEvent,
@@ -376,3 +379,55 @@ class Store(JobStore, Protocol):
         """A named position that survives restarts (a poll offset, a last seen id)."""
 
     async def set_cursor(self, name: str, value: str) -> None: ...
+
+    # -- Thread Relay ---------------------------------------------------------------------
+    async def relay_deliver(
+        self,
+        delivery: RelayDelivery,
+        post: NewOutbound,
+        message: RelayedMessage,
+        *,
+        max_in_flight: int,
+    ) -> tuple[RelayDelivery, bool, OutboxRow | None, InboxRow | None]:
+        """Deliver into the target, in one transaction: the receipt (``delivery``, state
+        ``delivered``, with its idempotency key), ``message`` as a ``pending`` row of the
+        target session's inbox (event id ``relay:<id>``, with the delivery's id and intent),
+        ``post`` (the attributed message) in the outbox, and ``relay_sent`` /
+        ``relay_received`` events on both sessions' timelines.
+        ``(stored, True, post's row, message's row)``, the stored receipt naming both rows.
+
+        A delivery with the same source session and key exists: nothing is written,
+        ``(first, False, None, None)``. The source has ``max_in_flight`` deliveries whose
+        target has not taken them yet (inbox row unfinished or post unsent): nothing is
+        written and :class:`RelayInFlight` is raised.
+        """
+
+    async def relay_record(self, delivery: RelayDelivery) -> RelayDelivery:
+        """Record an attempt that was not delivered (keyless), with a ``relay_refused`` event
+        on the source session's timeline."""
+
+    async def relay_get(self, delivery_id: str) -> RelayDelivery | None: ...
+
+    async def relay_find(self, source_session: str, idem_key: str) -> RelayDelivery | None: ...
+
+    async def relay_list(
+        self, *, session_id: str | None = None, limit: int = 50
+    ) -> list[RelayDelivery]:
+        """Newest first; with ``session_id``, the ones from or into that session."""
+
+    async def relay_in_flight(self, source_session: str) -> int:
+        """The source's deliveries the target has not taken yet (see :meth:`relay_deliver`)."""
+
+    async def relay_mark_read(self, read: RelayRead) -> None:
+        """Remember what a session read of another thread (replacing the earlier read)."""
+
+    async def relay_last_read(
+        self, source_session: str, target_session: str
+    ) -> RelayRead | None: ...
+
+    async def inbox_authored(self, session_id: str, user: str, text: str) -> InboxRow | None:
+        """The newest platform message of ``session_id`` that ``user`` wrote with exactly
+        ``text`` (relayed messages are not theirs)."""
+
+    async def inbox_activity(self, session_id: str) -> tuple[InboxRow | None, int]:
+        """The session's running row (its active turn), if any, and how many wait."""

@@ -269,6 +269,16 @@ class InboxRow:
     files: tuple[Mapping[str, Any], ...] = ()
     # What became of them once checked; None until then (see Store.inbox_attached).
     attached: tuple[AttachedFile, ...] | None = None
+    # A message Thread Relay delivered into this session: its delivery id and intent
+    # ("notify": recorded only; "ask": answered too). None for a platform's event.
+    relay_id: str | None = None
+    relay_intent: str | None = None
+
+    @property
+    def turn_id(self) -> str:
+        """The turn that answers the row: named after it, so a turn a crash cut short is
+        continued under the same id, and another thread can tell which turn is running."""
+        return f"t-inbox-{self.id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,3 +431,59 @@ class FireRecord:
     @property
     def final(self) -> bool:
         return self.outcome in FINAL_OUTCOMES
+
+
+@dataclass(frozen=True, slots=True)
+class RelayDelivery:
+    """One Thread Relay delivery attempt and its receipt (see relay/contracts.py)."""
+
+    id: str
+    source_session: str
+    target_session: str
+    project: str
+    user: str
+    source_turn: str
+    # The sender's idempotency key; None for an attempt that was refused.
+    idem_key: str | None
+    intent: str
+    mode: str
+    state: str
+    reason: str
+    content_sha256: str
+    # ThreadDeliveryReceiptV1 as JSON.
+    receipt: Mapping[str, Any]
+    created_at: float
+    inbox_id: int | None = None
+    outbox_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RelayRead:
+    """What a session last read of another thread; a send is checked against it."""
+
+    source_session: str
+    target_session: str
+    revision: int
+    capability: str
+    active_turn: str | None
+    adapter: str
+    read_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RelayedMessage:
+    """A delivery's message as its target's inbox keeps it."""
+
+    platform: str
+    channel: str
+    thread: str | None
+    user: str
+    text: str
+
+
+class RelayInFlight(StoreError):
+    """A delivery was refused: its source has as many deliveries in flight as it may."""
+
+    def __init__(self, in_flight: int) -> None:
+        super().__init__(f"{in_flight} deliveries from this thread are still in flight")
+        self.in_flight = in_flight

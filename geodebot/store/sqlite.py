@@ -44,6 +44,7 @@ from geodebot.store.sqlite_chat import ChatInboxOutbox, finishing
 from geodebot.store.sqlite_commit import GroupCommit
 from geodebot.store.sqlite_jobs import JobsAndFires
 from geodebot.store.sqlite_receipts import SELECT_SWITCH, ReceiptsAndSwitches, switch_from_row
+from geodebot.store.sqlite_relay import Relay
 from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding, from_row, paged
 
 __all__ = ["SQLiteStore", "load_migrations", "split_statements"]
@@ -153,7 +154,7 @@ def load_migrations(root: Traversable | None = None) -> list[tuple[int, str, str
     return [found[version] for version in sorted(found)]
 
 
-class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires):
+class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires, Relay):
     """A :class:`Store` in one SQLite file, created with mode 0600 on first open.
 
     Effect receipts and operator switches live in :class:`ReceiptsAndSwitches`; they run

@@ -28,16 +28,25 @@ from geodebot.store.records import (
 )
 from geodebot.store.sqlite_rows import Transactions, dumps
 
-__all__ = ["ChatInboxOutbox", "finishing"]
+__all__ = [
+    "ADD_OUTBOX",
+    "INBOX_COLS",
+    "ChatInboxOutbox",
+    "finishing",
+    "inbox_from_row",
+    "outbound_params",
+    "outbox_from_row",
+]
 
 _INBOX_STATUSES: tuple[str, ...] = get_args(InboxStatus)
 _INBOX_FINISHES: frozenset[str] = frozenset(get_args(InboxFinish))
 _OUTBOX_STATUSES: tuple[str, ...] = get_args(OutboxStatus)
 _OUTBOX_FINISHES: frozenset[str] = frozenset(get_args(OutboxFinish))
 
-_INBOX_COLS = (
+INBOX_COLS = (
     "id, platform, event_id, session_id, channel, thread, user_id, text, message_id, "
-    "received_at, status, attempts, detail, finished_at, preview, files, attached"
+    "received_at, status, attempts, detail, finished_at, preview, files, attached, relay_id, "
+    "relay_intent"
 )
 _OUTBOX_COLS = (
     "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
@@ -51,22 +60,22 @@ INSERT INTO inbox (platform, event_id, session_id, channel, thread, user_id, tex
     received_at, status, attempts, detail, files)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, '', ?)
 ON CONFLICT (platform, event_id) DO NOTHING
-RETURNING {_INBOX_COLS}
+RETURNING {INBOX_COLS}
 """
 # A row found running was cut short (crash, restart) and is simply started again.
 _START_INBOX = f"""
 UPDATE inbox SET status = 'running', attempts = attempts + 1
 WHERE id = ? AND status IN ('pending', 'running')
-RETURNING {_INBOX_COLS}
+RETURNING {INBOX_COLS}
 """
 # The status condition is the guard against a second finish, so a late or repeated finish
 # cannot add a second reply.
 _FINISH_INBOX = f"""
 UPDATE inbox SET status = ?, detail = ?, finished_at = ?
 WHERE id = ? AND status IN ('pending', 'running')
-RETURNING {_INBOX_COLS}
+RETURNING {INBOX_COLS}
 """
-_ADD_OUTBOX = f"""
+ADD_OUTBOX = f"""
 INSERT INTO outbox (inbox_id, session_id, platform, channel, thread, reply_to, text, kind,
     status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends,
     preview, file)
@@ -100,7 +109,7 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_at = excluded.u
 """
 
 
-def _inbox(row: sqlite3.Row) -> InboxRow:
+def inbox_from_row(row: sqlite3.Row) -> InboxRow:
     return InboxRow(
         id=row["id"],
         platform=row["platform"],
@@ -123,10 +132,12 @@ def _inbox(row: sqlite3.Row) -> InboxRow:
             if row["attached"] is None
             else tuple(AttachedFile.from_json(a) for a in json.loads(row["attached"]))
         ),
+        relay_id=row["relay_id"],
+        relay_intent=row["relay_intent"],
     )
 
 
-def _outbox(row: sqlite3.Row) -> OutboxRow:
+def outbox_from_row(row: sqlite3.Row) -> OutboxRow:
     # JSON object keys are strings; part indexes are ints again once read.
     parts = json.loads(row["sent_parts"])
     return OutboxRow(
@@ -156,7 +167,7 @@ def _encode_parts(parts: Mapping[int, str]) -> str:
     return dumps({str(index): parts[index] for index in sorted(parts)})
 
 
-def _outbound_params(
+def outbound_params(
     reply: NewOutbound, inbox_id: int | None, now: float, preview: str = ""
 ) -> tuple[Any, ...]:
     head = (inbox_id, reply.session_id, reply.platform, reply.channel, reply.thread)
@@ -171,13 +182,13 @@ def _counts(rows: Any, statuses: tuple[str, ...]) -> dict[str, int]:
 
 
 def _inbox_row(db: sqlite3.Connection, inbox_id: int) -> InboxRow | None:
-    row = db.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE id = ?", (inbox_id,)).fetchone()
-    return None if row is None else _inbox(row)
+    row = db.execute(f"SELECT {INBOX_COLS} FROM inbox WHERE id = ?", (inbox_id,)).fetchone()
+    return None if row is None else inbox_from_row(row)
 
 
 def _outbox_row(db: sqlite3.Connection, outbox_id: int) -> OutboxRow | None:
     row = db.execute(f"SELECT {_OUTBOX_COLS} FROM outbox WHERE id = ?", (outbox_id,)).fetchone()
-    return None if row is None else _outbox(row)
+    return None if row is None else outbox_from_row(row)
 
 
 def _why_finished(db: sqlite3.Connection, inbox_id: int) -> str:
@@ -226,9 +237,9 @@ class ChatInboxOutbox:
             if cursor is not None:
                 db.execute(_SET_CURSOR, (*cursor, now))
             if inserted is not None:
-                return _inbox(inserted), True
-            sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
-            return _inbox(db.execute(sql, (platform, event_id)).fetchone()), False
+                return inbox_from_row(inserted), True
+            sql = f"SELECT {INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
+            return inbox_from_row(db.execute(sql, (platform, event_id)).fetchone()), False
 
         # The platform is acknowledged next.
         return await self._transact(what, add, durable=True)
@@ -241,7 +252,7 @@ class ChatInboxOutbox:
             if row is None:
                 reason = _why_finished(db, inbox_id)
                 raise StoreError(f"{what} failed: {reason}; only an unfinished row can start")
-            return _inbox(row)
+            return inbox_from_row(row)
 
         return await self._transact(what, start)
 
@@ -281,7 +292,7 @@ class ChatInboxOutbox:
         def note(db: sqlite3.Connection) -> tuple[InboxRow, OutboxRow | None]:
             row = db.execute(
                 f"UPDATE inbox SET attached = ? WHERE id = ? AND attached IS NULL "
-                f"RETURNING {_INBOX_COLS}",
+                f"RETURNING {INBOX_COLS}",
                 (encoded, inbox_id),
             ).fetchone()
             if row is None:
@@ -292,19 +303,19 @@ class ChatInboxOutbox:
                 return current, None
             added = None
             if notice is not None:
-                added = _outbox(
-                    db.execute(_ADD_OUTBOX, _outbound_params(notice, None, now)).fetchone()
+                added = outbox_from_row(
+                    db.execute(ADD_OUTBOX, outbound_params(notice, None, now)).fetchone()
                 )
-            return _inbox(row), added
+            return inbox_from_row(row), added
 
         return await self._transact(what, note, durable=notice is not None)
 
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
-        sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
+        sql = f"SELECT {INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
         rows = await self._query(
             "listing unfinished inbox rows", lambda db: db.execute(sql).fetchall()
         )
-        return [_inbox(row) for row in rows]
+        return [inbox_from_row(row) for row in rows]
 
     async def get_inbox(self: Transactions, inbox_id: int) -> InboxRow | None:
         return await self._query(
@@ -312,12 +323,12 @@ class ChatInboxOutbox:
         )
 
     async def find_inbox(self: Transactions, platform: str, event_id: str) -> InboxRow | None:
-        sql = f"SELECT {_INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
+        sql = f"SELECT {INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
         row = await self._query(
             f"finding event {event_id!r} of {platform!r}",
             lambda db: db.execute(sql, (platform, event_id)).fetchone(),
         )
-        return None if row is None else _inbox(row)
+        return None if row is None else inbox_from_row(row)
 
     async def inbox_counts(self: Transactions) -> dict[str, int]:
         sql = "SELECT status, COUNT(*) FROM inbox GROUP BY status"
@@ -326,12 +337,12 @@ class ChatInboxOutbox:
 
     # -- outbox ---------------------------------------------------------------------------
     async def outbox_add(self: Transactions, reply: NewOutbound) -> OutboxRow:
-        params = _outbound_params(reply, None, time.time())
+        params = outbound_params(reply, None, time.time())
         row = await self._transact(
             f"adding a {reply.kind!r} message to the outbox",
-            lambda db: db.execute(_ADD_OUTBOX, params).fetchone(),
+            lambda db: db.execute(ADD_OUTBOX, params).fetchone(),
         )
-        return _outbox(row)
+        return outbox_from_row(row)
 
     async def outbox_begin_part(self: Transactions, outbox_id: int, index: int) -> OutboxRow:
         what = f"beginning part {index} of outbox row {outbox_id}"
@@ -348,7 +359,9 @@ class ChatInboxOutbox:
                 raise StoreError(
                     f"{what} failed: the outcome of part {current.in_flight} is still unknown"
                 )
-            return _outbox(db.execute(_BEGIN_PART, (index, time.time(), outbox_id)).fetchone())
+            return outbox_from_row(
+                db.execute(_BEGIN_PART, (index, time.time(), outbox_id)).fetchone()
+            )
 
         # The part is sent next.
         return await self._transact(what, begin, durable=True)
@@ -371,7 +384,7 @@ class ChatInboxOutbox:
             in_flight = None if current.in_flight == index else current.in_flight
             status = "sent" if last else "pending"
             params = (parts, in_flight, status, time.time(), outbox_id)
-            return _outbox(db.execute(_PART_SENT, params).fetchone())
+            return outbox_from_row(db.execute(_PART_SENT, params).fetchone())
 
         return await self._transact(what, sent)
 
@@ -386,7 +399,7 @@ class ChatInboxOutbox:
                 return current
             if current.in_flight != index:
                 raise StoreError(f"{what} failed: part {current.in_flight} is in flight")
-            return _outbox(db.execute(_PART_UNSENT, (time.time(), outbox_id)).fetchone())
+            return outbox_from_row(db.execute(_PART_UNSENT, (time.time(), outbox_id)).fetchone())
 
         return await self._transact(what, unsent)
 
@@ -397,7 +410,7 @@ class ChatInboxOutbox:
             current = _pending_outbox_row(db, outbox_id, what)
             if current.in_flight is None:
                 raise StoreError(f"{what} failed: no part is in flight")
-            return _outbox(db.execute(_BLIND_RESEND, (time.time(), outbox_id)).fetchone())
+            return outbox_from_row(db.execute(_BLIND_RESEND, (time.time(), outbox_id)).fetchone())
 
         return await self._transact(what, note, durable=True)
 
@@ -414,7 +427,7 @@ class ChatInboxOutbox:
                 current = _outbox_row(db, outbox_id)
                 reason = "no such outbox row" if current is None else f"it is {current.status!r}"
                 raise StoreError(f"{what} failed: {reason}; only a pending row can finish")
-            return _outbox(row)
+            return outbox_from_row(row)
 
         return await self._transact(what, finish)
 
@@ -427,7 +440,7 @@ class ChatInboxOutbox:
         rows = await self._query(
             "listing pending outbox rows", lambda db: db.execute(sql, params).fetchall()
         )
-        return [_outbox(row) for row in rows]
+        return [outbox_from_row(row) for row in rows]
 
     async def get_outbox(self: Transactions, outbox_id: int) -> OutboxRow | None:
         return await self._query(
@@ -471,11 +484,11 @@ def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], 
         outbound = None
         if ending.reply is not None:
             # The answer replaces its streamed preview, if the turn showed one.
-            params = _outbound_params(ending.reply, inbox_id, now, row["preview"])
-            added = db.execute(_ADD_OUTBOX, params).fetchone()
+            params = outbound_params(ending.reply, inbox_id, now, row["preview"])
+            added = db.execute(ADD_OUTBOX, params).fetchone()
             if ending.begin_first_part:
                 added = db.execute(_BEGIN_PART, (0, now, added["id"])).fetchone()
-            outbound = _outbox(added)
-        return _inbox(row), outbound
+            outbound = outbox_from_row(added)
+        return inbox_from_row(row), outbound
 
     return what, finish

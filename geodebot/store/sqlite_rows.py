@@ -15,7 +15,18 @@ __all__ = ["INSERT_EVENT", "Transactions", "dumps", "dumps_list", "encoding", "f
 _R = TypeVar("_R")
 
 _JSON_COLUMNS = frozenset(
-    {"state", "guards", "content", "calls", "results", "data", "outcome", "approvers", "card"}
+    {
+        "state",
+        "guards",
+        "content",
+        "calls",
+        "results",
+        "data",
+        "outcome",
+        "approvers",
+        "card",
+        "receipt",
+    }
 )
 
 INSERT_EVENT = "INSERT INTO timeline (session_id, turn_id, ts, kind, data) VALUES (?, ?, ?, ?, ?)"

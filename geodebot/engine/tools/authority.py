@@ -59,6 +59,9 @@ MAX_IMAGE_B64_CHARS = 5_000_000
 MAX_REWRITES = 3
 # The arguments as an approval request records them.
 APPROVAL_SUMMARY_CHARS = 300
+# A call the asker approves (agent-written text) is shown whole, or not asked about: a person
+# must see exactly what they approve. Cards fit this on every platform.
+CALLER_SUMMARY_CHARS = 1500
 # Who decides in a terminal chat: the one person at the socket.
 TERMINAL = "terminal"
 _UNSEEN = "its result was not passed on: the turn ended before the result hooks decided"
@@ -252,6 +255,8 @@ class ToolAuthority:
     ) -> tuple[bool | None, ApprovalRecord | None]:
         """Whether the call was approved (None: it needs no approval) and the person's
         decision, if one was asked for."""
+        if spec.asks_caller is not None and spec.asks_caller(arguments):
+            return True, await self._ask_caller(plan, spec, arguments, ctx)
         if not spec.needs_approval and ask is None:
             return None, None
         if ctx.mode is Mode.IPC and ctx.approver is not None:
@@ -284,6 +289,8 @@ class ToolAuthority:
         any decision on it) instead of asking again."""
         now = time.time()
         call_sha256 = approval_hash(plan, spec.name, arguments)
+        # What the asker approves is shown whole (its length was checked in _ask_caller).
+        whole = spec.asks_caller is not None and spec.asks_caller(arguments)
         record, _ = await self._store.approval_open(
             ApprovalRecord(
                 id=secrets.token_urlsafe(16),
@@ -293,7 +300,7 @@ class ToolAuthority:
                 tool=spec.name,
                 safety=spec.safety.value,
                 call_sha256=call_sha256,
-                summary=_summary(arguments),
+                summary=_summary(arguments, CALLER_SUMMARY_CHARS if whole else None),
                 origin=ctx.origin or ctx.mode.value,
                 approvers=approvers,
                 status="pending",
@@ -341,18 +348,47 @@ class ToolAuthority:
             raise _Refused("approval_denied", f"the user did not approve {spec.name}", record)
         return record
 
-    async def _ask_desk(
+    async def _ask_caller(
         self,
         plan: BoundToolPlan,
         spec: ToolSpec,
         arguments: Mapping[str, Any],
         ctx: ToolCallContext,
     ) -> ApprovalRecord:
-        """Ask the chat's approvers with a card; the request once approved. The turn
-        waits outside its time budget, for as long as the request lives."""
+        """Ask the person the turn acts for, and nobody else: the terminal user, or the
+        chat message's sender with a card only they can press."""
+        shown = len(clean_text(canonical_json(dict(arguments))))
+        if shown > CALLER_SUMMARY_CHARS:
+            raise _Refused(
+                "needs_approval",
+                f"this {spec.name} call needs the approval of the person who asked, who must "
+                f"see it whole: its arguments are {shown} characters, at most "
+                f"{CALLER_SUMMARY_CHARS} can be shown; make it shorter",
+            )
+        if ctx.mode is Mode.IPC and ctx.approver is not None:
+            return await self._ask_terminal(plan, spec, arguments, ctx, None)
+        if ctx.mode is Mode.DAEMON and ctx.desk is not None and ctx.user:
+            return await self._ask_desk(plan, spec, arguments, ctx, (ctx.user,))
+        raise _Refused(
+            "needs_approval",
+            f"this {spec.name} call needs the approval of the person who asked, and nobody "
+            "is there to give it (a scheduled job or a headless run acts for nobody)",
+        )
+
+    async def _ask_desk(
+        self,
+        plan: BoundToolPlan,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any],
+        ctx: ToolCallContext,
+        approvers: tuple[str, ...] | None = None,
+    ) -> ApprovalRecord:
+        """Ask the chat's approvers (or ``approvers``) with a card; the request once
+        approved. The turn waits outside its time budget, for as long as the request lives."""
         desk = ctx.desk
         assert desk is not None
-        record = await self._open(plan, spec, arguments, ctx, desk.approvers, desk.timeout_s)
+        who = approvers if approvers is not None else desk.approvers
+        record = await self._open(plan, spec, arguments, ctx, who, desk.timeout_s)
         if record.status == "pending":
             async with _parked(ctx):
                 record = await desk.settle(record)
@@ -386,7 +422,7 @@ class ToolAuthority:
         self, grant: _Admitted, ctx: ToolCallContext, this_batch: Mapping[str, int]
     ) -> tuple[ToolOutcome | None, _Admitted]:
         spec, call = grant.spec, grant.call
-        if not spec.effectful:
+        if not spec.effectful or spec.idempotent:
             return None, grant
         receipt = EffectReceipt(
             id=f"r-{uuid.uuid4().hex[:16]}",
@@ -586,11 +622,12 @@ def _bounded(images: tuple[ImageData, ...]) -> tuple[ImageData, ...]:
     return tuple(i for i in images if len(i.data) <= MAX_IMAGE_B64_CHARS)[:MAX_IMAGES]
 
 
-def _summary(arguments: Mapping[str, Any]) -> str:
+def _summary(arguments: Mapping[str, Any], limit: int | None = None) -> str:
     text = clean_text(canonical_json(dict(arguments)))
-    if len(text) <= APPROVAL_SUMMARY_CHARS:
+    limit = limit or APPROVAL_SUMMARY_CHARS
+    if len(text) <= limit:
         return text
-    return text[: APPROVAL_SUMMARY_CHARS - 1] + "…"
+    return text[: limit - 1] + "…"
 
 
 def _truncate(text: str) -> str:

@@ -116,6 +116,12 @@ class ToolCallContext:
     origin: str | None = None
     # The chat the turn answers, for tools that post into it (send_file); None elsewhere.
     outlet: ChatOutlet | None = field(default=None, compare=False)
+    # The person the turn acts for (a chat message's sender; "terminal" at the terminal);
+    # None for a job or a headless run, where nobody is there.
+    user: str | None = None
+    # How many relays brought the turn's message here: 0 for a person's own message, 1 for
+    # a message another thread relayed with intent "ask" (which may relay no further).
+    forwarded: int = 0
     # Entered while the call waits for a person's decision: the turn's time budget stands
     # still and its place under the global cap is free (see AgenticLoop).
     waiting_for_a_person: Callable[[], AbstractAsyncContextManager[None]] | None = field(
@@ -161,6 +167,14 @@ class ToolSpec:
     # Identical calls in one turn are separate actions (a second screenshot, the same key
     # pressed twice), not a repeat to answer from the first call's receipt.
     repeatable: bool = False
+    # The call must be approved by the person the turn acts for, every time: no standing
+    # pre-authorisation and no other approver counts, and where nobody is there (a job, a
+    # headless run) it is refused. Given the call's arguments (e.g. only agent-written text).
+    asks_caller: Callable[[Mapping[str, Any]], bool] | None = field(default=None, compare=False)
+    # The handler keeps its own durable record per idempotency key (Thread Relay's
+    # deliveries): the pipeline admits no effect receipt, and a call a crash cut short is
+    # run again, which answers from that record instead of acting twice.
+    idempotent: bool = False
     # The input schema once compiled (see arguments_schema).
     _compiled: list[ArgumentSchema] = field(
         default_factory=list, init=False, repr=False, compare=False

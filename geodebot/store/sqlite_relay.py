@@ -1,0 +1,314 @@
+"""Thread Relay's rows in :class:`~geodebot.store.sqlite.SQLiteStore`: deliveries with their
+receipts, what each session last read of another thread, and the relay's reads of the inbox.
+
+A mixin like the approvals': its writes run in the store's transactions. A delivery writes its
+receipt, the target's inbox row and the attributed post, and both sessions' timeline events in
+one transaction, after counting the source's deliveries in flight in that same transaction:
+after a crash either all of it exists or none, and two concurrent sends cannot both take the
+last place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from typing import Any
+
+from geodebot.store.records import (
+    InboxRow,
+    NewOutbound,
+    OutboxRow,
+    RelayDelivery,
+    RelayedMessage,
+    RelayInFlight,
+    RelayRead,
+    StoreError,
+)
+from geodebot.store.sqlite_chat import (
+    ADD_OUTBOX,
+    INBOX_COLS,
+    inbox_from_row,
+    outbound_params,
+    outbox_from_row,
+)
+from geodebot.store.sqlite_rows import INSERT_EVENT, Transactions, dumps, encoding, from_row
+
+__all__ = ["Relay"]
+
+_COLS = (
+    "id, source_session, target_session, project, user_id AS user, source_turn, idem_key, "
+    "intent, mode, state, reason, content_sha256, receipt, created_at, inbox_id, outbox_id"
+)
+_SELECT = f"SELECT {_COLS} FROM relay_deliveries"
+_INSERT = """
+INSERT INTO relay_deliveries (id, source_session, target_session, project, user_id,
+    source_turn, idem_key, intent, mode, state, reason, content_sha256, receipt, inbox_id,
+    outbox_id, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+# In flight: delivered, and the target has not yet taken it (recorded or answered it, and
+# posted it).
+_IN_FLIGHT = """
+SELECT COUNT(*) FROM relay_deliveries AS d
+LEFT JOIN inbox AS i ON i.id = d.inbox_id
+LEFT JOIN outbox AS o ON o.id = d.outbox_id
+WHERE d.source_session = ? AND d.state = 'delivered'
+    AND (i.status IN ('pending', 'running') OR o.status = 'pending')
+"""
+_ADD_RELAYED = f"""
+INSERT INTO inbox (platform, event_id, session_id, channel, thread, user_id, text, message_id,
+    received_at, status, attempts, detail, files, relay_id, relay_intent)
+VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, 'pending', 0, '', '[]', ?, ?)
+RETURNING {INBOX_COLS}
+"""
+_MARK_READ = """
+INSERT INTO relay_reads (source_session, target_session, revision, capability, active_turn,
+    adapter, read_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (source_session, target_session) DO UPDATE SET revision = excluded.revision,
+    capability = excluded.capability, active_turn = excluded.active_turn,
+    adapter = excluded.adapter, read_at = excluded.read_at
+"""
+
+
+def _delivery(row: sqlite3.Row) -> RelayDelivery:
+    return from_row(RelayDelivery, row)
+
+
+def _params(d: RelayDelivery) -> tuple[Any, ...]:
+    return (
+        d.id,
+        d.source_session,
+        d.target_session,
+        d.project,
+        d.user,
+        d.source_turn,
+        d.idem_key,
+        d.intent,
+        d.mode,
+        d.state,
+        d.reason,
+        d.content_sha256,
+        dumps(dict(d.receipt)),
+        d.inbox_id,
+        d.outbox_id,
+        d.created_at,
+    )
+
+
+def _event(d: RelayDelivery, counterpart: str) -> dict[str, Any]:
+    return {
+        "delivery": d.id,
+        "thread": counterpart,
+        "intent": d.intent,
+        "mode": d.mode,
+        "state": d.state,
+        "reason": d.reason,
+        "content_sha256": d.content_sha256,
+        "user": d.user,
+    }
+
+
+class Relay:
+    async def relay_deliver(
+        self: Transactions,
+        delivery: RelayDelivery,
+        post: NewOutbound,
+        message: RelayedMessage,
+        *,
+        max_in_flight: int,
+    ) -> tuple[RelayDelivery, bool, OutboxRow | None, InboxRow | None]:
+        what = f"delivering {delivery.id!r} into {delivery.target_session!r}"
+        if delivery.idem_key is None or delivery.state != "delivered":
+            raise StoreError(f"{what} failed: a delivery needs its idempotency key")
+        with encoding(what):
+            _params(delivery)
+        now = delivery.created_at
+
+        def deliver(
+            db: sqlite3.Connection,
+        ) -> tuple[RelayDelivery, bool, OutboxRow | None, InboxRow | None]:
+            first = db.execute(
+                f"{_SELECT} WHERE source_session = ? AND idem_key = ?",
+                (delivery.source_session, delivery.idem_key),
+            ).fetchone()
+            if first is not None:
+                return _delivery(first), False, None, None
+            in_flight = int(db.execute(_IN_FLIGHT, (delivery.source_session,)).fetchone()[0])
+            if in_flight >= max_in_flight:
+                raise RelayInFlight(in_flight)
+            inbox = inbox_from_row(
+                db.execute(
+                    _ADD_RELAYED,
+                    (
+                        message.platform,
+                        f"relay:{delivery.id}",
+                        delivery.target_session,
+                        message.channel,
+                        message.thread,
+                        message.user,
+                        message.text,
+                        now,
+                        delivery.id,
+                        delivery.intent,
+                    ),
+                ).fetchone()
+            )
+            outbox = outbox_from_row(
+                db.execute(ADD_OUTBOX, outbound_params(post, None, now)).fetchone()
+            )
+            references = {
+                **delivery.receipt.get("references", {}),
+                "target_inbox": inbox.id,
+                "target_outbox": outbox.id,
+            }
+            stored = dataclasses.replace(
+                delivery,
+                inbox_id=inbox.id,
+                outbox_id=outbox.id,
+                receipt={**delivery.receipt, "references": references},
+            )
+            db.execute(_INSERT, _params(stored))
+            turn = delivery.source_turn
+            db.execute(
+                INSERT_EVENT,
+                (
+                    delivery.source_session,
+                    turn,
+                    now,
+                    "relay_sent",
+                    dumps(_event(stored, delivery.target_session)),
+                ),
+            )
+            db.execute(
+                INSERT_EVENT,
+                (
+                    delivery.target_session,
+                    None,
+                    now,
+                    "relay_received",
+                    dumps({**_event(stored, delivery.source_session), "inbox": inbox.id}),
+                ),
+            )
+            return stored, True, outbox, inbox
+
+        return await self._transact(what, deliver, durable=True)
+
+    async def relay_record(self: Transactions, delivery: RelayDelivery) -> RelayDelivery:
+        what = f"recording relay attempt {delivery.id!r}"
+        if delivery.state == "delivered" or delivery.idem_key is not None:
+            raise StoreError(f"{what} failed: only an attempt that was not delivered, keyless")
+        with encoding(what):
+            params = _params(delivery)
+
+        def record(db: sqlite3.Connection) -> RelayDelivery:
+            db.execute(_INSERT, params)
+            db.execute(
+                INSERT_EVENT,
+                (
+                    delivery.source_session,
+                    delivery.source_turn,
+                    delivery.created_at,
+                    "relay_refused",
+                    dumps(_event(delivery, delivery.target_session)),
+                ),
+            )
+            return delivery
+
+        return await self._transact(what, record)
+
+    async def relay_get(self: Transactions, delivery_id: str) -> RelayDelivery | None:
+        def read(db: sqlite3.Connection) -> RelayDelivery | None:
+            row = db.execute(f"{_SELECT} WHERE id = ?", (delivery_id,)).fetchone()
+            return None if row is None else _delivery(row)
+
+        return await self._query(f"reading relay delivery {delivery_id!r}", read)
+
+    async def relay_find(
+        self: Transactions, source_session: str, idem_key: str
+    ) -> RelayDelivery | None:
+        def read(db: sqlite3.Connection) -> RelayDelivery | None:
+            row = db.execute(
+                f"{_SELECT} WHERE source_session = ? AND idem_key = ?",
+                (source_session, idem_key),
+            ).fetchone()
+            return None if row is None else _delivery(row)
+
+        return await self._query("finding a relay delivery by its key", read)
+
+    async def relay_list(
+        self: Transactions, *, session_id: str | None = None, limit: int = 50
+    ) -> list[RelayDelivery]:
+        if session_id is None:
+            sql, params = f"{_SELECT} ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
+        else:
+            sql = (
+                f"{_SELECT} WHERE source_session = ? OR target_session = ? "
+                "ORDER BY created_at DESC, id DESC LIMIT ?"
+            )
+            params = (session_id, session_id, limit)  # type: ignore[assignment]
+
+        def read(db: sqlite3.Connection) -> list[RelayDelivery]:
+            return [_delivery(row) for row in db.execute(sql, params).fetchall()]
+
+        return await self._query("listing relay deliveries", read)
+
+    async def relay_in_flight(self: Transactions, source_session: str) -> int:
+        return await self._query(
+            "counting relay deliveries in flight",
+            lambda db: int(db.execute(_IN_FLIGHT, (source_session,)).fetchone()[0]),
+        )
+
+    async def relay_mark_read(self: Transactions, read: RelayRead) -> None:
+        params = (
+            read.source_session,
+            read.target_session,
+            read.revision,
+            read.capability,
+            read.active_turn,
+            read.adapter,
+            read.read_at,
+        )
+        await self._transact("recording a relay read", lambda db: db.execute(_MARK_READ, params))
+
+    async def relay_last_read(
+        self: Transactions, source_session: str, target_session: str
+    ) -> RelayRead | None:
+        def read(db: sqlite3.Connection) -> RelayRead | None:
+            row = db.execute(
+                "SELECT source_session, target_session, revision, capability, active_turn, "
+                "adapter, read_at FROM relay_reads WHERE source_session = ? "
+                "AND target_session = ?",
+                (source_session, target_session),
+            ).fetchone()
+            return None if row is None else from_row(RelayRead, row)
+
+        return await self._query("reading a relay read", read)
+
+    async def inbox_authored(
+        self: Transactions, session_id: str, user: str, text: str
+    ) -> InboxRow | None:
+        def read(db: sqlite3.Connection) -> InboxRow | None:
+            row = db.execute(
+                f"SELECT {INBOX_COLS} FROM inbox WHERE session_id = ? AND user_id = ? "
+                "AND text = ? AND relay_id IS NULL ORDER BY id DESC LIMIT 1",
+                (session_id, user, text),
+            ).fetchone()
+            return None if row is None else inbox_from_row(row)
+
+        return await self._query("finding a message a user wrote", read)
+
+    async def inbox_activity(self: Transactions, session_id: str) -> tuple[InboxRow | None, int]:
+        def read(db: sqlite3.Connection) -> tuple[InboxRow | None, int]:
+            running = db.execute(
+                f"SELECT {INBOX_COLS} FROM inbox WHERE session_id = ? AND status = 'running' "
+                "ORDER BY id LIMIT 1",
+                (session_id,),
+            ).fetchone()
+            queued = db.execute(
+                "SELECT COUNT(*) FROM inbox WHERE session_id = ? AND status = 'pending'",
+                (session_id,),
+            ).fetchone()[0]
+            return (None if running is None else inbox_from_row(running)), int(queued)
+
+        return await self._query("reading a session's activity", read)

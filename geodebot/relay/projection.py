@@ -103,7 +103,7 @@ def _visible(
     cursor = None
     for record in reversed(history):
         if len(shown) >= relay.max_read_messages or chars_left <= 0:
-            cursor = f"before:{shown[0].seq}" if shown else None
+            cursor = f"before:{shown[-1].seq}" if shown else None
             break
         if record.kind == "summary":
             excluded.append(ExcludedItem(seq=record.seq, kind="summary", reason="older history"))

@@ -327,7 +327,9 @@ class ThreadRelay:
         text = str(arguments["text"])
         first = await self._store.relay_find(ctx.session_id, key)
         if first is not None:
-            return self._answer(first, replayed=content_sha256(text) != first.content_sha256)
+            return self._answer(
+                first, replayed=True, other=content_sha256(text) != first.content_sha256
+            )
         try:
             target = self._target(caller, arguments.get("thread"))
             envelope = await self._envelope(caller, target, arguments, ctx)
@@ -590,12 +592,13 @@ class ThreadRelay:
         )
 
     @staticmethod
-    def _answer(delivery: RelayDelivery, *, replayed: bool) -> str:
+    def _answer(delivery: RelayDelivery, *, replayed: bool, other: bool = False) -> str:
         out: dict[str, Any] = {"receipt": dict(delivery.receipt)}
         if replayed:
             out["note"] = (
                 "this idempotency key was used before: this is its first receipt, and "
                 "nothing was sent again"
+                + (" (this call's text differs from what it sent)" if other else "")
             )
         return json.dumps(out, ensure_ascii=False)
 

@@ -45,7 +45,15 @@ from geodebot.store.sqlite_commit import GroupCommit
 from geodebot.store.sqlite_jobs import JobsAndFires
 from geodebot.store.sqlite_receipts import SELECT_SWITCH, ReceiptsAndSwitches, switch_from_row
 from geodebot.store.sqlite_relay import Relay
-from geodebot.store.sqlite_rows import INSERT_EVENT, dumps, dumps_list, encoding, from_row, paged
+from geodebot.store.sqlite_rows import (
+    ENSURE_SESSION,
+    INSERT_EVENT,
+    dumps,
+    dumps_list,
+    encoding,
+    from_row,
+    paged,
+)
 
 __all__ = ["SQLiteStore", "load_migrations", "split_statements"]
 
@@ -553,12 +561,7 @@ def _version(db: sqlite3.Connection) -> int:
 def _ensure_session(
     db: sqlite3.Connection, *, session_id: str, mode: str, now: float
 ) -> SessionRecord:
-    db.execute(
-        "INSERT INTO sessions (id, mode, created_at, updated_at, generation, state, "
-        "guards, next_seq) VALUES (?, ?, ?, ?, 1, '{}', '{}', 1) "
-        "ON CONFLICT (id) DO NOTHING",
-        (session_id, mode, now, now),
-    )
+    db.execute(ENSURE_SESSION, (session_id, mode, now, now))
     return _session(db, session_id)
 
 

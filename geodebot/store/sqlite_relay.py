@@ -11,6 +11,7 @@ last place.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 from typing import Any
 
@@ -31,7 +32,14 @@ from geodebot.store.sqlite_chat import (
     outbound_params,
     outbox_from_row,
 )
-from geodebot.store.sqlite_rows import INSERT_EVENT, Transactions, dumps, encoding, from_row
+from geodebot.store.sqlite_rows import (
+    ENSURE_SESSION,
+    INSERT_EVENT,
+    Transactions,
+    dumps,
+    encoding,
+    from_row,
+)
 
 __all__ = ["Relay"]
 
@@ -72,7 +80,25 @@ ON CONFLICT (source_session, target_session) DO UPDATE SET revision = excluded.r
 
 
 def _delivery(row: sqlite3.Row) -> RelayDelivery:
-    return from_row(RelayDelivery, row)
+    # By hand: from_row would read "state" as the JSON column of sessions.
+    return RelayDelivery(
+        id=row["id"],
+        source_session=row["source_session"],
+        target_session=row["target_session"],
+        project=row["project"],
+        user=row["user"],
+        source_turn=row["source_turn"],
+        idem_key=row["idem_key"],
+        intent=row["intent"],
+        mode=row["mode"],
+        state=row["state"],
+        reason=row["reason"],
+        content_sha256=row["content_sha256"],
+        receipt=json.loads(row["receipt"]),
+        created_at=row["created_at"],
+        inbox_id=row["inbox_id"],
+        outbox_id=row["outbox_id"],
+    )
 
 
 def _params(d: RelayDelivery) -> tuple[Any, ...]:
@@ -170,6 +196,8 @@ class Relay:
             )
             db.execute(_INSERT, _params(stored))
             turn = delivery.source_turn
+            # The target may never have had a message: its session starts with this one.
+            db.execute(ENSURE_SESSION, (delivery.target_session, "daemon", now, now))
             db.execute(
                 INSERT_EVENT,
                 (
@@ -203,6 +231,8 @@ class Relay:
 
         def record(db: sqlite3.Connection) -> RelayDelivery:
             db.execute(_INSERT, params)
+            at = delivery.created_at
+            db.execute(ENSURE_SESSION, (delivery.source_session, "daemon", at, at))
             db.execute(
                 INSERT_EVENT,
                 (

@@ -10,7 +10,16 @@ from typing import Any, Protocol, TypeVar
 
 from geodebot.store.records import StoreError
 
-__all__ = ["INSERT_EVENT", "Transactions", "dumps", "dumps_list", "encoding", "from_row", "paged"]
+__all__ = [
+    "ENSURE_SESSION",
+    "INSERT_EVENT",
+    "Transactions",
+    "dumps",
+    "dumps_list",
+    "encoding",
+    "from_row",
+    "paged",
+]
 
 _R = TypeVar("_R")
 
@@ -25,11 +34,15 @@ _JSON_COLUMNS = frozenset(
         "outcome",
         "approvers",
         "card",
-        "receipt",
     }
 )
 
 INSERT_EVENT = "INSERT INTO timeline (session_id, turn_id, ts, kind, data) VALUES (?, ?, ?, ?, ?)"
+# (id, mode, created_at, updated_at): a fresh session, unless it exists.
+ENSURE_SESSION = (
+    "INSERT INTO sessions (id, mode, created_at, updated_at, generation, state, guards, "
+    "next_seq) VALUES (?, ?, ?, ?, 1, '{}', '{}', 1) ON CONFLICT (id) DO NOTHING"
+)
 
 
 class Transactions(Protocol):

@@ -493,3 +493,14 @@ async def test_the_terminal_relays_in_its_configured_project(rig: Rig) -> None:
     result = await rig.call("thread_send", send(text="from me"), terminal, relay)
     assert result["receipt"]["references"]["message_ref"] == "seq:1"
     assert rig.delivered[0][0].text.startswith("From #ipc:me (terminal:ipc:me), by @terminal")
+
+
+def test_relay_schema_prints_the_four_contracts_without_a_config(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from geodebot.cli.main import main
+
+    monkeypatch.setenv("GEODEBOT_CONFIG", str(tmp_path / "missing.toml"))
+    assert main(["relay", "schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(json.dumps(schemas()))

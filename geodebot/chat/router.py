@@ -305,6 +305,10 @@ class ChatRouter:
                 # A relayed "ask" is answered here, and relays no further (see relay/).
                 forwarded=1 if row.relay_id is not None else 0,
             )
+            if _recorded_only(row):
+                # Nothing runs in a turn that only records: no tool (nor its MCP server) is
+                # brought up for it.
+                spec = dataclasses.replace(spec, tools=(), preapproved=())
             return await self._run_turn(
                 Mode.DAEMON,
                 spec,

@@ -33,7 +33,14 @@ from geodebot.chat.bindings import BindingIndex, calling_binding
 from geodebot.config.schema import BindingConfig, RelayConfig
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.modes import Mode
-from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
+from geodebot.engine.tools.spec import (
+    Effect,
+    Handler,
+    Safety,
+    ToolCallContext,
+    ToolError,
+    ToolSpec,
+)
 from geodebot.relay.contracts import (
     DeliveryState,
     Intent,
@@ -78,6 +85,12 @@ AGENT_PROPOSED = "agent_proposed_user_approved"
 Delivered = Callable[[OutboxRow, InboxRow], None]
 
 _THREAD = {"type": "string", "minLength": 1, "maxLength": 300, "description": "a thread id"}
+_STATUS_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {"thread": _THREAD},
+    "required": ["thread"],
+    "additionalProperties": False,
+}
 _READ_SCHEMA: Mapping[str, Any] = {
     "type": "object",
     "properties": {
@@ -116,6 +129,18 @@ def _send_schema(max_chars: int) -> Mapping[str, Any]:
         "required": ["thread", "text", "mode", "intent", "idempotency_key"],
         "additionalProperties": False,
     }
+
+
+def _reader(name: str, description: str, schema: Mapping[str, Any], handler: Handler) -> ToolSpec:
+    return ToolSpec(
+        name=name,
+        description=description,
+        input_schema=schema,
+        safety=Safety.READ,
+        effect=Effect.NONE,
+        handler=handler,
+        timeout_s=10.0,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,46 +190,26 @@ class ThreadRelay:
 
     def specs(self) -> list[ToolSpec]:
         return [
-            ToolSpec(
-                name=THREAD_LIST,
-                description=(
-                    "The threads of this chat's project that you can read and send into, each "
-                    "with the id the other thread tools take."
-                ),
-                input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-                safety=Safety.READ,
-                effect=Effect.NONE,
-                handler=self._list,
-                timeout_s=10.0,
+            _reader(
+                THREAD_LIST,
+                "The threads of this chat's project that you can read and send into, each with "
+                "the id the other thread tools take.",
+                {"type": "object", "properties": {}, "additionalProperties": False},
+                self._list,
             ),
-            ToolSpec(
-                name=THREAD_STATUS,
-                description=(
-                    "A thread's state: whether a turn is running there, its revision and "
-                    "capability revision. Reading it again is what a send is checked against."
-                ),
-                input_schema={
-                    "type": "object",
-                    "properties": {"thread": _THREAD},
-                    "required": ["thread"],
-                    "additionalProperties": False,
-                },
-                safety=Safety.READ,
-                effect=Effect.NONE,
-                handler=self._status,
-                timeout_s=10.0,
+            _reader(
+                THREAD_STATUS,
+                "A thread's state: whether a turn is running there, its revision and "
+                "capability revision. Reading it again is what a send is checked against.",
+                _STATUS_SCHEMA,
+                self._status,
             ),
-            ToolSpec(
-                name=THREAD_READ,
-                description=(
-                    "The latest visible messages of a thread (user and assistant text only, "
-                    "bounded); pass the cursor back for older ones."
-                ),
-                input_schema=_READ_SCHEMA,
-                safety=Safety.READ,
-                effect=Effect.NONE,
-                handler=self._read,
-                timeout_s=10.0,
+            _reader(
+                THREAD_READ,
+                "The latest visible messages of a thread (user and assistant text only, "
+                "bounded); pass the cursor back for older ones.",
+                _READ_SCHEMA,
+                self._read,
             ),
             ToolSpec(
                 name=THREAD_SEND,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "CONTRACTS",
@@ -157,6 +157,16 @@ class ThreadMessageEnvelopeV1(_Contract):
     @property
     def content_sha256(self) -> str:
         return content_sha256(self.text)
+
+    @model_validator(mode="after")
+    def _geodebot_threads_only(self) -> ThreadMessageEnvelopeV1:
+        for end, locator in (("source", self.source), ("target", self.target)):
+            if locator.source_type != SOURCE_TYPE:
+                raise ValueError(
+                    f"{end}: source type {locator.source_type!r} is not supported "
+                    f"(only {SOURCE_TYPE!r})"
+                )
+        return self
 
 
 class ReceiptReferences(_Contract):

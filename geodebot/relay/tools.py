@@ -61,6 +61,7 @@ from geodebot.store.records import (
     RelayedMessage,
     RelayInFlight,
     RelayRead,
+    StoreError,
 )
 
 __all__ = [
@@ -496,6 +497,10 @@ class ThreadRelay:
                 f"{exc.in_flight} deliveries from this thread are in flight (at most "
                 f"{self._config.max_in_flight}); wait for them to be taken",
             )
+            return await self._refuse(caller, envelope.model_dump(), ctx, refusal, target)
+        except StoreError as exc:
+            # Nothing of it was written: the target is as it was.
+            refusal = _Refusal("failed", f"the delivery could not be saved: {exc}")
             return await self._refuse(caller, envelope.model_dump(), ctx, refusal, target)
         if new and outbox is not None and inbox is not None:
             self._evidence(stored)

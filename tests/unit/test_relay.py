@@ -504,3 +504,67 @@ def test_relay_schema_prints_the_four_contracts_without_a_config(
     assert main(["relay", "schema"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(json.dumps(schemas()))
+
+
+def test_an_envelope_between_other_sources_is_unsupported() -> None:
+    from geodebot.relay.contracts import ThreadMessageEnvelopeV1
+
+    locator = ThreadLocatorV1(
+        adapter="telegram",
+        project="ops",
+        thread={"session_id": "ops-a", "thread_key": "telegram:-1"},  # type: ignore[arg-type]
+        access_scope="read_send",
+        capability_revision="0123456789abcdef",
+    )
+    envelope: dict[str, Any] = {
+        "id": "env-1",
+        "source": locator,
+        "target": locator,
+        "project": "ops",
+        "user": ALICE,
+        "mode": "user_authored",
+        "text": "hi",
+        "intent": "notify",
+        "expected_revision": 0,
+        "idempotency_key": "k",
+        "expires_at": 1.0,
+        "depth": 0,
+    }
+    assert ThreadMessageEnvelopeV1.model_validate(envelope).role == "user"
+    foreign = locator.model_copy(update={"source_type": "otherbot"})
+    with pytest.raises(ValidationError, match="'otherbot' is not supported"):
+        ThreadMessageEnvelopeV1.model_validate({**envelope, "target": foreign})
+    with pytest.raises(ValidationError):
+        ThreadMessageEnvelopeV1.model_validate({**envelope, "depth": 2})
+    with pytest.raises(ValidationError):
+        ThreadMessageEnvelopeV1.model_validate({**envelope, "role": "assistant"})
+
+
+async def test_a_delivery_the_store_cannot_finish_leaves_the_target_as_it_was(
+    rig: Rig, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    await rig.said("ops-a", ALICE, "deploy is done")
+    await rig.call("thread_status", {"thread": "ops-b"}, chat())
+    before = await rig.store.timeline("ops-b")
+    # The attributed post, written after the target's inbox row in the same transaction,
+    # fails: the whole delivery must be rolled back.
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        db.execute(
+            "CREATE TRIGGER no_relay_posts BEFORE INSERT ON outbox WHEN NEW.kind = 'relay' "
+            "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+        )
+    failed = receipt_of(await rig.refused("thread_send", send(), chat()))
+    assert failed["state"] == "failed"
+    assert "disk says no" in failed["reason"]
+    assert rig.delivered == []
+    assert await rig.store.inbox_activity("ops-b") == (None, 0)
+    assert await rig.store.timeline("ops-b") == before
+    [recorded] = await rig.store.relay_list(session_id="ops-a")
+    assert recorded.state == "failed"
+    assert recorded.idem_key is None
+    # Once the store takes it again, the same key delivers.
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        db.execute("DROP TRIGGER no_relay_posts")
+    assert (await rig.call("thread_send", send(), chat()))["receipt"]["state"] == "delivered"

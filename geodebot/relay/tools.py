@@ -422,7 +422,11 @@ class ThreadRelay:
             )
         record = await self._store.get_session(target.session_id)
         revision = record.next_seq - 1 if record is not None else 0
-        if revision != read.revision:
+        # The records of the caller's own notifies are no news to it: several can be sent
+        # on one read.
+        if revision != read.revision and await self._store.relay_foreign_changes(
+            ctx.session_id, target.session_id, read.revision
+        ):
             raise _Refusal(
                 "stale",
                 f"the thread changed since it was read (revision {read.revision}, now "
@@ -430,6 +434,8 @@ class ThreadRelay:
             )
         running, _ = await self._store.inbox_activity(target.session_id)
         active = None if running is None else running.turn_id
+        if running is not None and await self._own_notify(running, ctx):
+            active = read.active_turn
         if active is not None and active != read.active_turn:
             raise _Refusal(
                 "stale",
@@ -437,6 +443,13 @@ class ThreadRelay:
                 "needs that turn's exact id: read it again",
             )
         return read, active
+
+    async def _own_notify(self, row: InboxRow, ctx: ToolCallContext) -> bool:
+        """Whether ``row`` only records a notify the caller's thread sent."""
+        if row.relay_intent != "notify" or row.relay_id is None:
+            return False
+        delivery = await self._store.relay_get(row.relay_id)
+        return delivery is not None and delivery.source_session == ctx.session_id
 
     async def _authored(self, caller: _Caller, ctx: ToolCallContext, text: str) -> str:
         """The id of the caller's own message in this thread that ``text`` is exactly."""

@@ -425,6 +425,12 @@ class Store(JobStore, Protocol):
         self, source_session: str, target_session: str
     ) -> RelayRead | None: ...
 
+    async def relay_foreign_changes(
+        self, source_session: str, target_session: str, since_revision: int
+    ) -> int:
+        """How many messages ``target_session`` got after ``since_revision`` that are not
+        the records of ``source_session``'s own notifies: what its read did not see."""
+
     async def inbox_authored(self, session_id: str, user: str, text: str) -> InboxRow | None:
         """The newest platform message of ``session_id`` that ``user`` wrote with exactly
         ``text`` (relayed messages are not theirs)."""

@@ -69,6 +69,16 @@ INSERT INTO inbox (platform, event_id, session_id, channel, thread, user_id, tex
 VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, 'pending', 0, '', '[]', ?, ?)
 RETURNING {INBOX_COLS}
 """
+# What changed in a target since a revision, leaving out the messages recorded from the
+# source's own notifies (a relayed notify's turn is named after its inbox row).
+_FOREIGN_CHANGES = """
+SELECT COUNT(*) FROM messages
+WHERE session_id = ? AND seq > ? AND turn_id NOT IN (
+    SELECT 't-inbox-' || inbox_id FROM relay_deliveries
+    WHERE source_session = ? AND target_session = ? AND intent = 'notify'
+        AND state = 'delivered'
+)
+"""
 _MARK_READ = """
 INSERT INTO relay_reads (source_session, target_session, revision, capability, active_turn,
     adapter, read_at)
@@ -314,6 +324,15 @@ class Relay:
             return None if row is None else from_row(RelayRead, row)
 
         return await self._query("reading a relay read", read)
+
+    async def relay_foreign_changes(
+        self: Transactions, source_session: str, target_session: str, since_revision: int
+    ) -> int:
+        params = (target_session, since_revision, source_session, target_session)
+        return await self._query(
+            "counting a thread's changes since a read",
+            lambda db: int(db.execute(_FOREIGN_CHANGES, params).fetchone()[0]),
+        )
 
     async def inbox_authored(
         self: Transactions, session_id: str, user: str, text: str

@@ -568,3 +568,27 @@ async def test_a_delivery_the_store_cannot_finish_leaves_the_target_as_it_was(
     with sqlite3.connect(tmp_path / "state.db") as db:
         db.execute("DROP TRIGGER no_relay_posts")
     assert (await rig.call("thread_send", send(), chat()))["receipt"]["state"] == "delivered"
+
+
+async def test_the_records_of_ones_own_notifies_do_not_make_a_read_stale(rig: Rig) -> None:
+    for text in ("one", "two", "three"):
+        await rig.said("ops-a", ALICE, text)
+    await rig.call("thread_status", {"thread": "ops-b"}, chat())
+    await rig.call("thread_send", send(text="one", idempotency_key="k1"), chat())
+    # The target records the first notify (as the router's record-only turn does), and is
+    # still in that turn when the next send comes.
+    _, recorded = rig.delivered[0]
+    await rig.store.inbox_start(recorded.id)
+    await rig.store.checkpoint(
+        "ops-b",
+        messages=[NewMessage("user", Message.user_text(recorded.text).to_json(), recorded.turn_id)],
+    )
+    second = await rig.call("thread_send", send(text="two", idempotency_key="k2"), chat())
+    assert second["receipt"]["state"] == "delivered"
+    await rig.store.inbox_finish(recorded.id, "done")
+    # Anything else that lands there is news the read did not see.
+    await rig.said("ops-b", BOB, "meanwhile")
+    stale = receipt_of(
+        await rig.refused("thread_send", send(text="three", idempotency_key="k3"), chat())
+    )
+    assert stale["state"] == "stale"

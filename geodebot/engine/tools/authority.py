@@ -9,9 +9,13 @@ result and nothing is dispatched):
    level or data class, is refused; step 2 runs again on the new arguments), or ask;
 4. approval: IPC asks the terminal user; DAEMON asks the binding's approvers with a card in
    the chat (a durable request, decided once), if it names any; otherwise, and in HEADLESS,
-   a call that needs approval is refused unless the operator pre-authorised the tool;
+   a call that needs approval is refused unless the operator pre-authorised the tool. A call
+   its tool says only the asker may approve (``ToolSpec.asks_caller``: agent-written text
+   for another thread) goes to that person alone, shown whole, every time;
 5. effect receipt for effectful tools, admitted before dispatch; a repeated identical call in
-   the same turn is a replay and is not run again; an uncertain one is never re-run;
+   the same turn is a replay and is not run again; an uncertain one is never re-run. A tool
+   that keeps its own record per idempotency key (``ToolSpec.idempotent``) gets none: it is
+   simply run again, and answers from that record;
 6. resource locks, then dispatch under the tool's deadline;
 7. PostToolUse hooks may add context or withhold the result;
 8. the outcome (result, refusal or error) goes back to the loop, which puts it on the timeline.

@@ -84,6 +84,7 @@ def _shown(row: RelayDelivery) -> dict[str, Any]:
         "target_inbox": row.inbox_id,
         "target_outbox": row.outbox_id,
         "receipt": dict(row.receipt),
+        "envelope": dict(row.envelope),
     }
 
 

@@ -569,6 +569,9 @@ class ThreadRelay:
             content_sha256=receipt.content_sha256,
             receipt=receipt.model_dump(mode="json"),
             created_at=now,
+            envelope=(
+                envelope.model_dump(mode="json", exclude={"text"}) if envelope is not None else {}
+            ),
         )
 
     async def _refuse(

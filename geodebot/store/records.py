@@ -455,6 +455,9 @@ class RelayDelivery:
     created_at: float
     inbox_id: int | None = None
     outbox_id: int | None = None
+    # ThreadMessageEnvelopeV1 as JSON without its text; empty for an attempt refused before
+    # it had one.
+    envelope: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,14 +45,15 @@ __all__ = ["Relay"]
 
 _COLS = (
     "id, source_session, target_session, project, user_id AS user, source_turn, idem_key, "
-    "intent, mode, state, reason, content_sha256, receipt, created_at, inbox_id, outbox_id"
+    "intent, mode, state, reason, content_sha256, receipt, created_at, inbox_id, outbox_id, "
+    "envelope"
 )
 _SELECT = f"SELECT {_COLS} FROM relay_deliveries"
 _INSERT = """
 INSERT INTO relay_deliveries (id, source_session, target_session, project, user_id,
     source_turn, idem_key, intent, mode, state, reason, content_sha256, receipt, inbox_id,
-    outbox_id, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    outbox_id, created_at, envelope)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 # In flight: delivered, and the target has not yet taken it (recorded or answered it, and
 # posted it).
@@ -108,6 +109,7 @@ def _delivery(row: sqlite3.Row) -> RelayDelivery:
         created_at=row["created_at"],
         inbox_id=row["inbox_id"],
         outbox_id=row["outbox_id"],
+        envelope=json.loads(row["envelope"]),
     )
 
 
@@ -129,6 +131,7 @@ def _params(d: RelayDelivery) -> tuple[Any, ...]:
         d.inbox_id,
         d.outbox_id,
         d.created_at,
+        dumps(dict(d.envelope)),
     )
 
 

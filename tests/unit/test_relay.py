@@ -317,6 +317,11 @@ async def test_a_notify_is_delivered_once_with_a_receipt_that_holds_no_text(rig:
     stored = await rig.store.relay_get(receipt["id"])
     assert stored is not None
     assert stored.idem_key == "k-1"
+    # The envelope is kept for the record, without the text.
+    assert "text" not in stored.envelope
+    assert stored.envelope["expected_revision"] == 0
+    assert stored.envelope["depth"] == 0
+    assert stored.envelope["idempotency_key"] == "k-1"
     # Both timelines have it; the evidence ledger has its checksum, never the text.
     sent = [e for e in await rig.store.timeline("ops-a") if e.kind == "relay_sent"]
     got = [e for e in await rig.store.timeline("ops-b") if e.kind == "relay_received"]

@@ -1,5 +1,6 @@
 -- Thread Relay. relay_deliveries: one row per delivery attempt, holding its receipt
--- (ThreadDeliveryReceiptV1 as JSON: a checksum of the text, never the text). A delivered
+-- (ThreadDeliveryReceiptV1 as JSON: a checksum of the text, never the text) and, for one
+-- that got that far, its envelope without the text (ThreadMessageEnvelopeV1). A delivered
 -- row has its idempotency key, unique per source session, so a repeated key finds the first
 -- receipt; a refused attempt has none (NULLs are distinct), so it can be tried again once
 -- its cause is gone. inbox_id and outbox_id are what the delivery wrote into the target: the
@@ -18,6 +19,7 @@ CREATE TABLE relay_deliveries (
     reason TEXT NOT NULL DEFAULT '',
     content_sha256 TEXT NOT NULL,
     receipt TEXT NOT NULL,
+    envelope TEXT NOT NULL DEFAULT '{}',
     inbox_id INTEGER,
     outbox_id INTEGER,
     created_at REAL NOT NULL,

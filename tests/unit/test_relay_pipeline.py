@@ -216,3 +216,18 @@ async def test_a_relayed_notify_is_recorded_without_a_model_call(
         if block.get("type") == "text"
     ]
     assert texts == ["[Relayed] the fix is out", "what happened?"]
+
+
+async def test_a_turn_answering_a_relayed_ask_never_shows_the_asker_a_card(
+    app: App, llm_server: FakeLLMServer
+) -> None:
+    desk = Desk(app, approve=True)
+    spec = SessionSpec(
+        "ops-a", tools=tuple(RELAY), desk=desk, origin="telegram:-1", user=BOB, forwarded=1
+    )
+    script(llm_server, proposed())
+    result = await app.run_turn(Mode.DAEMON, spec, "[Relayed ...] tell ops-b")
+    assert result.ok, result
+    assert desk.asked == []
+    assert "forwarding depth" in json.dumps(last_result(llm_server))
+    assert await app.services.store.relay_list() == []

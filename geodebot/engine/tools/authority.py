@@ -361,6 +361,15 @@ class ToolAuthority:
     ) -> ApprovalRecord:
         """Ask the person the turn acts for, and nobody else: the terminal user, or the
         chat message's sender with a card only they can press."""
+        if ctx.forwarded:
+            # The message came from another thread: whoever wrote it is not in this chat to
+            # press a card here, and its turn may not act further in their name.
+            raise _Refused(
+                "needs_approval",
+                f"this {spec.name} call needs the approval of the person who asked, who wrote "
+                "in another thread: a turn answering a forwarded message cannot ask them "
+                "(forwarding depth)",
+            )
         shown = len(clean_text(canonical_json(dict(arguments))))
         if shown > CALLER_SUMMARY_CHARS:
             raise _Refused(

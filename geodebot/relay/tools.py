@@ -14,8 +14,10 @@ further), no sending to itself, the target's adapter, the caller's last read of 
 (its capability revision, its age, which is the envelope's expiry, the target's revision and
 active turn), then the text: ``user_authored`` must be exactly a message the caller wrote in
 this thread; ``agent_proposed_user_approved`` was approved by the caller through the tool
-authority pipeline (``ToolSpec.asks_caller``) before the handler ran. The delivery itself is
-one store transaction with the count of deliveries in flight (store ``relay_deliver``).
+authority pipeline (``ToolSpec.asks_caller``) before the handler ran (except in a turn
+answering a relayed message, which the depth check refuses without asking anyone). The
+delivery itself is one store transaction with the count of deliveries in flight (store
+``relay_deliver``).
 """
 
 from __future__ import annotations
@@ -228,7 +230,11 @@ class ThreadRelay:
                 # Listing the tool authorises relaying the user's own words; text the model
                 # wrote goes only with the asker's own approval, every time.
                 requires_approval=False,
-                asks_caller=lambda arguments: arguments.get("mode") == AGENT_PROPOSED,
+                # A turn answering a relayed message is refused by the handler (depth), with
+                # a receipt like every refused send, rather than asking anyone.
+                asks_caller=lambda arguments, ctx: (
+                    arguments.get("mode") == AGENT_PROPOSED and not ctx.forwarded
+                ),
                 idempotent=True,
             ),
         ]

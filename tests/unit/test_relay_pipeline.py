@@ -230,4 +230,8 @@ async def test_a_turn_answering_a_relayed_ask_never_shows_the_asker_a_card(
     assert result.ok, result
     assert desk.asked == []
     assert "forwarding depth" in json.dumps(last_result(llm_server))
-    assert await app.services.store.relay_list() == []
+    # Refused by the relay itself, so the attempt has its receipt like any refused send.
+    [refused] = await app.services.store.relay_list()
+    assert refused.state == "refused"
+    assert refused.mode == PROPOSED
+    assert await app.services.store.inbox_activity("ops-b") == (None, 0)

@@ -259,7 +259,7 @@ class ToolAuthority:
     ) -> tuple[bool | None, ApprovalRecord | None]:
         """Whether the call was approved (None: it needs no approval) and the person's
         decision, if one was asked for."""
-        if spec.asks_caller is not None and spec.asks_caller(arguments):
+        if spec.asks_caller is not None and spec.asks_caller(arguments, ctx):
             return True, await self._ask_caller(plan, spec, arguments, ctx)
         if not spec.needs_approval and ask is None:
             return None, None
@@ -294,7 +294,7 @@ class ToolAuthority:
         now = time.time()
         call_sha256 = approval_hash(plan, spec.name, arguments)
         # What the asker approves is shown whole (its length was checked in _ask_caller).
-        whole = spec.asks_caller is not None and spec.asks_caller(arguments)
+        whole = spec.asks_caller is not None and spec.asks_caller(arguments, ctx)
         record, _ = await self._store.approval_open(
             ApprovalRecord(
                 id=secrets.token_urlsafe(16),

@@ -169,8 +169,12 @@ class ToolSpec:
     repeatable: bool = False
     # The call must be approved by the person the turn acts for, every time: no standing
     # pre-authorisation and no other approver counts, and where nobody is there (a job, a
-    # headless run) it is refused. Given the call's arguments (e.g. only agent-written text).
-    asks_caller: Callable[[Mapping[str, Any]], bool] | None = field(default=None, compare=False)
+    # headless run, a turn answering a forwarded message) it is refused. Given the call's
+    # arguments and context (e.g. only agent-written text, and not where the handler refuses
+    # the call itself).
+    asks_caller: Callable[[Mapping[str, Any], ToolCallContext], bool] | None = field(
+        default=None, compare=False
+    )
     # The handler keeps its own durable record per idempotency key (Thread Relay's
     # deliveries): the pipeline admits no effect receipt, and a call a crash cut short is
     # run again, which answers from that record instead of acting twice.

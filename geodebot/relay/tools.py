@@ -602,7 +602,7 @@ class ThreadRelay:
             arguments,
             refusal,
         )
-        stored = await self._store.relay_record(record)
+        stored = await self._store.relay_record(record, on_target=target is not None)
         self._evidence(stored)
         raise ToolError(self._answer(stored, replayed=False))
 

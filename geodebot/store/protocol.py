@@ -402,9 +402,12 @@ class Store(JobStore, Protocol):
         written and :class:`RelayInFlight` is raised.
         """
 
-    async def relay_record(self, delivery: RelayDelivery) -> RelayDelivery:
+    async def relay_record(
+        self, delivery: RelayDelivery, *, on_target: bool = False
+    ) -> RelayDelivery:
         """Record an attempt that was not delivered (keyless), with a ``relay_refused`` event
-        on the source session's timeline."""
+        on the source session's timeline and, ``on_target``, on the target's too (a thread
+        the caller may address; never one it named wrongly or of another project)."""
 
     async def relay_get(self, delivery_id: str) -> RelayDelivery | None: ...
 

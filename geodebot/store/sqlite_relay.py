@@ -235,7 +235,9 @@ class Relay:
 
         return await self._transact(what, deliver, durable=True)
 
-    async def relay_record(self: Transactions, delivery: RelayDelivery) -> RelayDelivery:
+    async def relay_record(
+        self: Transactions, delivery: RelayDelivery, *, on_target: bool = False
+    ) -> RelayDelivery:
         what = f"recording relay attempt {delivery.id!r}"
         if delivery.state == "delivered" or delivery.idem_key is not None:
             raise StoreError(f"{what} failed: only an attempt that was not delivered, keyless")
@@ -251,11 +253,23 @@ class Relay:
                 (
                     delivery.source_session,
                     delivery.source_turn,
-                    delivery.created_at,
+                    at,
                     "relay_refused",
                     dumps(_event(delivery, delivery.target_session)),
                 ),
             )
+            if on_target:
+                db.execute(ENSURE_SESSION, (delivery.target_session, "daemon", at, at))
+                db.execute(
+                    INSERT_EVENT,
+                    (
+                        delivery.target_session,
+                        None,
+                        at,
+                        "relay_refused",
+                        dumps(_event(delivery, delivery.source_session)),
+                    ),
+                )
             return delivery
 
         return await self._transact(what, record)

@@ -280,6 +280,9 @@ async def test_another_projects_thread_does_not_exist_for_the_caller(rig: Rig) -
     assert refused["target"] is None
     assert rig.delivered == []
     assert await rig.store.inbox_activity("other-a") == (None, 0)
+    # Nothing is written into another project's thread, not even its timeline.
+    assert await rig.store.timeline("other-a") == []
+    assert await rig.store.get_session("nowhere") is None
 
 
 async def test_nobody_to_act_for_gets_a_tool_error(rig: Rig) -> None:
@@ -376,6 +379,11 @@ async def test_a_send_needs_a_read_and_a_current_one(rig: Rig) -> None:
     stale = receipt_of(await rig.refused("thread_send", send(), chat()))
     assert stale["state"] == "stale"
     assert "revision" in stale["reason"]
+    # Both threads' timelines have the refusal; the target's history does not.
+    for session in ("ops-a", "ops-b"):
+        refusals = [e for e in await rig.store.timeline(session) if e.kind == "relay_refused"]
+        assert refusals[-1].data["delivery"] == stale["id"]
+        assert refusals[-1].data["state"] == "stale"
     await rig.call("thread_read", {"thread": "ops-b"}, chat())
     # The read is too old: the envelope expired.
     rig.clock.now += RelayConfig().envelope_ttl_s + 1
@@ -553,6 +561,7 @@ async def test_a_delivery_the_store_cannot_finish_leaves_the_target_as_it_was(
     await rig.said("ops-a", ALICE, "deploy is done")
     await rig.call("thread_status", {"thread": "ops-b"}, chat())
     before = await rig.store.timeline("ops-b")
+    history = await rig.store.load_messages("ops-b")
     # The attributed post, written after the target's inbox row in the same transaction,
     # fails: the whole delivery must be rolled back.
     with sqlite3.connect(tmp_path / "state.db") as db:
@@ -565,7 +574,10 @@ async def test_a_delivery_the_store_cannot_finish_leaves_the_target_as_it_was(
     assert "disk says no" in failed["reason"]
     assert rig.delivered == []
     assert await rig.store.inbox_activity("ops-b") == (None, 0)
-    assert await rig.store.timeline("ops-b") == before
+    assert await rig.store.load_messages("ops-b") == history
+    # Its timeline says what was tried, and nothing of a delivery.
+    after = (await rig.store.timeline("ops-b"))[len(before) :]
+    assert [(e.kind, e.data["state"]) for e in after] == [("relay_refused", "failed")]
     [recorded] = await rig.store.relay_list(session_id="ops-a")
     assert recorded.state == "failed"
     assert recorded.idem_key is None

@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack, aclosing, closing
 from dataclasses import dataclass
 from typing import Any
 
-from geodebot.chat.bindings import BindingIndex
+from geodebot.chat.bindings import BindingIndex, binding_key
 from geodebot.chat.send_file import send_file_spec
 from geodebot.config.schema import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
 from geodebot.engine.attachments import FileView
@@ -37,6 +37,7 @@ from geodebot.engine.session import (
     TurnResult,
     create_session,
 )
+from geodebot.engine.spend import SpendGate, SpendLimits
 from geodebot.engine.tools.authority import ToolAuthority
 from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.builtin.paths import ensure_workspace
@@ -96,7 +97,7 @@ def build_adapter(endpoint: ModelEndpoint, config: Config) -> LLMAdapter:
     if endpoint.provider == "anthropic":
         from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
 
-        return AnthropicAdapter(**common)
+        return AnthropicAdapter(**common, prompt_cache=config.model.prompt_cache)
     from geodebot.engine.llm.openai_adapter import OpenAIAdapter
 
     return OpenAIAdapter(provider=endpoint.provider, **common)
@@ -110,6 +111,20 @@ def build_deferred_adapter(endpoint: ModelEndpoint, config: Config) -> DeferredA
         endpoint.name,
         f"geodebot.engine.llm.{module}",
         lambda: build_adapter(endpoint, config),
+    )
+
+
+def spend_limits(config: Config) -> SpendLimits:
+    return SpendLimits(
+        daily_tokens=config.budgets.daily_tokens,
+        daily_usd=config.model.daily_usd,
+        bindings={binding_key(b): b.daily_tokens for b in config.bindings if b.daily_tokens},
+        jobs={j.id: j.max_tokens_per_run for j in config.jobs if j.max_tokens_per_run},
+        prices={
+            (e.provider, e.name): e.price_per_mtok
+            for e in config.model.endpoints
+            if e.price_per_mtok is not None
+        },
     )
 
 
@@ -306,6 +321,7 @@ async def build_app(
         observers=tuple(observers),
         context_cache=ContextCache(),
         files=FileView(files),
+        spend=SpendGate(store, spend_limits(config)),
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
     return App(config, services, lanes, bindings, tuple(chain), files, relay)

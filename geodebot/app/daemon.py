@@ -26,6 +26,7 @@ from geodebot.config.schema import Config, ConfigError, resolve_secret
 from geodebot.engine.lanes import Grace
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
+from geodebot.engine.spend import utc_day
 from geodebot.engine.tools.spec import Approver
 from geodebot.ops.procstat import process_figures
 from geodebot.ops.sdnotify import SystemdNotifier
@@ -261,6 +262,9 @@ def _health_server(
         fire_counts=store.fire_counts,
         extra={"computer_use": computer_use, "scheduler": jobs},
     )
+    spend = app.services.spend
+    if spend is not None:
+        probe.extra["budgets"] = spend.status
     assert config.daemon.http is not None
     return HealthServer(config.daemon.http, probe, metrics, token=token)
 
@@ -298,9 +302,25 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
                 for line in await job_lines(store)
             ],
             "process": process_figures(),
+            "model_usage_today": await _usage_today(store, now),
         }
 
     return report
+
+
+async def _usage_today(store: Store, now: float) -> dict[str, Any]:
+    rows = await store.usage_report(by="all", since_day=utc_day(now))
+    if not rows:
+        return {"calls": 0}
+    row = rows[0]
+    return {
+        "calls": row.calls,
+        "input_tokens": row.input_tokens,
+        "output_tokens": row.output_tokens,
+        "cache_read_tokens": row.cache_read_tokens,
+        "cache_write_tokens": row.cache_write_tokens,
+        "cost_usd": round(row.cost_usd, 6),
+    }
 
 
 class _Status:

@@ -20,6 +20,7 @@ from geodebot.engine.session import (
     TurnListener,
     time_budget,
 )
+from geodebot.engine.spend import SpendScope
 from geodebot.engine.tools.spec import ApprovalDesk, ChatOutlet
 from geodebot.store.protocol import Store
 
@@ -52,6 +53,7 @@ def session_spec(
         origin=binding_key(binding),
         user=user,
         forwarded=forwarded,
+        spend=SpendScope(binding=binding_key(binding)),
     )
 
 

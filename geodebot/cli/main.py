@@ -26,6 +26,7 @@ from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.cli.check import format_rows, run_checks
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
+from geodebot.cli.usage import add_usage_parser, usage_command
 from geodebot.config.schema import Config, ConfigError, config_path, load_config, secret_names
 from geodebot.engine.loop import new_id
 from geodebot.engine.mcp.trust import TrustStore
@@ -98,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_jobs_parser(sub, common)
     add_relay_parser(sub, common)
+    add_usage_parser(sub, common)
 
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
     timeline.add_argument("id")
@@ -158,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _status,
         "jobs": jobs_command,
         "relay": relay_command,
+        "usage": usage_command,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))

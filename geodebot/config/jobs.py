@@ -74,6 +74,8 @@ class JobConfig(ConfigModel):
     session: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     tools: tuple[str, ...] = ()
     time_budget_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    # Tokens one run may spend (all its model calls); None: no limit of its own.
+    max_tokens_per_run: Annotated[int, Field(ge=1)] | None = None
     catch_up: Literal["latest", "skip", "all"] = "latest"
     notify_on_failure: bool = True
 

@@ -120,12 +120,45 @@ class DaemonConfig(_Strict):
         return check_timezone(value)
 
 
+_Price = Annotated[float, Field(ge=0, le=10_000)]
+
+
+class Prices(_Strict):
+    """US dollars per million tokens. Cache prices default to the input price (a provider
+    that bills its cache differently needs them set to be counted right)."""
+
+    input: _Price
+    output: _Price
+    cache_read: _Price | None = None
+    cache_write: _Price | None = None
+
+    def cost(
+        self, input_tokens: int, output_tokens: int, cache_read: int, cache_write: int
+    ) -> float:
+        """The cost of a call; ``input_tokens`` counts the cached tokens too (see Usage)."""
+        plain = max(0, input_tokens - cache_read - cache_write)
+        read = self.input if self.cache_read is None else self.cache_read
+        write = self.input if self.cache_write is None else self.cache_write
+        return (
+            plain * self.input + cache_read * read + cache_write * write
+            + output_tokens * self.output
+        ) / 1_000_000  # fmt: skip
+
+    @property
+    def highest_input(self) -> float:
+        """The most an input token can cost: what a reservation assumes."""
+        return max(p for p in (self.input, self.cache_read, self.cache_write) if p is not None)
+
+
 class ModelEndpoint(_Strict):
     provider: Provider = "anthropic"
     # The exact model id sent to the provider; geodebot never rewrites or upgrades it.
     name: Annotated[str, Field(min_length=1)] = "claude-sonnet-4-5"
     base_url: str | None = None
     api_key_env: str | None = None
+    # What the model's tokens cost: `geodebot usage` reports cost with them, and
+    # [model] daily_usd needs them on every endpoint.
+    price_per_mtok: Prices | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -155,6 +188,27 @@ class ModelConfig(ModelEndpoint):
     # The context window geodebot plans for; compaction starts at budgets.compact_at of it.
     context_tokens: Annotated[int, Field(ge=1024)] = 200_000
     fallbacks: tuple[ModelEndpoint, ...] = ()
+    # Anthropic: mark the prompt cache's breakpoints (tools, system prompt, the history's
+    # newest turns), so a long session's repeated prefix is billed at the cache rate.
+    prompt_cache: bool = True
+    # The whole daemon's spend per UTC day, in US dollars, from price_per_mtok; None: no limit.
+    daily_usd: Annotated[float, Field(gt=0, le=1_000_000)] | None = None
+
+    @model_validator(mode="after")
+    def _usd_needs_prices(self) -> ModelConfig:
+        if self.daily_usd is None:
+            return self
+        missing = [e.name for e in (self, *self.fallbacks) if e.price_per_mtok is None]
+        if missing:
+            raise ValueError(
+                "daily_usd needs price_per_mtok on the model and every fallback; "
+                f"missing on: {', '.join(missing)}"
+            )
+        return self
+
+    @property
+    def endpoints(self) -> tuple[ModelEndpoint, ...]:
+        return (self, *self.fallbacks)
 
 
 class BudgetConfig(_Strict):
@@ -168,6 +222,9 @@ class BudgetConfig(_Strict):
     compact_at: Annotated[float, Field(gt=0.1, lt=1.0)] = 0.75
     # Messages kept verbatim after a compaction.
     keep_recent_messages: Annotated[int, Field(ge=2, le=1000)] = 8
+    # Tokens (input, cached input included, and output) the whole daemon may spend per UTC
+    # day; 0: no limit. A model call reserves its worst case first (see engine/spend.py).
+    daily_tokens: Annotated[int, Field(ge=0)] = 0
 
 
 class PromptSource(_Strict):
@@ -349,6 +406,9 @@ class BindingConfig(_Strict):
     # Threads of one project may read and send into each other with Thread Relay (relay/);
     # absent, the binding is a project of its own (its session id), so nothing is shared.
     project: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    # Tokens this binding's turns (and the runs of jobs made in its chat) may spend per UTC
+    # day; None or 0: no limit of its own.
+    daily_tokens: Annotated[int, Field(ge=0)] | None = None
 
     @property
     def project_name(self) -> str:

@@ -55,6 +55,7 @@ from geodebot.engine.llm.types import (
 )
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import Ending, Outcome, Session, TurnListener, TurnResult
+from geodebot.engine.spend import BudgetExhausted
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
 from geodebot.logs.context import log_context
@@ -160,6 +161,8 @@ class AgenticLoop:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._svc = session.services
+        # The tool schemas' share of a request's estimated tokens (the plan is immutable).
+        self._tool_tokens: int | None = None
 
     # -- entry points ---------------------------------------------------------------------
     async def arun(
@@ -374,6 +377,9 @@ class AgenticLoop:
                     return await self._fail(turn, "model_error", exc.user_message, exc.kind)
                 items = compacted
                 continue
+            except BudgetExhausted as exc:
+                turn.events.append((turn.id, "budget_exhausted", {"budget": exc.budget}))
+                return await self._fail(turn, "budget", exc.user_message, exc.kind)
             except LLMError as exc:
                 return await self._fail(turn, "model_error", exc.user_message, exc.kind)
             message = response.message
@@ -391,18 +397,29 @@ class AgenticLoop:
 
     # -- phases ---------------------------------------------------------------------------
     def _request(self, items: Sequence[ContextItem]) -> LLMRequest:
+        tools = self._session.plan.schemas()
+        if self._tool_tokens is None:
+            chars = sum(len(t.description) + len(canonical_json(t.input_schema)) for t in tools)
+            self._tool_tokens = chars // 4
+        system = self._svc.system_prompt
         return LLMRequest(
-            system=self._svc.system_prompt,
+            system=system,
             messages=tuple(item.message for item in items),
-            tools=self._session.plan.schemas(),
+            tools=tools,
             max_tokens=self._svc.limits.max_tokens,
+            estimated_input_tokens=compaction.estimate_tokens(items, system) + self._tool_tokens,
         )
 
     def _llm(self, turn: _Turn) -> LLMAdapter:
         def on_event(kind: str, data: dict[str, Any]) -> None:
             turn.events.append((turn.id, kind, data))
 
-        return self._svc.llm(on_event)
+        llm = self._svc.llm(on_event)
+        spend = self._svc.spend
+        if spend is None:
+            return llm
+        session = self._session
+        return spend.wrap(llm, session_id=session.id, turn_id=turn.id, scope=session.spend)
 
     async def _call(
         self, turn: _Turn, request: LLMRequest, items: Sequence[ContextItem]
@@ -444,6 +461,8 @@ class AgenticLoop:
             "stop_reason": response.stop_reason,
             "input_tokens": response.usage.input_tokens,
             "output_tokens": response.usage.output_tokens,
+            "cache_read_tokens": response.usage.cache_read_tokens,
+            "cache_write_tokens": response.usage.cache_write_tokens,
             "latency_ms": elapsed,
         }
         self._svc.ledger.record(

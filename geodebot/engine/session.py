@@ -16,6 +16,7 @@ from geodebot.engine.lanes import Slot
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.llm.types import Block, LLMAdapter, StopReason, Usage
 from geodebot.engine.modes import Mode
+from geodebot.engine.spend import SpendGate, SpendScope
 from geodebot.engine.tools.catalog import ToolCatalog
 from geodebot.engine.tools.plan import BoundToolPlan
 from geodebot.engine.tools.runner import ToolRunner
@@ -109,6 +110,8 @@ class EngineServices:
     context_cache: ContextCache | None = None
     # Fills in the files users sent for each model call; None shows them by name only.
     files: FileView | None = None
+    # Token and spend budgets every model call reserves against; None: none, nothing counted.
+    spend: SpendGate | None = None
 
     def emit(self, event: str, data: Mapping[str, Any]) -> None:
         for observer in self.observers:
@@ -145,6 +148,8 @@ class SessionSpec:
     user: str | None = None
     # Relays that brought the turn's message (see ToolCallContext.forwarded).
     forwarded: int = 0
+    # The budgets the turn's model calls count against beyond the daemon's.
+    spend: SpendScope = field(default_factory=SpendScope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +208,7 @@ class Session:
     origin: str | None = None
     user: str | None = None
     forwarded: int = 0
+    spend: SpendScope = field(default_factory=SpendScope)
     # The turn's place under the global cap (see Lanes), given up while it waits for a person.
     slot: Slot | None = field(default=None, repr=False, compare=False)
     # What create_session read with the row. The first turn starts from it rather than
@@ -255,6 +261,7 @@ async def create_session(
         # Only where a person can be asked: a headless run acts for nobody.
         user=spec.user if mode is not Mode.HEADLESS else None,
         forwarded=spec.forwarded,
+        spend=spec.spend,
         slot=slot,
         _opened=[opened],
         _budget_from=[started],

@@ -70,7 +70,8 @@ class EngineMetrics:
         )
         self.model_tokens = Counter(
             "geodebot_model_tokens",
-            "Tokens of successful model calls.",
+            "Tokens of successful model calls: input (all of it), output, and of the input "
+            "what the prompt cache served (cache_read) and stored (cache_write).",
             ["provider", "model", "direction"],
             registry=registry,
         )
@@ -97,6 +98,10 @@ class EngineMetrics:
             tokens = self.model_tokens
             tokens.labels(provider, model, "input").inc(int(data.get("input_tokens", 0)))
             tokens.labels(provider, model, "output").inc(int(data.get("output_tokens", 0)))
+            # Of the input, what the provider's prompt cache served and what it stored.
+            for direction in ("cache_read", "cache_write"):
+                count = int(data.get(f"{direction}_tokens", 0))
+                tokens.labels(provider, model, direction).inc(count)
             self.last_model_ok = time.time()
         elif event == "llm_error":
             kind = str(data.get("kind", ""))

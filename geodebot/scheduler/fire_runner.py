@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from geodebot.chat.bindings import BindingIndex
+from geodebot.chat.bindings import BindingIndex, binding_key
 from geodebot.chat.send_file import OutboxOutlet
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult, TurnRunner
+from geodebot.engine.spend import SpendScope
 from geodebot.logs.context import log_context
 from geodebot.scheduler.definitions import delivery_binding
 from geodebot.scheduler.schedule import format_fire
@@ -86,6 +87,13 @@ class FireRunner:
                     tools=tools,
                     preapproved=_preapproved(job, target, tools),
                     time_budget_s=job.time_budget_s,
+                    # A job made in a chat spends from that chat's budget too: making jobs
+                    # must not be a way around it. Every run has its own per-run budget.
+                    spend=SpendScope(
+                        binding=binding_key(target) if job.origin == "chat" else None,
+                        job=job.id,
+                        run=f"fire-{fire.id}",
+                    ),
                     # Files the run sends go where its result goes, before it.
                     outlet=OutboxOutlet(
                         self._store,
@@ -127,8 +135,8 @@ class FireRunner:
                 assert result is not None
                 text, kind = f"**Job {job.id}** ({when})\n\n{result.text}", "job"
             else:
-                what = "ran out of its time budget" if failure[0] == "budget" else "failed"
-                text = f"Job {job.id} ({when}) {what}: {failure[1][:200]}"
+                what = "stopped on a budget" if failure[0] == "budget" else "failed"
+                text = f"Job {job.id} ({when}) {what}: {failure[1][:300]}"
                 kind = "notice"
             message = NewOutbound(
                 session_id=job.session_id,

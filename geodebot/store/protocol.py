@@ -29,6 +29,7 @@ from geodebot.store.records import (
     InboxFinished,
     InboxRow,
     MessageRecord,
+    ModelCall,
     NewMessage,
     NewOutbound,
     OpenedSession,
@@ -41,8 +42,12 @@ from geodebot.store.records import (
     RelayRead,
     Resolution,
     SessionRecord,
+    SpendCharge,
+    SpendRefusal,
     TimelineEvent,
     ToolBatchRecord,
+    UsageGrouping,
+    UsageRow,
 )
 
 
@@ -440,3 +445,33 @@ class Store(JobStore, Protocol):
 
     async def inbox_activity(self, session_id: str) -> tuple[InboxRow | None, int]:
         """The session's running row (its active turn), if any, and how many wait."""
+
+    # -- token and spend budgets ----------------------------------------------------------
+    async def spend_reserve(
+        self, call: ModelCall, charges: Sequence[SpendCharge]
+    ) -> SpendRefusal | None:
+        """Reserve a model call's worst case (``call``, state ``reserved``: its
+        ``reserved_tokens`` and ``reserved_usd``) against every charge, durably and in one
+        transaction: the first limited charge it does not fit is returned and nothing is
+        written; otherwise the row is written and every charge's counter grows by it."""
+
+    async def spend_record(self, call: ModelCall, charges: Sequence[SpendCharge]) -> None:
+        """Write a call that reserved nothing (settled or failed) and count what it used."""
+
+    async def spend_settle(self, settled: ModelCall) -> bool:
+        """Settle a reserved call with what it used (``settled``: state ``settled`` or
+        ``failed``), moving its charges' counters from its worst case to that. False: the
+        row was not reserved (settled already, or unknown), and nothing changed."""
+
+    async def spend_used(self, counters: Sequence[tuple[str, str]]) -> dict[tuple[str, str], float]:
+        """What each ``(scope, period)`` counter has used (0 for one never charged)."""
+
+    async def model_calls(
+        self, *, session_id: str | None = None, limit: int = 100
+    ) -> list[ModelCall]:
+        """Newest first."""
+
+    async def usage_report(
+        self, *, by: UsageGrouping = "all", since_day: str | None = None
+    ) -> list[UsageRow]:
+        """Model calls summed per group (``all``, ``binding``, ``job`` or ``day``)."""

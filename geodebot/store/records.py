@@ -490,3 +490,73 @@ class RelayInFlight(StoreError):
     def __init__(self, in_flight: int) -> None:
         super().__init__(f"{in_flight} deliveries from this thread are still in flight")
         self.in_flight = in_flight
+
+
+# -- token and spend budgets -------------------------------------------------------------
+SpendUnit = Literal["tokens", "usd"]
+UsageGrouping = Literal["all", "binding", "job", "day"]
+ModelCallState = Literal["reserved", "settled", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpendCharge:
+    """One budget a model call counts against: its counter ``(scope, period)``, in tokens or
+    US dollars, and its limit (None: counted, not limited)."""
+
+    scope: str
+    period: str
+    unit: SpendUnit
+    limit: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpendRefusal:
+    """The budget a reservation did not fit: what it had used, and what the call needed."""
+
+    charge: SpendCharge
+    used: float
+    needed: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One model call's row (see migration 0011): reserved, then settled."""
+
+    id: str
+    day: str
+    created_at: float
+    session_id: str
+    turn_id: str | None
+    binding: str | None
+    job: str | None
+    run: str | None
+    state: ModelCallState
+    reserved_tokens: int = 0
+    reserved_usd: float = 0.0
+    provider: str = ""
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    # None: no prices configured for the model that answered.
+    cost_usd: float | None = None
+    settled_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """``geodebot usage``: the calls of one group (a binding, a job, a day, or all)."""
+
+    key: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    # Calls a crash left reserved, counted in their budgets at their worst case.
+    unsettled: int
+    unsettled_tokens: int
+    cost_usd: float
+    # Calls whose model had no prices: their cost is not in cost_usd.
+    unpriced: int

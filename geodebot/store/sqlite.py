@@ -54,6 +54,7 @@ from geodebot.store.sqlite_rows import (
     from_row,
     paged,
 )
+from geodebot.store.sqlite_spend import Spend
 
 __all__ = ["SQLiteStore", "load_migrations", "split_statements"]
 
@@ -162,7 +163,7 @@ def load_migrations(root: Traversable | None = None) -> list[tuple[int, str, str
     return [found[version] for version in sorted(found)]
 
 
-class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires, Relay):
+class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires, Relay, Spend):
     """A :class:`Store` in one SQLite file, created with mode 0600 on first open.
 
     Effect receipts and operator switches live in :class:`ReceiptsAndSwitches`; they run

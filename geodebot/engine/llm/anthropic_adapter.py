@@ -84,6 +84,10 @@ _BILLING_RE = re.compile(
 )
 # SDK 2.x reports spend caps as 429s; waiting does not lift them, so they are billing errors.
 _SPEND_LIMIT_CODES = frozenset({"contract_spend_limit_reached", "enforced_spend_limit_reached"})
+# Prompt caching: a breakpoint on the tools and one on the system prompt (they change only
+# with the configuration), and two in the history (see anthropic_json._Turns.text); four is
+# the most the API takes. A prefix shorter than the model's minimum is simply not cached.
+_EPHEMERAL: dict[str, object] = {"cache_control": {"type": "ephemeral"}}
 # What a body that cannot be read raises while it is read (a value of the wrong shape, JSON
 # that is not JSON, nesting too deep for the parser).
 _MALFORMED = (AttributeError, KeyError, TypeError, ValueError, RecursionError)
@@ -98,8 +102,10 @@ class AnthropicAdapter:
         api_key_env: str,
         base_url: str | None = None,
         timeout_s: float = 120.0,
+        prompt_cache: bool = True,
     ) -> None:
         self._model = model
+        self._prompt_cache = prompt_cache
         self._api_key_env = api_key_env
         self._err = ErrorText(PROVIDER, model, Redactor([api_key] if api_key else []))
         self._client: anthropic.AsyncAnthropic | None = None
@@ -183,14 +189,21 @@ class AnthropicAdapter:
         """The request body as the SDK itself would encode it (compact UTF-8, no NaN), the
         history from the messages' cached JSON."""
         head: dict[str, object] = {"model": self._model, "max_tokens": request.max_tokens}
+        cache = self._prompt_cache
         if request.system:
-            head["system"] = request.system
+            if cache:
+                head["system"] = [{"type": "text", "text": request.system, **_EPHEMERAL}]
+            else:
+                head["system"] = request.system
         if request.tools:
-            head["tools"] = [_tool_param(t) for t in request.tools]
+            tools: list[dict[str, object]] = [dict(_tool_param(t)) for t in request.tools]
+            if cache:
+                tools[-1].update(_EPHEMERAL)
+            head["tools"] = tools
         if stream:
             head["stream"] = True
         try:
-            messages = self._history(request.messages)
+            messages = self._history(request.messages, cache=cache)
             return f'{dumps(head)[:-1]},"messages":{messages}}}'.encode()
         except (TypeError, ValueError) as exc:
             # A tool schema or argument that is not JSON; the SDK would refuse it the same way.
@@ -251,15 +264,17 @@ class AnthropicAdapter:
         # An empty answer is well-formed (the loop's verifier asks again), so it is returned.
         stop: StopReason = _STOP_REASONS.get(str(data.get("stop_reason")), "other")
         usage = data["usage"]
-        input_tokens = (
-            int(usage["input_tokens"])
-            + int(usage.get("cache_creation_input_tokens") or 0)
-            + int(usage.get("cache_read_input_tokens") or 0)
-        )
+        cache_write = int(usage.get("cache_creation_input_tokens") or 0)
+        cache_read = int(usage.get("cache_read_input_tokens") or 0)
         return LLMResponse(
             message=Message("assistant", tuple(blocks)),
             stop_reason=stop,
-            usage=Usage(input_tokens, int(usage["output_tokens"])),
+            usage=Usage(
+                int(usage["input_tokens"]) + cache_write + cache_read,
+                int(usage["output_tokens"]),
+                cache_read,
+                cache_write,
+            ),
             provider=PROVIDER,
             model=self._model,
             request_id=request_id,

@@ -33,7 +33,11 @@ from geodebot.engine.llm.types import (
     ToolUseBlock,
 )
 
-__all__ = ["HistoryJSON", "MessageJSON", "dumps"]
+__all__ = ["CACHE_BREAKPOINT", "HistoryJSON", "MessageJSON", "dumps"]
+
+# Spliced before a block's closing brace: the prompt cache's breakpoint (five minutes, the
+# API's default lifetime, renewed by every request that reads it).
+CACHE_BREAKPOINT = ',"cache_control":{"type":"ephemeral"}'
 
 _BlockParam: TypeAlias = (
     TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | ImageBlockParam | DocumentBlockParam
@@ -121,17 +125,19 @@ class _Turns:
     roles to alternate), tool results leading their user turn (the API rejects a tool_result
     after text in the same turn). It can be copied half-built and continued."""
 
-    __slots__ = ("done", "others", "results", "role")
+    __slots__ = ("done", "ends", "others", "results", "role")
 
     def __init__(self) -> None:
         self.done = ""  # the finished turns, comma-separated
+        # Where the last two finished turns end in ``done`` (see text's cache breakpoints).
+        self.ends: tuple[int, ...] = ()
         self.role: Role | None = None
         self.results: list[str] = []
         self.others: list[str] = []
 
     def copy(self) -> _Turns:
         other = _Turns()
-        other.done, other.role = self.done, self.role
+        other.done, other.ends, other.role = self.done, self.ends, self.role
         other.results, other.others = list(self.results), list(self.others)
         return other
 
@@ -143,16 +149,35 @@ class _Turns:
                     finished.append(self._open_turn())
                 self.role, self.results, self.others = block_role, [], []
             (self.results if is_result else self.others).append(text)
+        ends, end = list(self.ends), len(self.done)
+        for turn in finished:
+            end += len(turn) + (1 if end else 0)
+            ends.append(end)
         if finished:
             self.done = ",".join([self.done, *finished] if self.done else finished)
+            self.ends = tuple(ends[-2:])
 
-    def text(self) -> str:
+    def text(self, *, cache: bool = False) -> str:
+        """The array. With ``cache``, the last block of the newest turn and of the turn two
+        before it carry a cache breakpoint: the newest writes the conversation so far to the
+        provider's prompt cache, and the other is where the previous request of the
+        conversation ended (it ended on the turn before the answer it got), which this one
+        reads back whatever the number of blocks in between."""
         if self.role is None:
             return f"[{self.done}]"
-        return f"[{self.done},{self._open_turn()}]" if self.done else f"[{self._open_turn()}]"
+        last = self._open_turn(CACHE_BREAKPOINT if cache else "")
+        done = self.done
+        if cache and len(self.ends) == 2:
+            # A finished turn ends '}]}': its last block's brace, the content's, the turn's.
+            at = self.ends[0] - 3
+            done = f"{done[:at]}{CACHE_BREAKPOINT}{done[at:]}"
+        return f"[{done},{last}]" if done else f"[{last}]"
 
-    def _open_turn(self) -> str:
-        return f'{{"role":"{self.role}","content":[{",".join(self.results + self.others)}]}}'
+    def _open_turn(self, mark: str = "") -> str:
+        blocks = ",".join(self.results + self.others)
+        if mark:
+            blocks = f"{blocks[:-1]}{mark}}}"
+        return f'{{"role":"{self.role}","content":[{blocks}]}}'
 
 
 class HistoryJSON:
@@ -188,7 +213,8 @@ class HistoryJSON:
         # (key, serial) of entries one of whose messages died; see MessageJSON._dead.
         self._dead: list[tuple[int, int]] = []
 
-    def __call__(self, messages: Sequence[Message]) -> str:
+    def __call__(self, messages: Sequence[Message], *, cache: bool = False) -> str:
+        """The array; ``cache``: with the prompt cache's breakpoints (see ``_Turns.text``)."""
         self._reap()
         if not messages:
             return "[]"
@@ -202,7 +228,7 @@ class HistoryJSON:
             turns, start = _Turns(), 0
         for message in messages[start:]:
             turns.add(self._encoded(message))
-        text = turns.text()
+        text = turns.text(cache=cache)
         if len(text) <= self._max_chars:
             forget = functools.partial(self._forget, ids[0], entry.serial)
             entry.refs.extend(weakref.ref(m, forget) for m in messages[start:])

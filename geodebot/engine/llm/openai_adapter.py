@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import openai
+from openai.types import CompletionUsage
 from openai.types.chat import (
     ChatCompletion,
     ChatCompletionAssistantMessageParam,
@@ -241,7 +242,7 @@ class OpenAIAdapter:
         return LLMResponse(
             message=Message("assistant", tuple(blocks)),
             stop_reason=stop,
-            usage=Usage(usage.prompt_tokens, usage.completion_tokens) if usage else Usage(),
+            usage=_usage(usage),
             provider=self._provider,
             model=self._model,
             request_id=request_id,
@@ -407,3 +408,13 @@ def _error_message(body: object) -> str:
         message = body.get("message")
         return message if isinstance(message, str) else json.dumps(body, default=str)
     return "" if body is None else str(body)
+
+
+def _usage(usage: CompletionUsage | None) -> Usage:
+    """OpenAI caches long prompts by itself; the part of the prompt it read from its cache is
+    reported, and there is no separate price for writing it."""
+    if usage is None:
+        return Usage()
+    details = usage.prompt_tokens_details
+    cached = (details.cached_tokens or 0) if details is not None else 0
+    return Usage(usage.prompt_tokens, usage.completion_tokens, cache_read_tokens=int(cached))

@@ -198,17 +198,33 @@ class LLMRequest:
     tools: tuple[ToolSchema, ...] = ()
     max_tokens: int = 4096
     temperature: float | None = None
+    # The caller's estimate of the input's tokens (the loop has it at hand); None: the
+    # budgets estimate it from the request (see engine/spend.py).
+    estimated_input_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Tokens of one or more model calls. ``input_tokens`` counts every input token, those
+    read from and written to the provider's prompt cache included; the two cache fields say
+    how many of them were."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
         )
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from geodebot.engine.llm.types import (
 )
 from tests.support.fakes.llm_server import Call, Error, FakeLLMServer, Hang, Item, Raw, Reply
 
+EPHEMERAL = {"type": "ephemeral"}
 KEY = "sk-adaptertest-5b0c9e1d7f3a4b2c8d6e0f1a2b3c4d5e"
 KEY_ENV = "GEODEBOT_ADAPTER_TEST_KEY"
 PROVIDERS = ["anthropic", "openai"]
@@ -122,8 +123,13 @@ async def test_plain_text_answer(srv: FakeLLMServer, make: Make, provider: str) 
     if provider == "anthropic":
         assert sent.path == "/v1/messages"
         assert KEY in (sent.headers.get("x-api-key", ""), sent.headers.get("authorization", "")[7:])
-        assert body["system"] == "You are terse."
-        assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+        # Prompt-cache breakpoints (prompt_cache is on by default) on the system prompt and
+        # the newest turn; test_prompt_cache.py checks where they go in longer requests.
+        assert body["system"] == [
+            {"type": "text", "text": "You are terse.", "cache_control": EPHEMERAL}
+        ]
+        hi = {"type": "text", "text": "hi", "cache_control": EPHEMERAL}
+        assert body["messages"] == [{"role": "user", "content": [hi]}]
         assert body["max_tokens"] == 256
         assert "temperature" not in body  # API 2026-10-21 rejects sampling parameters
     else:
@@ -173,7 +179,12 @@ async def test_tool_call_round_trip(srv: FakeLLMServer, make: Make, provider: st
     description, schema = WEATHER.description, dict(WEATHER.input_schema)
     if provider == "anthropic":
         assert tools == [
-            {"name": "get_weather", "description": description, "input_schema": schema}
+            {
+                "name": "get_weather",
+                "description": description,
+                "input_schema": schema,
+                "cache_control": EPHEMERAL,
+            }
         ]
         assert sent[1] == {
             "role": "assistant",
@@ -185,7 +196,10 @@ async def test_tool_call_round_trip(srv: FakeLLMServer, make: Make, provider: st
         }
         assert sent[2] == {
             "role": "user",
-            "content": [result("call_1", "sunny, 21 C"), result("call_2", "unknown city", True)],
+            "content": [
+                result("call_1", "sunny, 21 C"),
+                {**result("call_2", "unknown city", True), "cache_control": EPHEMERAL},
+            ],
         }
     else:
         function = {"name": "get_weather", "description": description, "parameters": schema}
@@ -219,7 +233,7 @@ async def test_anthropic_merges_same_role_turns_with_tool_results_first(
     assert "system" not in body
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
     assert [b["text"] for b in body["messages"][0]["content"]] == ["first", "second"]
-    assert body["messages"][2]["content"] == [result("t1", "sunny")]
+    assert body["messages"][2]["content"] == [{**result("t1", "sunny"), "cache_control": EPHEMERAL}]
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -68,6 +68,8 @@ from typing import Any, Literal, Self, TypeAlias
 
 from aiohttp import web
 
+from tests.support.fakes.prompt_cache import PromptCache
+
 Dialect: TypeAlias = Literal["anthropic", "openai"]
 
 ANTHROPIC_PATH = "/v1/messages"
@@ -221,6 +223,9 @@ class FakeLLMServer:
         # False: requests are counted but not kept (a long benchmark would hold every body).
         self.record = record
         self.request_count = 0
+        # Set: usage reports the input as a provider's prompt cache would bill it (see
+        # prompt_cache.py); None: a Reply's usage as scripted, nothing cached.
+        self.prompt_cache: PromptCache | None = None
         self._host = host
         self._port = port
         self._queue: deque[Item] = deque()
@@ -366,8 +371,27 @@ class FakeLLMServer:
         if body.get("stream") is True:
             return await self._stream(request, dialect, body, item)
         if dialect == "anthropic":
-            return self._anthropic_reply(item, model)
-        return self._openai_reply(item, model)
+            return self._anthropic_reply(item, model, self._anthropic_usage(body, item))
+        return self._openai_reply(item, model, self._openai_usage(body, item))
+
+    def _anthropic_usage(self, body: dict[str, Any], reply: Reply) -> dict[str, int]:
+        if self.prompt_cache is None:
+            plain, written, read = reply.usage[0], 0, 0
+        else:
+            plain, written, read = self.prompt_cache.anthropic(body)
+        return {
+            "input_tokens": plain,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
+        }
+
+    def _openai_usage(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        prompt, completion = reply.usage
+        usage: dict[str, Any] = {"prompt_tokens": prompt}
+        if self.prompt_cache is not None:
+            prompt, cached = self.prompt_cache.openai(body)
+            usage = {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached}}
+        return {**usage, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     async def _stream(
         self, request: web.Request, dialect: Dialect, body: dict[str, Any], reply: Reply
@@ -375,12 +399,13 @@ class FakeLLMServer:
         n = next(self._ids)
         model = str(body.get("model", "fake-model"))
         if dialect == "anthropic":
-            events = _anthropic_events(reply, model, n)
+            events = _anthropic_events(reply, model, n, self._anthropic_usage(body, reply))
             headers = {"request-id": f"req_fake_{n}"}
         else:
             options = body.get("stream_options")
             usage = isinstance(options, dict) and options.get("include_usage") is True
-            events = _openai_events(reply, model, n, usage)
+            counted = self._openai_usage(body, reply) if usage else None
+            events = _openai_events(reply, model, n, counted)
             headers = {"x-request-id": f"req_fake_{n}"}
         headers |= {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
         response = web.StreamResponse(headers=headers)
@@ -429,7 +454,7 @@ class FakeLLMServer:
             await response.write(_error_event(dialect, how))
         await response.write_eof()
 
-    def _anthropic_reply(self, reply: Reply, model: str) -> web.Response:
+    def _anthropic_reply(self, reply: Reply, model: str, usage: dict[str, int]) -> web.Response:
         n = next(self._ids)
         content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
         content += [
@@ -441,7 +466,6 @@ class FakeLLMServer:
             }
             for i, c in enumerate(reply.tool_calls)
         ]
-        usage = {"input_tokens": reply.usage[0], "output_tokens": reply.usage[1]}
         payload = {
             "id": f"msg_fake_{n}",
             "type": "message",
@@ -450,11 +474,11 @@ class FakeLLMServer:
             "content": content,
             "stop_reason": reply.stop or ("tool_use" if reply.tool_calls else "end_turn"),
             "stop_sequence": None,
-            "usage": {**usage, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            "usage": {**usage, "output_tokens": reply.usage[1]},
         }
         return web.json_response(payload, headers={"request-id": f"req_fake_{n}"})
 
-    def _openai_reply(self, reply: Reply, model: str) -> web.Response:
+    def _openai_reply(self, reply: Reply, model: str, usage: dict[str, Any]) -> web.Response:
         n = next(self._ids)
         message: dict[str, Any] = {
             "role": "assistant",
@@ -468,18 +492,13 @@ class FakeLLMServer:
             ]
         stop = reply.stop or ("tool_use" if reply.tool_calls else "end_turn")
         choice = {"index": 0, "message": message, "finish_reason": _FINISH_REASONS.get(stop, stop)}
-        prompt, completion = reply.usage
         payload = {
             "id": f"chatcmpl-fake{n}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
             "choices": [{**choice, "logprobs": None}],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
+            "usage": usage,
         }
         return web.json_response(payload, headers={"x-request-id": f"req_fake_{n}"})
 
@@ -537,13 +556,14 @@ def _arguments_json(call: Call) -> str:
     return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
 
 
-def _anthropic_events(reply: Reply, model: str, n: int) -> Iterator[_Event]:
+def _anthropic_events(
+    reply: Reply, model: str, n: int, counted: dict[str, int]
+) -> Iterator[_Event]:
     def event(kind: str, where: _Where = None, **fields: Any) -> _Event:
         return _sse({"type": kind, **fields}, kind), where
 
     stop = reply.stop or ("tool_use" if reply.tool_calls else "end_turn")
-    usage = {"input_tokens": reply.usage[0], "output_tokens": 1}
-    usage |= {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    usage = {**counted, "output_tokens": 1}
     message = {"id": f"msg_fake_{n}", "type": "message", "role": "assistant", "model": model}
     message |= {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
     yield event("message_start", message=message)
@@ -569,7 +589,10 @@ def _anthropic_events(reply: Reply, model: str, n: int) -> Iterator[_Event]:
     yield event("message_stop")
 
 
-def _openai_events(reply: Reply, model: str, n: int, include_usage: bool) -> Iterator[_Event]:
+def _openai_events(
+    reply: Reply, model: str, n: int, usage: dict[str, Any] | None
+) -> Iterator[_Event]:
+    include_usage = usage is not None
     head = {"id": f"chatcmpl-fake{n}", "object": "chat.completion.chunk"}
     head |= {"created": int(time.time()), "model": model, "system_fingerprint": None}
     if include_usage:
@@ -591,10 +614,7 @@ def _openai_events(reply: Reply, model: str, n: int, include_usage: bool) -> Ite
             yield chunk({"tool_calls": [fragment]}, "delta")
     stop = reply.stop or ("tool_use" if reply.tool_calls else "end_turn")
     yield chunk({}, "closing", _FINISH_REASONS.get(stop, stop))
-    if include_usage:
-        prompt, completion = reply.usage
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion}
-        usage["total_tokens"] = prompt + completion
+    if usage is not None:
         yield _sse({**head, "choices": [], "usage": usage}), None
     yield _sse("[DONE]"), None
 

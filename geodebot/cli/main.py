@@ -234,6 +234,14 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"outbox: {outbox.get('pending', 0)} pending, {outbox.get('failed', 0)} failed"
     )
     print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
+    usage = answer.get("model_usage_today", {})
+    if usage.get("calls"):
+        read, total = usage["cache_read_tokens"], usage["input_tokens"]
+        print(
+            f"model today: {usage['calls']} calls, {total:,} input tokens "
+            f"({read / total if total else 0:.0%} from the prompt cache), "
+            f"{usage['output_tokens']:,} output, ${usage['cost_usd']:.4f}"
+        )
     process = answer.get("process", {})
     rss = process.get("rss_bytes")
     print(

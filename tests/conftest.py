@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.fakes.llm_server import FakeLLMServer
 from tests.support.fakes.slack_server import FakeSlack
 from tests.support.slack_world import Rig, TimedCalls, TimedLLM
+from tests.support.telegram_world import TOKEN_ENV, StampedTelegram, TelegramWorld
 
 
 @pytest.fixture(autouse=True)
@@ -37,4 +39,18 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         finally:
             # Before the fakes go away: a daemon a failed test left behind is killed.
             for daemon in rig.daemons:
+                await daemon.kill()
+
+
+@pytest.fixture
+async def tg(tmp_path: Path, llm_server: FakeLLMServer) -> AsyncIterator[TelegramWorld]:
+    """The Telegram world of the fault and budget tests (tests/support/telegram_world.py)."""
+    async with StampedTelegram() as telegram:
+        env = dict(os.environ, **{TOKEN_ENV: telegram.token, TEST_KEY_ENV: TEST_KEY})
+        env.pop("GEODEBOT_CONFIG", None)
+        world = TelegramWorld(telegram, llm_server, tmp_path, env)
+        try:
+            yield world
+        finally:  # a test that failed early leaves no daemon behind
+            for daemon in world.daemons:
                 await daemon.kill()

@@ -7,37 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
-import pytest
 
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.abuse import free_port
 from tests.support.cli import geodebot
-from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import DaemonProcess
-from tests.support.fakes.llm_server import FakeLLMServer, Hang, Reply
-from tests.support.telegram_world import GROUP, TOKEN_ENV, StampedTelegram, TelegramWorld
+from tests.support.fakes.llm_server import Hang, Reply
+from tests.support.telegram_world import GROUP, TelegramWorld
 
 # Room for one call's worst case (an estimate of about 50 tokens plus max_tokens), not two.
 MODEL = "max_retries = 0\nmax_tokens = 1000"
 BINDING_TOKENS = 1400
-
-
-@pytest.fixture
-async def tg(tmp_path: Path, llm_server: FakeLLMServer) -> AsyncIterator[TelegramWorld]:
-    async with StampedTelegram() as telegram:
-        env = dict(os.environ, **{TOKEN_ENV: telegram.token, TEST_KEY_ENV: TEST_KEY})
-        env.pop("GEODEBOT_CONFIG", None)
-        world = TelegramWorld(telegram, llm_server, tmp_path, env)
-        try:
-            yield world
-        finally:
-            for daemon in world.daemons:
-                await daemon.kill()
 
 
 async def healthz(port: int) -> dict[str, object]:

@@ -52,6 +52,13 @@ BENCHES = [
         ["bench/telegram_bench.py", "--quick"],
     ),
     Bench(
+        "long sessions",
+        "CPU per turn in 50 busy chats at ~540 messages of history against ~60, and the first "
+        "turn of each session after a restart against a warm one.",
+        ["bench/long_sessions.py"],
+        ["bench/long_sessions.py", "--quick"],
+    ),
+    Bench(
         "scheduler",
         "10,000 jobs in a running daemon: fire lateness and idle CPU.",
         ["bench/scheduler_bench.py"],

@@ -9,22 +9,26 @@ channel session's context is long. The store stays the truth:
   store's ``load_context`` applies (the newest summary, then the messages after the range it
   covers); an append that does not continue the entry drops it.
 
-Least recently used entries go first once more than ``max_sessions`` sessions or about
-``max_bytes`` of memory are held, so idle sessions cost nothing here. The size is an estimate
-of what an item keeps alive: its decoded message and its canonical JSON (each about the
-length of the JSON), any image's data (which the canonical JSON holds only as a digest), and
-a fixed cost per item of the objects around them (measured: about 490 bytes for a
-64-character message).
+Least recently used entries go first once more than ``max_sessions`` sessions or
+``max_bytes`` of memory are held, so idle sessions cost nothing here. The size is measured
+(``sys.getsizeof``) over the objects an item keeps alive: the item, its message and blocks
+with their strings, any image's data, and the item's canonical JSON. The default bound holds
+50 busy channel sessions of about 540 messages each (a few hundred bytes of text per
+message): below the working set every turn of every session misses, and a miss reads and
+decodes the whole history. The adapters' encodings of the same messages (see anthropic_json)
+live only as long as the messages do, so this bound governs them too; they take about as
+much again.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from sys import getsizeof
 
 from geodebot.engine.compaction import ContextItem
-from geodebot.engine.llm.types import Message, ToolResultBlock
+from geodebot.engine.llm.types import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from geodebot.store.records import NewMessage
 
 __all__ = ["ContextCache", "item_size"]
@@ -41,16 +45,38 @@ class _Entry:
     floor: int
 
 
-_ITEM_BYTES = 350
-
-
 def item_size(item: ContextItem) -> int:
-    """Estimated bytes ``item`` keeps alive (see the module's docstring)."""
-    size = _ITEM_BYTES + 2 * len(item.canonical)
-    if item.images:
-        for block in item.message.content:
-            if isinstance(block, ToolResultBlock):
-                size += sum(len(image.data) for image in block.images)
+    """Bytes ``item`` keeps alive, measured (see the module's docstring)."""
+    message = item.message
+    size = (
+        getsizeof(item)
+        + getsizeof(message)
+        + getsizeof(message.role)
+        + getsizeof(message.content)
+        + getsizeof(item.canonical)
+    )
+    for block in message.content:
+        size += getsizeof(block)
+        if isinstance(block, TextBlock):
+            size += getsizeof(block.text)
+        elif isinstance(block, ToolResultBlock):
+            size += getsizeof(block.content) + getsizeof(block.tool_use_id)
+            for image in block.images:
+                size += getsizeof(image) + getsizeof(image.data)
+        elif isinstance(block, ToolUseBlock):
+            size += getsizeof(block.id) + getsizeof(block.name) + _json_size(block.arguments)
+        else:
+            size += getsizeof(block.sha256) + getsizeof(block.name) + getsizeof(block.data)
+    return size
+
+
+def _json_size(value: object) -> int:
+    """Bytes of a JSON value (a tool call's arguments), its containers and their items."""
+    size = getsizeof(value)
+    if isinstance(value, Mapping):
+        size += sum(getsizeof(k) + _json_size(v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        size += sum(_json_size(v) for v in value)
     return size
 
 
@@ -59,7 +85,7 @@ def _size(items: Sequence[ContextItem]) -> int:
 
 
 class ContextCache:
-    def __init__(self, *, max_sessions: int = 256, max_bytes: int = 8_000_000) -> None:
+    def __init__(self, *, max_sessions: int = 256, max_bytes: int = 32_000_000) -> None:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._max_sessions = max_sessions
         self._max_bytes = max_bytes
@@ -71,7 +97,7 @@ class ContextCache:
 
     @property
     def size(self) -> int:
-        """Estimated bytes held."""
+        """Bytes held, as measured by :func:`item_size`."""
         return self._size
 
     def get(self, session_id: str, generation: int, next_seq: int) -> list[ContextItem] | None:

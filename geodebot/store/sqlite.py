@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import pathlib
@@ -31,6 +32,7 @@ from geodebot.store.records import (
     BatchStatus,
     InboxEnding,
     InboxFinished,
+    MessageKind,
     MessageRecord,
     NewMessage,
     OpenedSession,
@@ -450,11 +452,16 @@ class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires,
         return await self._transact(f"{what} with {also}", write_both, durable=True)
 
     async def load_context(self, session_id: str) -> list[MessageRecord]:
-        rows = await self._query(
-            f"loading the context of session {session_id!r}",
-            lambda db: db.execute(_LOAD_CONTEXT, {"sid": session_id}).fetchall(),
-        )
-        return [from_row(MessageRecord, row) for row in rows]
+        def read(db: sqlite3.Connection) -> list[MessageRecord]:
+            # Plain tuples in column order, not named rows: a long history is read on every
+            # turn whose session is not cached, and naming each row's columns cost more than
+            # the query.
+            cursor = db.cursor()
+            cursor.row_factory = None
+            rows = cursor.execute(_LOAD_CONTEXT, {"sid": session_id}).fetchall()
+            return [_message(*row) for row in rows]
+
+        return await self._query(f"loading the context of session {session_id!r}", read)
 
     async def load_messages(
         self, session_id: str, *, after_seq: int = 0, limit: int | None = None
@@ -553,6 +560,33 @@ def _checkpointing(
         return list(range(first, next_seq))
 
     return what, write
+
+
+def _message(
+    session_id: str,
+    seq: int,
+    generation: int,
+    role: str,
+    kind: MessageKind,
+    content: str,
+    turn_id: str,
+    covers_from: int | None,
+    covers_to: int | None,
+    created_at: float,
+) -> MessageRecord:
+    """A row of ``_MESSAGE_COLS``, in that order, as its record."""
+    return MessageRecord(
+        session_id=session_id,
+        seq=seq,
+        generation=generation,
+        role=role,
+        content=json.loads(content),
+        turn_id=turn_id,
+        kind=kind,
+        covers_from=covers_from,
+        covers_to=covers_to,
+        created_at=created_at,
+    )
 
 
 def _version(db: sqlite3.Connection) -> int:

@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from json.encoder import (  # type: ignore[attr-defined]  # c_make_encoder is untyped
+    c_make_encoder,
+    encode_basestring,
+)
 from typing import Any, Literal, Protocol
 
 Role = Literal["user", "assistant"]
@@ -284,6 +288,37 @@ class LLMAdapter(Protocol):
     async def aclose(self) -> None: ...
 
 
+def compact_encoder(*, sort_keys: bool, allow_nan: bool = True) -> Callable[[Any], str]:
+    """``json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=...,
+    allow_nan=...)`` as a function giving the same text.
+
+    ``json.dumps`` with arguments builds a ``JSONEncoder`` and its C encoder on every call,
+    which costs twice what encoding a chat message does; every message of a history that is
+    read again goes through here. This builds the C encoder per call only (it holds the
+    per-call circular-reference markers), where the interpreter has one."""
+    fallback = json.JSONEncoder(
+        ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys, allow_nan=allow_nan
+    )
+    make = c_make_encoder
+    if make is None:
+        return fallback.encode
+    default = fallback.default
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return encode_basestring(value)
+        return "".join(
+            make({}, default, encode_basestring, None, ":", ",", sort_keys, False, allow_nan)(
+                value, 0
+            )
+        )
+
+    return encode
+
+
+_canonical = compact_encoder(sort_keys=True)
+
+
 def canonical_json(value: Any) -> str:
     """Stable JSON used for hashing and storage."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _canonical(value)

@@ -240,7 +240,11 @@ async def create_session(
     )
     switch = opened.switch
     plan = BoundToolPlan.project(
-        await services.tools.resolve(spec.tools, deadline=started + budget),
+        # A batch a crash left unfinished runs under this plan: its tools must be the ones
+        # its approvals were given under, not stand-ins for a server still starting.
+        await services.tools.resolve(
+            spec.tools, deadline=started + budget, patient=bool(opened.pending)
+        ),
         mode,
         spec.tools,
         preapproved=spec.preapproved,

@@ -354,7 +354,7 @@ class BudgetedLLM:
                 await store.spend_settle(settled)
             else:
                 await store.spend_record(settled, charges)
-        except StoreError:
+        except StoreError as exc:
             # The answer stands; a reservation that could not be settled keeps its worst
             # case (over-counted, never under), an unlimited call goes uncounted.
-            log.exception("cannot record model call %s", call.id)
+            log.error("cannot record model call %s: %s", call.id, exc)

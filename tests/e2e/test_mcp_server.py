@@ -61,9 +61,9 @@ async def test_run_agent_is_listed_and_answers_in_fresh_sessions(
     first, second = llm_server.requests
     assert first.json["model"] == "mcp-model-3"
     # A fresh session each time: the second run does not see the first conversation.
-    assert second.json["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "And now?"}]}
-    ]
+    # (The one message carries the prompt cache's breakpoint on the newest turn.)
+    marked = {"type": "text", "text": "And now?", "cache_control": {"type": "ephemeral"}}
+    assert second.json["messages"] == [{"role": "user", "content": [marked]}]
     store = SQLiteStore(tmp_path / "var" / "geodebot.db")
     await store.open()
     try:

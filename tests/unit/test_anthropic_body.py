@@ -24,6 +24,7 @@ from geodebot.engine.llm.types import (
 from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 KEY = "sk-ant-test-0123456789abcdef"
+EPHEMERAL = {"type": "ephemeral"}
 SCHEMA = ToolSchema("lookup", "Looks a word up.", {"type": "object"})
 
 
@@ -55,12 +56,15 @@ async def test_the_body_is_the_messages_api_shape(srv: FakeLLMServer, adapter: A
     assert json.loads(sent.raw) == {
         "model": "m",
         "max_tokens": 77,
-        "system": "be brief",
+        # Prompt-cache breakpoints (on by default): the system prompt, the last tool, the
+        # newest turn and the turn two before it (see test_prompt_cache.py).
+        "system": [{"type": "text", "text": "be brief", "cache_control": EPHEMERAL}],
         "tools": [{"name": "lookup", "description": "Looks a word up.",
-                   "input_schema": {"type": "object"}}],
+                   "input_schema": {"type": "object"}, "cache_control": EPHEMERAL}],
         "messages": [
             {"role": "user",
-             "content": [{"type": "text", "text": "Wörter: ünïcode, \"quotes\" and \\ <tags>"}]},
+             "content": [{"type": "text", "text": "Wörter: ünïcode, \"quotes\" and \\ <tags>",
+                          "cache_control": EPHEMERAL}]},
             {"role": "assistant", "content": [
                 {"type": "text", "text": "Looking."},
                 {"type": "tool_use", "id": "c1", "name": "lookup", "input": {"q": "x"}},
@@ -68,7 +72,7 @@ async def test_the_body_is_the_messages_api_shape(srv: FakeLLMServer, adapter: A
             # The tool result leads its user turn; the two user messages are one turn.
             {"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "c1", "content": "found", "is_error": True},
-                {"type": "text", "text": "also this"},
+                {"type": "text", "text": "also this", "cache_control": EPHEMERAL},
             ]},
         ],
     }  # fmt: skip

@@ -491,7 +491,7 @@ async def test_anthropic_thinking_is_not_visible_text_and_usage_totals_replace(
     response = await make("anthropic").complete(REQUEST, on_stream=events.append)
     assert events == [TextDelta("Hi"), TextDelta("!")]
     assert response.message == Message.assistant_text("Hi!")
-    assert response.usage == Usage(42, 20)
+    assert response.usage == Usage(42, 20, cache_read_tokens=2)
 
 
 async def test_openai_reasoning_is_not_visible_text(srv: FakeLLMServer, make: Make) -> None:

@@ -340,3 +340,26 @@ async def test_streamable_http_server(http_server: str) -> None:
         with pytest.raises(ToolError, match="always fails"):
             await specs["mcp__web__fail"].handler({}, CTX)
         assert (await pool.status())["web"]["state"] == "up"
+
+
+async def test_a_patient_resolve_waits_for_a_slow_server_where_a_session_would_not() -> None:
+    """A session recovering a batch asks for the real specs (its approvals were given under
+    them): it waits for a server that takes longer than the grace, where a fresh session
+    takes stand-ins and goes on."""
+    slow = (
+        sys.executable,
+        "-c",
+        "import runpy, sys, time; time.sleep(1.5); sys.argv = [sys.argv[1]]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')",
+        str(FAKE),
+    )
+    loop = asyncio.get_running_loop()
+    async with make_pool(fake_server({"echo": READ}, command=slow), connect_grace_s=0.2) as pool:
+        specs = by_name(await pool.tool_specs(["mcp__fake__echo"], deadline=loop.time() + 60))
+        assert "not connected yet" in specs["mcp__fake__echo"].description
+    async with make_pool(fake_server({"echo": READ}, command=slow), connect_grace_s=0.2) as pool:
+        specs = by_name(
+            await pool.tool_specs(["mcp__fake__echo"], deadline=loop.time() + 60, patient=True)
+        )
+        assert "not connected yet" not in specs["mcp__fake__echo"].description
+        assert specs["mcp__fake__echo"].input_schema != {"type": "object"}

@@ -191,20 +191,24 @@ class MCPServerPool:
         *,
         deadline: float | None = None,
         wait_s: float | None = None,
+        patient: bool = False,
     ) -> list[ToolSpec]:
         """The specs of the declared tools ``names`` lists (all of them when None).
 
         Only the servers of those tools are started, and each is waited for at most
         ``wait_s`` (default: the grace), and never more than a tenth of what is left until
-        ``deadline`` (the turn's end, on the event loop's clock). A server that is not up by
+        ``deadline`` (the turn's end, on the event loop's clock); ``patient``, half of what is
+        left (see ToolSource.tool_specs). A server that is not up by
         then keeps the specs of its last listing; one that has never been listed gets a
         stand-in for each tool (see :meth:`_stand_in`), which connects when called.
         """
         wanted = self._wanted(names)
         wait = self._grace_s if wait_s is None else wait_s
         if deadline is not None:
-            left = deadline - asyncio.get_running_loop().time()
-            wait = min(wait, max(0.0, left) * _SETUP_SHARE)
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            # Patient: a stand-in would change the plan a pending approval was given under,
+            # and the call would be refused as changed; that is worth half the turn's time.
+            wait = left * _CALL_SHARE if patient else min(wait, left * _SETUP_SHARE)
         per_server = await asyncio.gather(
             *(self._specs(self._slots[name], tools, wait, deadline) for name, tools in wanted)
         )

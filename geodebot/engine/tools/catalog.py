@@ -21,12 +21,14 @@ class ToolSource(Protocol):
     """Tools discovered at run time, e.g. the declared tools of the MCP servers."""
 
     async def tool_specs(
-        self, names: Collection[str], *, deadline: float | None = None
+        self, names: Collection[str], *, deadline: float | None = None, patient: bool = False
     ) -> list[ToolSpec]:
         """The specs of those of ``names`` that exist (others are simply absent).
 
         ``deadline`` is when the turn that asks must end, on the event loop's clock: a source
-        waits for nothing past a small share of what is left until then."""
+        waits for nothing past a small share of what is left until then. ``patient``: the
+        specs must be the real ones if at all possible (a session recovering a batch whose
+        approvals were given under them), so a source waits up to half of what is left."""
         ...
 
 
@@ -44,11 +46,11 @@ class ToolCatalog:
         return self._registry
 
     async def resolve(
-        self, names: Iterable[str], *, deadline: float | None = None
+        self, names: Iterable[str], *, deadline: float | None = None, patient: bool = False
     ) -> Mapping[str, ToolSpec]:
         """The specs of ``names`` that exist now; unknown names are simply absent.
 
-        ``deadline``: see :meth:`ToolSource.tool_specs`."""
+        ``deadline`` and ``patient``: see :meth:`ToolSource.tool_specs`."""
         wanted = set(names)
         found: dict[str, ToolSpec] = {}
         for name in wanted:
@@ -60,7 +62,7 @@ class ToolCatalog:
             if not asked:
                 continue
             try:
-                specs = await source.tool_specs(asked, deadline=deadline)
+                specs = await source.tool_specs(asked, deadline=deadline, patient=patient)
             except Exception:
                 # A broken source costs its own tools, never the session.
                 log.exception("tool source %s failed", prefix)

@@ -168,7 +168,9 @@ def config_job(
 
 def config_jobs(config: Config, *, now: float | None = None) -> list[JobRecord]:
     bindings = BindingIndex(config.bindings)
-    return [config_job(job, config, bindings, now=now) for job in config.jobs]
+    # One moment for all: they are synced together.
+    moment = time.time() if now is None else now
+    return [config_job(job, config, bindings, now=moment) for job in config.jobs]
 
 
 def schedule_problems(config: Config) -> list[str]:

@@ -108,15 +108,25 @@ class CronFields:
     def __init__(self) -> None:
         self._compiled: dict[tuple[str, str], BaseField] = {}
 
-    def trigger(self, expr: str, tz: ZoneInfo) -> CronTrigger:
+    def fields(self, expr: str) -> list[BaseField]:
+        """The compiled fields of ``expr``; raises :class:`ScheduleError` if it is not valid."""
         texts = _cron_texts(expr)
-        try:
-            fields = [
-                self._field(name, cls, is_default, texts.get(name, "*"))
-                for name, cls, is_default in _CRON_FIELDS
-            ]
-        except (ValueError, TypeError) as exc:
-            raise ScheduleError(f"{expr!r} is not a valid cron expression: {exc}") from None
+        compiled = self._compiled
+        fields = []
+        for name, cls, is_default in _CRON_FIELDS:
+            key = (name, texts.get(name, "*"))
+            field = compiled.get(key)
+            if field is None:
+                try:
+                    field = compiled[key] = cls(name, key[1], is_default)
+                except (ValueError, TypeError) as exc:
+                    msg = f"{expr!r} is not a valid cron expression: {exc}"
+                    raise ScheduleError(msg) from None
+            fields.append(field)
+        return fields
+
+    def trigger(self, expr: str, tz: ZoneInfo) -> CronTrigger:
+        fields = self.fields(expr)
         trigger: CronTrigger = CronTrigger.__new__(CronTrigger)
         # APScheduler's own way back from a pickled trigger (state version 2 of 3.x): the
         # same object its constructor makes from these fields (tests/unit compare them).
@@ -131,13 +141,6 @@ class CronFields:
             }
         )
         return trigger
-
-    def _field(self, name: str, cls: type[BaseField], is_default: bool, text: str) -> BaseField:
-        key = (name, text)
-        field = self._compiled.get(key)
-        if field is None:
-            field = self._compiled[key] = cls(name, text, is_default)
-        return field
 
 
 def _cron_texts(expr: str) -> dict[str, str]:
@@ -231,6 +234,11 @@ def missed_between(
 
 def check_schedule(schedule: Schedule, cron: CronFields | None = None) -> None:
     """Raise :class:`ScheduleError` if the schedule cannot be built."""
+    if schedule.kind == "cron" and cron is not None:
+        # What building its trigger checks, without the trigger.
+        zone(schedule.timezone)
+        cron.fields(schedule.expr)
+        return
     build_trigger(schedule, cron)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geodebot.scheduler.definitions import schedule_of
-from geodebot.scheduler.schedule import ScheduleError, format_fire, missed_between
+from geodebot.scheduler.schedule import ScheduleError, Trigger, format_fire, missed_between
 from geodebot.store.records import JobRecord
 
 # catch_up = "all" runs at most this many of the newest missed fires, one after the other.
@@ -20,10 +20,14 @@ class CatchUpPlan:
     reason: str
 
 
-def plan_catch_up(job: JobRecord, after_ms: int, upto_ms: int) -> CatchUpPlan | None:
-    """None when nothing was missed in ``(after_ms, upto_ms]``."""
+def plan_catch_up(
+    job: JobRecord, after_ms: int, upto_ms: int, trigger: Trigger | None = None
+) -> CatchUpPlan | None:
+    """None when nothing was missed in ``(after_ms, upto_ms]``; ``trigger``: the job's, when
+    the caller has it built already."""
+    keep = MAX_CATCH_UP_RUNS + 1
     try:
-        missed = missed_between(schedule_of(job), after_ms, upto_ms, keep=MAX_CATCH_UP_RUNS + 1)
+        missed = missed_between(schedule_of(job), after_ms, upto_ms, keep, trigger)
     except ScheduleError:
         return None
     if missed.count == 0:

@@ -13,7 +13,13 @@ from geodebot.config.jobs import JobConfig
 from geodebot.config.schema import BindingConfig, Config, ConfigError
 from geodebot.engine.modes import Mode
 from geodebot.engine.tools.plan import allowlist_problems
-from geodebot.scheduler.schedule import Schedule, ScheduleError, ScheduleKind, check_schedule
+from geodebot.scheduler.schedule import (
+    CronFields,
+    Schedule,
+    ScheduleError,
+    ScheduleKind,
+    check_schedule,
+)
 from geodebot.store.jobs import JobStore
 from geodebot.store.records import JobRecord
 
@@ -162,17 +168,20 @@ def config_job(
 
 def config_jobs(config: Config, *, now: float | None = None) -> list[JobRecord]:
     bindings = BindingIndex(config.bindings)
-    return [config_job(job, config, bindings, now=now) for job in config.jobs]
+    # One moment for all: they are synced together.
+    moment = time.time() if now is None else now
+    return [config_job(job, config, bindings, now=moment) for job in config.jobs]
 
 
 def schedule_problems(config: Config) -> list[str]:
     """Schedules that do not parse and targets that do not name one binding."""
     problems = []
     bindings = BindingIndex(config.bindings)
+    cron = CronFields()
     for index, job in enumerate(config.jobs):
         kind, expr = _kind_and_expr(job)
         try:
-            check_schedule(Schedule(kind, expr, job.timezone or config.daemon.timezone))
+            check_schedule(Schedule(kind, expr, job.timezone or config.daemon.timezone), cron)
         except ScheduleError as exc:
             problems.append(f"jobs.{index}.{kind}: {exc}")
         problems += delivery_problems(

@@ -30,13 +30,23 @@ from geodebot.engine.session import TurnRunner
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
 from geodebot.scheduler.definitions import name_delivery_bindings, schedule_of
 from geodebot.scheduler.fire_runner import FireRunner
-from geodebot.scheduler.schedule import ScheduleError, build_trigger, from_ms, next_fire, to_ms
+from geodebot.scheduler.schedule import (
+    CronFields,
+    ScheduleError,
+    build_trigger,
+    from_ms,
+    next_fire,
+    to_ms,
+)
 from geodebot.store.protocol import Store
 from geodebot.store.records import FireCause, FireRecord, JobRecord, StoreError
 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
+# Jobs scheduled between two turns of the event loop when the store's jobs are (re)read:
+# 10,000 of them take about a second, which chat messages and due fires must not wait for.
+BATCH = 200
 
 
 class _FireExecutor(BaseExecutor):  # type: ignore[misc]  # APScheduler ships no types
@@ -87,12 +97,28 @@ class JobScheduler:
         self._revision: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
+        # Set once every job of the store has been looked at (scheduled, caught up) once.
+        self._scheduled = asyncio.Event()
+        self._cron = CronFields()
         self._aps: AsyncIOScheduler | None = None
         self._closing = False
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
-        """Sync the config's jobs, settle what a previous run left, catch up, schedule."""
+        """Sync the config's jobs and settle what a previous run left; then, in the poll
+        task, catch up and schedule every job.
+
+        Scheduling is the part of the start that grows with the jobs (a job's next fire and
+        what a downtime missed cost tens of microseconds each), so it runs after this
+        returns, which is before READY in ``geodebot serve``, in batches that let the event
+        loop through. Nothing is lost or late for it: what each job owes is fixed by the
+        moment taken here (``cut``), not by when its batch comes. Fires up to it are caught
+        up per the job's ``catch_up`` (a missed one recorded), and the first one after it is
+        scheduled at its own time, even when that time has passed when the job's batch runs:
+        APScheduler then hands it over at once with its scheduled time, the key of its claim.
+        Doing this work before READY instead would schedule each job no sooner (the work and
+        its order are the same), it would only hold READY up.
+        """
         # Before the sync: a config job's row that gains its binding's key this way is not a
         # changed definition, which would forgo the fires it owes.
         named = await name_delivery_bindings(self._store, self._index)
@@ -103,6 +129,7 @@ class JobScheduler:
         for fire in await self._store.fires_interrupted("the daemon stopped during the run"):
             log.warning("job %s: fire %s was cut short by a restart", fire.job_id, fire.id)
         await self._store.fires_settle()
+        cut_ms = int(time.time() * 1000)
         self._aps = AsyncIOScheduler(
             timezone=UTC,
             jobstores={"default": MemoryJobStore()},
@@ -111,8 +138,7 @@ class JobScheduler:
             event_loop=asyncio.get_running_loop(),
         )
         self._aps.start()
-        await self._refresh()
-        self._poller = asyncio.create_task(self._poll())
+        self._poller = asyncio.create_task(self._poll(cut_ms))
 
     async def __aenter__(self) -> JobScheduler:
         await self.start()
@@ -149,34 +175,47 @@ class JobScheduler:
         return len(self._aps.get_jobs()) if self._aps is not None else 0
 
     # -- the store as source of truth -------------------------------------------------------
-    async def _poll(self) -> None:
+    async def _poll(self, cut_ms: int) -> None:
+        first: int | None = cut_ms
         while True:
-            await asyncio.sleep(self._poll_s)
             try:
-                await self._refresh()
+                await self._refresh(first)
+                first = None
+                self._scheduled.set()
                 for fire in await self._store.fires_settle():
                     log.info("job %s: fire %s is %s", fire.job_id, fire.id, fire.outcome)
             except StoreError:
                 log.exception("scheduler: cannot read the store; trying again")
+            await asyncio.sleep(self._poll_s)
 
-    async def _refresh(self) -> None:
+    async def _refresh(self, cut_ms: int | None = None) -> None:
+        """Schedule the store's jobs as they are now; ``cut_ms``: the moment up to which
+        fires are owed (caught up), now unless given."""
         revision = await self._store.jobs_revision()
         if revision == self._revision:
             return
-        self._revision = revision
         jobs = {job.id: job for job in await self._store.job_list()}
         last_fires = await self._store.fires_latest_scheduled()
-        cut_ms = int(time.time() * 1000)
+        cut_ms = int(time.time() * 1000) if cut_ms is None else cut_ms
         for job_id in self._jobs.keys() - jobs.keys():
             self._unregister(job_id)
+            del self._jobs[job_id]
+        scheduled = 0
         for job in jobs.values():
             old = self._jobs.get(job.id)
+            # The newest row always: who made it and since when count at its next fire.
+            self._jobs[job.id] = job
             if old is not None and (old.definition(), old.paused) == (job.definition(), job.paused):
                 continue
-            self._unregister(job.id)
+            if old is not None:
+                self._unregister(job.id)
             if not job.paused:
                 self._register(job, last_fires.get(job.id), cut_ms)
-        self._jobs = jobs
+                scheduled += 1
+                if scheduled % BATCH == 0:
+                    await asyncio.sleep(0)
+        # Only now: a refresh cut short by a store error is done again in full.
+        self._revision = revision
         for fire in await self._store.fires_requested():
             self._spawn(self._run_requested(fire))
 
@@ -189,14 +228,19 @@ class JobScheduler:
         """Catch up on the fires owed up to ``cut_ms`` (the last one that has a row is
         ``last``), then schedule the ones after it."""
         schedule = schedule_of(job)
+        owed_after = max(job.since_ms, last if last is not None else job.since_ms)
+        plan = None
         try:
-            first = next_fire(schedule, cut_ms)
-            trigger = build_trigger(schedule)
+            trigger = build_trigger(schedule, self._cron)
+            # One step of the trigger for most jobs: when its first fire after what is owed
+            # comes after the cut, nothing was missed and that is the one to schedule.
+            first = next_fire(schedule, min(owed_after, cut_ms), trigger)
+            if first is not None and first <= cut_ms:
+                plan = plan_catch_up(job, owed_after, cut_ms, trigger)
+                first = next_fire(schedule, cut_ms, trigger)
         except ScheduleError as exc:
             log.error("job %s: cannot schedule %s: %s", job.id, schedule.describe(), exc)
             return
-        owed_after = max(job.since_ms, last if last is not None else job.since_ms)
-        plan = plan_catch_up(job, owed_after, cut_ms)
         if plan is not None:
             self._spawn(self._catch_up(job, plan))
         if first is not None and self._aps is not None:
@@ -257,6 +301,11 @@ class JobScheduler:
         await self._runner.run(job, fire)
 
     async def wait_idle(self) -> None:
-        """Until no fire task runs (tests and benchmarks)."""
+        """Until every job has been scheduled once and no fire task runs (tests and
+        benchmarks)."""
+        if self._poller is not None and not self._scheduled.is_set():
+            scheduled = asyncio.create_task(self._scheduled.wait())
+            await asyncio.wait({scheduled, self._poller}, return_when=asyncio.FIRST_COMPLETED)
+            scheduled.cancel()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -11,16 +11,25 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.cron.fields import (
+    BaseField,
+    DayOfMonthField,
+    DayOfWeekField,
+    MonthField,
+    WeekField,
+)
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from geodebot.config.jobs import EVERY_PATTERN
 
 ScheduleKind = Literal["cron", "every", "at"]
+# APScheduler ships no types: its triggers are Any to mypy.
+Trigger: TypeAlias = "CronTrigger | IntervalTrigger | DateTrigger"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # cron counts weekdays from Sunday = 0 (and 7); APScheduler 3.x from Monday = 0. Numbers are
 # turned into names, which both read the same way.
@@ -73,7 +82,68 @@ def _weekday_names(field: str) -> str:
     return _NUMBER.sub(lambda m: _WEEKDAYS[int(m.group())] if int(m.group()) < 8 else "?", field)
 
 
-def _cron(expr: str, tz: ZoneInfo) -> CronTrigger:
+# A cron trigger's fields in APScheduler's order, each with its class and whether it is left
+# at its default: the order and flags ``CronTrigger(second=..., ..., day_of_week=...)`` gives.
+_CRON_FIELDS: tuple[tuple[str, type[BaseField], bool], ...] = (
+    ("year", BaseField, True),
+    ("month", MonthField, False),
+    ("day", DayOfMonthField, False),
+    ("week", WeekField, True),
+    ("day_of_week", DayOfWeekField, False),
+    ("hour", BaseField, False),
+    ("minute", BaseField, False),
+    ("second", BaseField, False),
+)
+
+
+class CronFields:
+    """Compiled cron fields by their text, for building many triggers.
+
+    Compiling a field's text is most of what building a ``CronTrigger`` costs, and thousands
+    of jobs share a few hundred field texts ("*", "0", "*/5", ...). A compiled field is never
+    changed after it is made (a trigger only reads it), so triggers can share it. Keep one per
+    batch of work (a scheduler, a config check): it grows with the distinct texts seen.
+    """
+
+    def __init__(self) -> None:
+        self._compiled: dict[tuple[str, str], BaseField] = {}
+
+    def fields(self, expr: str) -> list[BaseField]:
+        """The compiled fields of ``expr``; raises :class:`ScheduleError` if it is not valid."""
+        texts = _cron_texts(expr)
+        compiled = self._compiled
+        fields = []
+        for name, cls, is_default in _CRON_FIELDS:
+            key = (name, texts.get(name, "*"))
+            field = compiled.get(key)
+            if field is None:
+                try:
+                    field = compiled[key] = cls(name, key[1], is_default)
+                except (ValueError, TypeError) as exc:
+                    msg = f"{expr!r} is not a valid cron expression: {exc}"
+                    raise ScheduleError(msg) from None
+            fields.append(field)
+        return fields
+
+    def trigger(self, expr: str, tz: ZoneInfo) -> CronTrigger:
+        fields = self.fields(expr)
+        trigger: CronTrigger = CronTrigger.__new__(CronTrigger)
+        # APScheduler's own way back from a pickled trigger (state version 2 of 3.x): the
+        # same object its constructor makes from these fields (tests/unit compare them).
+        trigger.__setstate__(
+            {
+                "version": 2,
+                "timezone": tz,
+                "start_date": None,
+                "end_date": None,
+                "fields": fields,
+                "jitter": None,
+            }
+        )
+        return trigger
+
+
+def _cron_texts(expr: str) -> dict[str, str]:
     fields = expr.split()
     if len(fields) == 5:
         second, (minute, hour, day, month, weekday) = "0", fields
@@ -84,18 +154,14 @@ def _cron(expr: str, tz: ZoneInfo) -> CronTrigger:
             f"{expr!r} has {len(fields)} fields; cron needs 5 (minute hour day month weekday) "
             "or 6 (seconds first)"
         )
-    try:
-        return CronTrigger(
-            second=second,
-            minute=minute,
-            hour=hour,
-            day=day,
-            month=month,
-            day_of_week=_weekday_names(weekday),
-            timezone=tz,
-        )
-    except (ValueError, TypeError) as exc:
-        raise ScheduleError(f"{expr!r} is not a valid cron expression: {exc}") from None
+    return {
+        "second": second,
+        "minute": minute,
+        "hour": hour,
+        "day": day,
+        "month": month,
+        "day_of_week": _weekday_names(weekday),
+    }
 
 
 def _at(expr: str, tz: ZoneInfo) -> DateTrigger:
@@ -108,10 +174,11 @@ def _at(expr: str, tz: ZoneInfo) -> DateTrigger:
     return DateTrigger(run_date=from_ms(to_ms(moment), tz), timezone=tz)
 
 
-def build_trigger(schedule: Schedule) -> CronTrigger | IntervalTrigger | DateTrigger:
+def build_trigger(schedule: Schedule, cron: CronFields | None = None) -> Trigger:
+    """The schedule's trigger; ``cron`` keeps compiled cron fields for the next call."""
     tz = zone(schedule.timezone)
     if schedule.kind == "cron":
-        return _cron(schedule.expr, tz)
+        return (cron or CronFields()).trigger(schedule.expr, tz)
     if schedule.kind == "every":
         seconds = every_seconds(schedule.expr)
         return IntervalTrigger(
@@ -120,9 +187,10 @@ def build_trigger(schedule: Schedule) -> CronTrigger | IntervalTrigger | DateTri
     return _at(schedule.expr, tz)
 
 
-def fire_times(schedule: Schedule, after_ms: int) -> Iterator[int]:
-    """Fire times strictly after ``after_ms``, in order (ms since the epoch)."""
-    trigger = build_trigger(schedule)
+def fire_times(schedule: Schedule, after_ms: int, trigger: Trigger | None = None) -> Iterator[int]:
+    """Fire times strictly after ``after_ms``, in order (ms since the epoch); ``trigger``:
+    the schedule's, when the caller has it built already."""
+    trigger = build_trigger(schedule) if trigger is None else trigger
     tz = zone(schedule.timezone)
     # A far "now" makes APScheduler step from the previous fire, not from the clock.
     far = datetime(9999, 1, 1, tzinfo=UTC)
@@ -134,8 +202,8 @@ def fire_times(schedule: Schedule, after_ms: int) -> Iterator[int]:
         fire = trigger.get_next_fire_time(fire, far)
 
 
-def next_fire(schedule: Schedule, after_ms: int) -> int | None:
-    return next(fire_times(schedule, after_ms), None)
+def next_fire(schedule: Schedule, after_ms: int, trigger: Trigger | None = None) -> int | None:
+    return next(fire_times(schedule, after_ms, trigger), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +216,13 @@ class Missed:
     at_least: bool = False
 
 
-def missed_between(schedule: Schedule, after_ms: int, upto_ms: int, keep: int) -> Missed:
+def missed_between(
+    schedule: Schedule, after_ms: int, upto_ms: int, keep: int, trigger: Trigger | None = None
+) -> Missed:
     """Fire times in ``(after_ms, upto_ms]``; the newest ``keep`` of them are returned."""
     newest: deque[int] = deque(maxlen=max(keep, 1))
     count = 0
-    for ms in fire_times(schedule, after_ms):
+    for ms in fire_times(schedule, after_ms, trigger):
         if ms > upto_ms:
             break
         newest.append(ms)
@@ -162,9 +232,14 @@ def missed_between(schedule: Schedule, after_ms: int, upto_ms: int, keep: int) -
     return Missed(count, tuple(newest)[-keep:] if keep else ())
 
 
-def check_schedule(schedule: Schedule) -> None:
+def check_schedule(schedule: Schedule, cron: CronFields | None = None) -> None:
     """Raise :class:`ScheduleError` if the schedule cannot be built."""
-    build_trigger(schedule)
+    if schedule.kind == "cron" and cron is not None:
+        # What building its trigger checks, without the trigger.
+        zone(schedule.timezone)
+        cron.fields(schedule.expr)
+        return
+    build_trigger(schedule, cron)
 
 
 def format_fire(ms: int, timezone: str) -> str:
@@ -182,10 +257,12 @@ def upcoming(schedule: Schedule, after_ms: int, count: int = 3) -> list[int]:
 
 __all__ = [
     "MAX_SCAN",
+    "CronFields",
     "Missed",
     "Schedule",
     "ScheduleError",
     "ScheduleKind",
+    "Trigger",
     "build_trigger",
     "check_schedule",
     "every_seconds",

@@ -21,6 +21,7 @@ from geodebot.store.records import (
     StoreError,
 )
 from geodebot.store.sqlite_jobs_sql import (
+    DEFINITION_COLS,
     FIRE_COLS,
     INSERT_FIRE,
     INSERT_JOB,
@@ -32,6 +33,8 @@ from geodebot.store.sqlite_jobs_sql import (
     UPDATE_DEFINITION,
     add_outbound,
     bump,
+    definition_from_stored,
+    definition_params,
     fire_from_row,
     fire_row,
     job_from_row,
@@ -50,29 +53,38 @@ class JobsAndFires:
         self: Transactions, jobs: Sequence[JobRecord], *, remove_missing: bool = True
     ) -> bool:
         now = time.time()
+        # Encoded before the transaction, like every payload; one stored form per job.
+        wanted = [(job, definition_params(job)) for job in jobs]
 
         def sync(db: sqlite3.Connection) -> bool:
-            sql = f"SELECT {JOB_COLS} FROM scheduled_jobs WHERE origin = 'config'"
-            current = {row["id"]: job_from_row(row) for row in db.execute(sql).fetchall()}
-            changed = False
-            for job in jobs:
-                old = current.pop(job.id, None)
-                if old is None:
-                    taken = job_row(db, job.id)
-                    if taken is not None:
-                        raise StoreError(
-                            f"job {job.id!r} of the config clashes with a job made with "
-                            f"{taken.origin}; remove one of them"
-                        )
-                    db.execute(INSERT_JOB, job_params(job))
-                    changed = True
-                elif old.definition() != job.definition():
-                    d = (*job_params(job)[2:13], job.deliver_binding, job.since_ms, now, job.id)
-                    db.execute(UPDATE_DEFINITION, d)
-                    changed = True
-            for gone in current if remove_missing else ():
-                db.execute("DELETE FROM scheduled_jobs WHERE id = ?", (gone,))
-                changed = True
+            # One read of every row's definition as stored, in plain tuples: a daemon with
+            # 10,000 config jobs syncs them at every start, and most are unchanged.
+            cursor = db.cursor()
+            cursor.row_factory = None
+            sql = f"SELECT id, origin, {DEFINITION_COLS} FROM scheduled_jobs"
+            stored = {row[0]: row[1:] for row in cursor.execute(sql)}
+            config = {job_id for job_id, row in stored.items() if row[0] == "config"}
+            new: list[tuple[Any, ...]] = []
+            updates: list[tuple[Any, ...]] = []
+            for job, params in wanted:
+                row = stored.get(job.id)
+                if row is None:
+                    new.append(job_params(job))
+                elif row[0] != "config":
+                    raise StoreError(
+                        f"job {job.id!r} of the config clashes with a job made with "
+                        f"{row[0]}; remove one of them"
+                    )
+                elif row[1:] != params and definition_from_stored(row[1:]) != job.definition():
+                    # Decoded before deciding: a tools list stored in another JSON spelling
+                    # is the same definition, and a changed one forgoes the fires it owes.
+                    updates.append((*params, job.since_ms, now, job.id))
+                config.discard(job.id)
+            db.executemany(INSERT_JOB, new)
+            db.executemany(UPDATE_DEFINITION, updates)
+            gone = [(job_id,) for job_id in config] if remove_missing else []
+            db.executemany("DELETE FROM scheduled_jobs WHERE id = ?", gone)
+            changed = bool(new or updates or gone)
             if changed:
                 bump(db)
             return changed

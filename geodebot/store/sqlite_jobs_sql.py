@@ -22,6 +22,11 @@ FIRE_COLS = (
     "id, job_id, scheduled_ms, cause, outcome, reason, claimed_at, started_at, ended_at, "
     "outbox_id, notice"
 )
+# The columns of JobRecord.definition(), in its order.
+DEFINITION_COLS = (
+    "schedule_kind, schedule, timezone, anchor_ms, prompt, deliver_to, session_id, tools, "
+    "time_budget_s, catch_up, notify_on_failure, deliver_binding"
+)
 INSERT_JOB = f"INSERT INTO scheduled_jobs ({JOB_COLS}) VALUES ({', '.join('?' * 19)})"
 UPDATE_DEFINITION = """
 UPDATE scheduled_jobs SET schedule_kind = ?, schedule = ?, timezone = ?, anchor_ms = ?, prompt = ?,
@@ -121,7 +126,7 @@ def job_params(job: JobRecord) -> tuple[Any, ...]:
         job.prompt,
         job.deliver_to,
         job.session_id,
-        dumps(list(job.tools)),
+        dumps(list(job.tools)) if job.tools else "[]",
         job.time_budget_s,
         job.catch_up,
         int(job.notify_on_failure),
@@ -131,6 +136,37 @@ def job_params(job: JobRecord) -> tuple[Any, ...]:
         job.created_at,
         job.updated_at,
         job.deliver_binding,
+    )
+
+
+def definition_params(job: JobRecord) -> tuple[Any, ...]:
+    """``job.definition()`` as its DEFINITION_COLS are stored."""
+    return (
+        job.schedule_kind,
+        job.schedule,
+        job.timezone,
+        job.anchor_ms,
+        job.prompt,
+        job.deliver_to,
+        job.session_id,
+        # Most jobs list no tools: json.dumps with options costs more than the rest together.
+        dumps(list(job.tools)) if job.tools else "[]",
+        job.time_budget_s,
+        job.catch_up,
+        int(job.notify_on_failure),
+        job.deliver_binding,
+    )
+
+
+def definition_from_stored(stored: tuple[Any, ...]) -> tuple[object, ...]:
+    """DEFINITION_COLS as read back, in the form of ``JobRecord.definition()``."""
+    (kind, schedule, timezone, anchor_ms, prompt, deliver_to, session_id, tools, budget) = stored[
+        :9
+    ]
+    catch_up, notify, deliver_binding = stored[9:]
+    return (
+        *(kind, schedule, timezone, anchor_ms, prompt, deliver_to, session_id),
+        *(tuple(json.loads(tools)), budget, catch_up, bool(notify), deliver_binding),
     )
 
 

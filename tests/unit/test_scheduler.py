@@ -13,6 +13,7 @@ from geodebot.channels.base import ChannelError
 from geodebot.config.schema import DB_FILE
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
+from geodebot.scheduler.schedule import to_ms
 from geodebot.store.records import JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
@@ -326,3 +327,26 @@ async def test_a_new_config_job_owes_nothing_from_before_the_scheduler_started(
             rows = await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
     assert [(r.cause, r.outcome) for r in rows][:1] == [("schedule", "ok")]
     assert all(r.cause == "schedule" for r in rows)
+
+
+async def test_a_fire_due_before_its_job_is_scheduled_runs_once_with_its_own_time(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """``start`` returns (and the daemon says READY) before the jobs are scheduled, which
+    the poll task does in batches. A fire after the start's moment that passes before its
+    job's batch runs is neither lost nor taken for a missed one: it runs at once, as a
+    scheduled fire keyed by its own time."""
+    llm_server.default = Reply("on its time")
+    fire_s = time.time() + 3.0
+    at = datetime.fromtimestamp(fire_s, UTC).isoformat()
+    others = [job(f"other-{index:03d}", every="1h") for index in range(300)]
+    async with scheduler_world(tmp_path, llm_server, [job(at=at), *others]) as world:
+        scheduler = await world.start_scheduler()
+        assert scheduler.registered() == 0
+        # Hold the event loop past the fire time, as a long run of batches would.
+        time.sleep(max(0.0, fire_s + 0.3 - time.time()))  # noqa: ASYNC251  # on purpose
+        await scheduler.wait_idle()
+        assert scheduler.registered() == len(others)
+        rows = await world.wait_history(lambda rows: any(r.final for r in rows))
+    assert [(r.cause, r.outcome) for r in rows] == [("schedule", "ok")]
+    assert rows[0].scheduled_ms == to_ms(datetime.fromisoformat(at))

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 
 import pytest
+from apscheduler.triggers.cron import CronTrigger
 
 from geodebot.scheduler.catch_up import MAX_CATCH_UP_RUNS, plan_catch_up
 from geodebot.scheduler.schedule import (
+    CronFields,
     Schedule,
     ScheduleError,
     check_schedule,
+    fire_times,
     format_fire,
     missed_between,
     upcoming,
+    zone,
 )
 from geodebot.store.records import JobRecord
 
@@ -133,3 +138,68 @@ def test_catch_up_plans_are_bounded() -> None:
     one = plan_catch_up(record("latest"), MONDAY_10, MONDAY_10 + 60_000)
     assert one is not None
     assert one.skipped_ms is None
+
+
+# (second, minute, hour, day, month, day_of_week) in APScheduler's terms, the shapes a cron
+# field can take: steps, ranges, lists, names, the last day.
+CRON_SHAPES = [
+    ("0", "0", "9", "*", "*", "mon-fri"),
+    ("*/15", "5-50/5", "*/3", "*", "*", "*"),
+    ("30", "0,30", "8-18", "1,15", "*", "*"),
+    ("0", "0", "0", "last", "*", "*"),
+    ("0", "30", "2", "*", "3,10", "sun"),
+    ("0", "0", "12", "1-7", "feb", "mon"),
+    ("59", "59", "23", "31", "*", "*"),
+    ("0", "0", "0", "29", "2", "*"),
+]
+
+
+@pytest.mark.parametrize("fields", CRON_SHAPES)
+@pytest.mark.parametrize("tz", ["UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata"])
+def test_cron_triggers_from_shared_fields_are_the_ones_apscheduler_builds(
+    fields: tuple[str, ...], tz: str
+) -> None:
+    """Triggers share compiled fields (the start of 10,000 jobs compiles each text once):
+    each is the trigger APScheduler's constructor makes, with the same fire times, across
+    DST changes too, and sharing a field does not tie one trigger's times to another's."""
+    second, minute, hour, day, month, weekday = fields
+    expr = " ".join(fields)
+    cron = CronFields()
+    # Another trigger first, so the one compared reuses fields it compiled.
+    shared = cron.trigger(f"{second} {minute} {hour} * * *", zone(tz))
+    ours = cron.trigger(expr, zone(tz))
+    theirs = CronTrigger(
+        second=second,
+        minute=minute,
+        hour=hour,
+        day=day,
+        month=month,
+        day_of_week=weekday,
+        timezone=zone(tz),
+    )
+    assert repr(ours) == repr(theirs)
+    assert [(f.name, str(f), f.is_default) for f in ours.fields] == [
+        (f.name, str(f), f.is_default) for f in theirs.fields
+    ]
+    schedule = Schedule("cron", expr, tz)
+    after = MONDAY_10 - 400 * 86_400_000
+    ours_times = list(itertools.islice(fire_times(schedule, after, ours), 40))
+    theirs_times = list(itertools.islice(fire_times(schedule, after, theirs), 40))
+    assert ours_times == theirs_times
+    assert ours_times
+    # The untouched fields of the first trigger still give its own times.
+    daily = Schedule("cron", f"{second} {minute} {hour} * * *", tz)
+    assert upcoming(daily, after, 5) == list(itertools.islice(fire_times(daily, after, shared), 5))
+
+
+def test_a_bad_field_is_refused_each_time_and_a_good_one_after_it_builds() -> None:
+    cron = CronFields()
+    for _ in range(2):
+        with pytest.raises(ScheduleError, match="not a valid cron expression"):
+            cron.fields("0 0 25 * * *")
+        with pytest.raises(ScheduleError, match="not a valid cron expression"):
+            check_schedule(Schedule("cron", "0 25 * * *", "UTC"), cron)
+    with pytest.raises(ScheduleError, match="unknown timezone"):
+        check_schedule(Schedule("cron", "0 9 * * *", "Mars/Olympus"), cron)
+    check_schedule(Schedule("cron", "0 9 * * *", "UTC"), cron)
+    assert fires(Schedule("cron", "0 23 * * *", "UTC"), n=1) == ["2026-11-30T23:00:00+00:00"]

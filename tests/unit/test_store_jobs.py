@@ -76,6 +76,51 @@ async def test_a_sync_that_keeps_missing_jobs_and_a_clash_with_a_cli_job(
         await store.job_add(record("c", origin="chat"))
 
 
+async def test_a_sync_of_many_jobs_rewrites_only_what_changed(store: SQLiteStore) -> None:
+    """The daemon syncs every config job at each start: unchanged rows are left as they are
+    (their since_ms with them: a rewritten row would forgo the fires it owes), a changed one
+    is rewritten, a deleted one removed, a new one added, all in one go."""
+    jobs = [record(f"j{i:04d}", tools=() if i % 2 else ("get_time",)) for i in range(2000)]
+    assert await store.jobs_sync_config(jobs)
+    unchanged = await store.jobs_revision()
+    later = [dataclasses.replace(job, since_ms=9_000, updated_at=9.0) for job in jobs]
+    assert not await store.jobs_sync_config(later)
+    assert await store.jobs_revision() == unchanged
+    assert {job.since_ms for job in await store.job_list()} == {1_000}
+
+    edited = dataclasses.replace(later[7], prompt="new words")
+    added = record("new", since_ms=9_000)
+    assert await store.jobs_sync_config([*later[:7], edited, *later[8:1999], added])
+    assert await store.jobs_revision() != unchanged
+    rows = {job.id: job for job in await store.job_list()}
+    assert "j1999" not in rows
+    assert (rows["j0007"].prompt, rows["j0007"].since_ms) == ("new words", 9_000)
+    assert (rows["new"].origin, rows["new"].since_ms) == ("config", 9_000)
+    assert rows["j0006"] == jobs[6]
+    assert len(rows) == 2000
+
+
+async def test_a_tools_list_stored_in_another_spelling_is_not_a_change(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """Stored rows are compared as they are written, and decoded when that differs: JSON
+    with spaces (a row from another writer) is the same list, and keeps what it owes."""
+    await store.jobs_sync_config([record("a", tools=("get_time", "http_get"))])
+    await store.close()
+    with sqlite3.connect(tmp_path / "db.sqlite") as db:
+        db.execute(
+            "UPDATE scheduled_jobs SET tools = ? WHERE id = 'a'", ('[ "get_time", "http_get" ]',)
+        )
+    await store.open()
+    assert not await store.jobs_sync_config(
+        [record("a", tools=("get_time", "http_get"), since_ms=9_000)]
+    )
+    assert await store.jobs_sync_config([record("a", tools=("get_time",), since_ms=9_000)])
+    a = await store.job_get("a")
+    assert a is not None
+    assert (a.tools, a.since_ms) == (("get_time",), 9_000)
+
+
 async def test_fire_rows_move_forward_only(store: SQLiteStore) -> None:
     fire, won = await store.fire_claim("a", 60_000, "schedule")
     assert won

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import tomli as tomllib
 from pydantic import (
     Field,
     ValidationError,

@@ -14,12 +14,12 @@ import json
 import logging
 import os
 import tempfile
-import tomllib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import tomli as tomllib
 from pydantic import ValidationError
 
 from geodebot.config.schema import ConfigError, MCPConfig, MCPServerConfig, _describe

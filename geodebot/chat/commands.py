@@ -20,7 +20,7 @@ from geodebot.engine.session import (
     TurnListener,
     time_budget,
 )
-from geodebot.engine.spend import SpendScope
+from geodebot.engine.spend import SpendScope, binding_scope, utc_day
 from geodebot.engine.tools.spec import ApprovalDesk, ChatOutlet
 from geodebot.store.protocol import Store
 
@@ -104,6 +104,7 @@ class ChatCommands:
         busy, waiting = self._queues.load()
         jobs = "" if self._job_status is None else await self._job_status(binding_key(binding))
         approvals = await self._approvals(session_id)
+        tokens = await self._tokens_today(binding)
         return (
             f"Session: {session_id}\n"
             f"Model: {self._model.provider} {self._model.name}\n"
@@ -111,9 +112,18 @@ class ChatCommands:
             f"Time budget per turn: {budget:g} s\n"
             f"Tools: {tools}\n"
             f"Computer use: {await self._computer_use()}\n"
+            f"{tokens}\n"
             f"Daemon: {busy} of at most {self._daemon.max_concurrent_sessions} turns "
             f"running; {waiting} messages queued"
         ) + "".join(f"\n{line}" for line in (*approvals, jobs) if line)
+
+    async def _tokens_today(self, binding: BindingConfig) -> str:
+        """What this chat spent today, as its budget counts it (reserved calls at their
+        worst case), and its limit."""
+        counter = (binding_scope(binding_key(binding)), utc_day(time.time()))
+        used = int((await self._store.spend_used([counter]))[counter])
+        limit = f" of {binding.daily_tokens:,}" if binding.daily_tokens else ""
+        return f"Tokens today (UTC day): {used:,}{limit}"
 
     async def _approvals(self, session_id: str) -> list[str]:
         """A line per call of this session waiting for a person's decision."""

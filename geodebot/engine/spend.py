@@ -186,7 +186,7 @@ class SpendGate:
         found = [SpendCharge(DAEMON, day, "tokens", limits.daily_tokens or None)]
         if scope.binding is not None:
             limit = limits.bindings.get(scope.binding) or None
-            found.append(SpendCharge(f"binding:{scope.binding}", day, "tokens", limit))
+            found.append(SpendCharge(binding_scope(scope.binding), day, "tokens", limit))
         if scope.job is not None and scope.run is not None:
             limit = limits.jobs.get(scope.job) or None
             found.append(SpendCharge(f"job:{scope.job}", scope.run, "tokens", limit))
@@ -235,7 +235,7 @@ class SpendGate:
             budgets.append((USD, "usd", limits.daily_usd))
         for key, tokens in sorted(limits.bindings.items()):
             if tokens:
-                budgets.append((f"binding:{key}", "tokens", float(tokens)))
+                budgets.append((binding_scope(key), "tokens", float(tokens)))
         used = await self.store.spend_used([(scope, day) for scope, _, _ in budgets])
         exhausted = [e for e in self._refused.values() if e.resets_at is None or e.resets_at > now]
         return not any(e.scope in (DAEMON, USD) for e in exhausted), {
@@ -252,6 +252,11 @@ class SpendGate:
 
     def now(self) -> float:
         return self._clock()
+
+
+def binding_scope(key: str) -> str:
+    """The counter of a binding's daily tokens (its key is ``platform:channel``)."""
+    return f"binding:{key}"
 
 
 def utc_day(ts: float) -> str:

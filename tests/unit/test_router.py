@@ -291,6 +291,8 @@ async def test_chat_commands(tmp_path: Path, llm_server: FakeLLMServer) -> None:
         assert "Session: s1" in status
         assert "model-under-test-1" in status
         assert "Computer use: off" in status
+        # The one model call so far: 10 input and 5 output tokens, no limit on this chat.
+        assert "Tokens today (UTC day): 15\n" in status
         await h.chat.deliver(message("/reset"))
         assert "fresh context" in "".join(await h.replies(4))
         assert await h.app.services.store.load_context("s1") == []

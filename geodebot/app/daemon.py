@@ -28,6 +28,7 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.spend import utc_day
 from geodebot.engine.tools.spec import Approver
+from geodebot.ops.heap import HeapKeeper
 from geodebot.ops.procstat import process_figures
 from geodebot.ops.sdnotify import SystemdNotifier
 from geodebot.scheduler.definitions import config_jobs
@@ -345,7 +346,8 @@ async def _ready_when_connected(
     notifier: SystemdNotifier, supervisor: ChannelSupervisor, status: _Status, app: App
 ) -> None:
     """READY=1 once the store is open (it is by now) and every enabled channel connected;
-    then the model SDKs load, unless a turn needed them first."""
+    then the model SDKs load, unless a turn needed them first, and the heap keeper runs
+    (ops/heap.py) until the daemon stops."""
     waiting = [name for name, event in supervisor.ready.items() if not event.is_set()]
     if waiting:
         notifier.status(f"starting: waiting for {', '.join(waiting)} to connect")
@@ -353,6 +355,9 @@ async def _ready_when_connected(
     notifier.ready(status.line())
     log.info("ready: every enabled channel is connected")
     await app.load_models()
+    # The model SDKs were the last of start-up's long-lived objects.
+    router = status.daemon.router if status.daemon is not None else None
+    await HeapKeeper(busy=lambda: router is not None and any(router.load())).run()
 
 
 @asynccontextmanager

@@ -57,9 +57,9 @@ from telegram_bench import (
     geodebot_config,
     geodebot_env,
     one_turn,
+    print_table,
     rss_mb,
     stop_daemon,
-    verdict,
 )
 
 from geodebot.engine.llm.types import Message
@@ -269,15 +269,7 @@ def report(figures: Figures) -> bool:
             None,
         )
     )
-    header = ("figure", "value", "note", "target", "result")
-    table = [header, *((a, b, c, d, verdict(e)) for a, b, c, d, e in rows)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    print()
-    for i, row in enumerate(table):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-    return all(ok is not False for *_, ok in rows)
+    return print_table(("figure", "value", "note", "target", "result"), rows)
 
 
 def parse(argv: list[str] | None) -> Sizes:

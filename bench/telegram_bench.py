@@ -48,6 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -605,15 +606,20 @@ def report(geo: Figures, ref: Figures, sizes: Sizes) -> bool:
                 frac_geo >= CONCURRENCY_MIN,
             )
         )
-    header = ("figure", "geodebot", "reference", "ratio", "target", "result")
-    table = [header, *((a, b, c, d, e, verdict(f)) for a, b, c, d, e, f in rows)]
+    return print_table(("figure", "geodebot", "reference", "ratio", "target", "result"), rows)
+
+
+def print_table(header: tuple[str, ...], rows: Sequence[tuple[Any, ...]]) -> bool:
+    """The figures as an aligned table, each row's last field (True, False or None for
+    information only) shown as its verdict; whether no row failed."""
+    table = [header, *((*row[:-1], verdict(row[-1])) for row in rows)]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     print()
     for i, row in enumerate(table):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    return all(ok is not False for *_, ok in rows)
+    return all(row[-1] is not False for row in rows)
 
 
 def parse(argv: list[str] | None) -> Sizes:

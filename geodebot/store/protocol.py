@@ -7,7 +7,8 @@ Rules every implementation keeps:
 * Each method that writes is one transaction: it either happens whole or raises
   :class:`StoreError` and changes nothing.
 * JSON payloads (``content``, ``state``, ``data``) are plain ``dict``/``list`` values; the store
-  serialises them, callers never see SQL or driver types.
+  serialises them, callers never see SQL or driver types. One read gives a context's message
+  contents as their JSON text (``load_context_json``), for the engine's one-pass decoding.
 * SQL stays portable (no SQLite-only functions in queries) so a PostgreSQL implementation can
   follow with the same tests.
 """
@@ -22,6 +23,7 @@ from geodebot.store.records import (
     ApprovalRecord,
     AttachedFile,
     BatchStatus,
+    ContextRow,
     EffectReceipt,
     FinishStatus,
     InboxEnding,
@@ -119,6 +121,10 @@ class Store(JobStore, Protocol):
     async def load_context(self, session_id: str) -> list[MessageRecord]:
         """Messages of the current generation that the model should see: the newest summary
         (if any) followed by every message after the range it covers, in seq order."""
+
+    async def load_context_json(self, session_id: str) -> list[ContextRow]:
+        """:meth:`load_context`, each message's content as the JSON text stored (see
+        :class:`ContextRow`): what the engine reads when a session's context is not cached."""
 
     async def load_messages(
         self, session_id: str, *, after_seq: int = 0, limit: int | None = None

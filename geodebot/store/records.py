@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 MessageKind = Literal["message", "summary"]
 BatchStatus = Literal["proposed", "done", "abandoned"]
@@ -67,6 +67,20 @@ class MessageRecord:
     covers_from: int | None
     covers_to: int | None
     created_at: float
+
+
+class ContextRow(NamedTuple):
+    """A message of a session's context as :meth:`Store.load_context_json` returns it.
+
+    ``content`` is the message's JSON as the store holds it (compact, UTF-8: what
+    ``json.dumps(content, ensure_ascii=False, separators=(",", ":"))`` writes), for a reader
+    that decodes a long history in one pass rather than through dicts. A tuple, not a
+    dataclass: one is made per message of every history read whole."""
+
+    seq: int
+    kind: MessageKind
+    covers_from: int | None
+    content: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ import aiosqlite
 from geodebot.store.protocol import Store
 from geodebot.store.records import (
     BatchStatus,
+    ContextRow,
     InboxEnding,
     InboxFinished,
     MessageKind,
@@ -73,24 +74,30 @@ _MESSAGE_COLS = (
 )
 _CURRENT_GENERATION = "generation = (SELECT generation FROM sessions WHERE id = :sid)"
 
+
 # The newest summary of the current generation, then every plain message after the range it
 # covers (a summary without covers_to covers everything before itself). Both halves are range
 # scans on messages_by_kind, so the cost follows the size of the answer, not of the history.
 # "kind DESC" puts the summary half first: 'summary' > 'message'.
-_LOAD_CONTEXT = f"""
+def _context_query(columns: str) -> str:
+    return f"""
 WITH latest AS (
     SELECT seq, COALESCE(covers_to, seq) AS upto FROM messages
     WHERE session_id = :sid AND kind = 'summary' AND {_CURRENT_GENERATION}
     ORDER BY seq DESC LIMIT 1
 )
-SELECT {_MESSAGE_COLS} FROM messages
+SELECT {columns} FROM messages
 WHERE session_id = :sid AND seq = (SELECT seq FROM latest)
 UNION ALL
-SELECT {_MESSAGE_COLS} FROM messages
+SELECT {columns} FROM messages
 WHERE session_id = :sid AND kind = 'message' AND {_CURRENT_GENERATION}
   AND seq > COALESCE((SELECT upto FROM latest), 0)
 ORDER BY kind DESC, seq
 """
+
+
+_LOAD_CONTEXT = _context_query(_MESSAGE_COLS)
+_LOAD_CONTEXT_JSON = _context_query("seq, kind, covers_from, content")
 
 # One ordered range per kind, merged, so paging never walks older generations.
 _LOAD_MESSAGES = f"""
@@ -463,6 +470,17 @@ class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires,
 
         return await self._query(f"loading the context of session {session_id!r}", read)
 
+    async def load_context_json(self, session_id: str) -> list[ContextRow]:
+        def read(db: sqlite3.Connection) -> list[ContextRow]:
+            cursor = db.cursor()
+            cursor.row_factory = _context_row
+            rows: list[ContextRow] = cursor.execute(
+                _LOAD_CONTEXT_JSON, {"sid": session_id}
+            ).fetchall()
+            return rows
+
+        return await self._query(f"loading the context of session {session_id!r}", read)
+
     async def load_messages(
         self, session_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[MessageRecord]:
@@ -560,6 +578,10 @@ def _checkpointing(
         return list(range(first, next_seq))
 
     return what, write
+
+
+def _context_row(_: sqlite3.Cursor, row: tuple[Any, ...]) -> ContextRow:
+    return ContextRow._make(row)
 
 
 def _message(

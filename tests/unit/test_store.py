@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import pathlib
 import sqlite3
 import stat
@@ -16,7 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from geodebot.store import sqlite as sqlite_module
-from geodebot.store.records import MessageRecord, NewMessage, StoreError, ToolBatchRecord
+from geodebot.store.records import (
+    ContextRow,
+    MessageRecord,
+    NewMessage,
+    StoreError,
+    ToolBatchRecord,
+)
 from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
 
 
@@ -314,6 +321,22 @@ async def test_load_context_uses_only_the_newest_summary(store: SQLiteStore) -> 
     assert [r.seq for r in context] == [9, 6, 8, 10]
     assert (context[0].covers_from, context[0].covers_to) == (3, 5)
     assert len(await store.load_messages("ops")) == 10
+    assert await store.load_context_json("ops") == [as_json_row(r) for r in context]
+
+
+def as_json_row(record: MessageRecord) -> ContextRow:
+    """The row load_context_json gives for a record of load_context."""
+    content = json.dumps(record.content, ensure_ascii=False, separators=(",", ":"))
+    return ContextRow(record.seq, record.kind, record.covers_from, content)
+
+
+async def test_load_context_json_gives_each_content_as_the_text_stored(store: SQLiteStore) -> None:
+    content = {"role": "user", "content": [{"type": "text", "text": 'Wörter "quoted"\n\u2028'}]}
+    await store.checkpoint("ops", messages=[NewMessage("user", content, "t1")])
+    [row] = await store.load_context_json("ops")
+    assert row == ContextRow(1, "message", None, sqlite_module.dumps(content))
+    assert (row.seq, row.kind, row.covers_from) == (1, "message", None)
+    assert json.loads(row.content) == content
 
 
 # -- timeline -------------------------------------------------------------------------------
@@ -417,7 +440,9 @@ async def run_against_model(path: pathlib.Path, ops: list[tuple[str, list[Any]]]
             expected = list(range(next_seq, next_seq + len(items)))
             assert await s.checkpoint("m", messages=new) == expected
             next_seq += len(items)
-            assert [r.seq for r in await s.load_context("m")] == model_context(rows, generation)
+            context = await s.load_context("m")
+            assert [r.seq for r in context] == model_context(rows, generation)
+            assert await s.load_context_json("m") == [as_json_row(r) for r in context]
         all_current = [r["seq"] for r in rows if r["gen"] == generation]
         assert [r.seq for r in await s.load_messages("m")] == all_current
 

@@ -56,6 +56,7 @@ from geodebot.engine.llm.types import (
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import Ending, Outcome, Session, TurnListener, TurnResult
 from geodebot.engine.spend import BudgetExhausted
+from geodebot.engine.stored_context import decode_context
 from geodebot.engine.tools.spec import ToolCallContext
 from geodebot.engine.verify import VerifyContext, run_verifiers
 from geodebot.logs.context import log_context
@@ -343,16 +344,8 @@ class AgenticLoop:
             cached = cache.get(session_id, turn.generation, turn.next_seq)
             if cached is not None:
                 return cached
-        records = await self._svc.store.load_context(session_id)
-        items = [
-            ContextItem(
-                r.seq,
-                Message.from_json(r.content),
-                is_summary=r.kind == "summary",
-                covers_from=r.covers_from,
-            )
-            for r in records
-        ]
+        # A miss reads the whole history: the rows as stored, decoded in one pass.
+        items = decode_context(await self._svc.store.load_context_json(session_id))
         if cache is not None:
             cache.put(session_id, turn.generation, turn.next_seq, items)
         return items

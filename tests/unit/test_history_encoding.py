@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tracemalloc
+from sys import getsizeof
 from typing import Any
 
 import pytest
@@ -13,18 +15,29 @@ from hypothesis import strategies as st
 
 from geodebot.engine.compaction import ContextItem
 from geodebot.engine.context_cache import ContextCache, item_size
-from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON, _block_json, _block_param
+from geodebot.engine.llm.anthropic_json import (
+    HistoryJSON,
+    MessageJSON,
+    _block_json,
+    _block_param,
+    _segments,
+    _Turns,
+)
 from geodebot.engine.llm.types import (
     Block,
     FileBlock,
     ImageData,
     Message,
+    Role,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
     canonical_json,
     compact_encoder,
 )
+from geodebot.engine.stored_context import _text_item, decode_context
+from geodebot.store.records import ContextRow
+from geodebot.store.sqlite_rows import dumps as store_dumps
 
 json_values = st.recursive(
     st.none()
@@ -153,3 +166,146 @@ def test_the_default_bound_holds_fifty_sessions_of_540_messages() -> None:
         cache.put(f"s{session}", 1, 541, items)
     assert len(cache) == 50
     assert all(cache.get(f"s{session}", 1, 541) is not None for session in range(50))
+
+
+# -- a context read back whole (engine/stored_context.py) ------------------------------------
+def _plain_item(row: ContextRow) -> ContextItem:
+    message = Message.from_json(json.loads(row.content))
+    return ContextItem(row.seq, message, row.kind == "summary", row.covers_from)
+
+
+def _same_items(fast: list[ContextItem], plain: list[ContextItem]) -> None:
+    assert fast == plain  # seq, message, summary and range
+    for one, other in zip(fast, plain, strict=True):
+        assert (one.canonical, one.images, one.files) == (
+            other.canonical,
+            other.images,
+            other.files,
+        )
+
+
+text_messages = st.builds(
+    Message,
+    st.sampled_from(["user", "assistant"]),
+    st.lists(st.builds(TextBlock, texts), min_size=1, max_size=3).map(tuple),
+)
+
+
+@given(st.lists(st.tuples(text_messages | messages, st.booleans()), max_size=8))
+def test_a_context_decoded_from_its_stored_rows_equals_the_plain_decoding(
+    history: list[tuple[Message, bool]],
+) -> None:
+    rows = [
+        ContextRow(seq, "summary" if summary else "message", seq - 1 if summary else None, stored)
+        for seq, (message, summary) in enumerate(history, 1)
+        for stored in [store_dumps(message.to_json())]  # what the store writes
+    ]
+    _same_items(decode_context(rows), [_plain_item(row) for row in rows])
+    for row, (message, _) in zip(rows, history, strict=True):
+        # The fast way is the one taken for every message of text blocks.
+        fast = _text_item(row.seq, row.kind == "summary", row.covers_from, row.content)
+        assert (fast is not None) == all(type(b) is TextBlock for b in message.content)
+
+
+def _other_writings(message: Message) -> list[str]:
+    """The same message's JSON as other writers could have stored it."""
+    data = message.to_json()
+    return [
+        json.dumps(data),  # ASCII escapes, spaces
+        json.dumps(data, ensure_ascii=True, separators=(",", ":")),
+        json.dumps(data, ensure_ascii=False, separators=(",", ":"), sort_keys=True),
+        json.dumps({**data, "extra": 1}, ensure_ascii=False, separators=(",", ":")),
+        _escaped(store_dumps(data), "/", "\\/"),
+        _escaped(store_dumps(data), "e", "\\u0065"),
+        _escaped(store_dumps(data), "a", "\\u0061"),  # also in the keys and the role
+    ]
+
+
+def _escaped(text: str, char: str, escape: str) -> str:
+    """``text`` with ``char`` escaped as ``escape`` wherever it is not part of an escape."""
+    return re.sub(r"(\\u[0-9a-fA-F]{4}|\\.)|" + re.escape(char), lambda m: m[1] or escape, text)
+
+
+@given(text_messages)
+def test_a_row_in_another_form_decodes_as_json_loads_decodes_it(message: Message) -> None:
+    rows = [ContextRow(1, "message", None, text) for text in _other_writings(message)]
+    _same_items(decode_context(rows), [_plain_item(row) for row in rows])
+    for row in rows:  # and it is the message stored, whichever way it was written
+        assert decode_context([row])[0].message == message
+
+
+@given(text_messages, st.integers(0, 200), st.sampled_from(['"', "\\", "}", "\x01", "", "x"]))
+def test_a_broken_row_is_refused_as_json_loads_refuses_it(
+    message: Message, at: int, insert: str
+) -> None:
+    stored = store_dumps(message.to_json())
+    at = min(at, len(stored))
+    for text in (stored[:at], stored[:at] + insert + stored[at + 1 :]):
+        row = ContextRow(1, "message", None, text)
+        try:
+            plain = _plain_item(row)
+        except (ValueError, KeyError, TypeError) as exc:
+            with pytest.raises(type(exc)):
+                decode_context([row])
+        else:
+            _same_items(decode_context([row]), [plain])
+
+
+@given(st.builds(TextBlock, texts), st.sampled_from(["user", "assistant"]), st.booleans())
+def test_a_one_text_block_items_size_is_the_sum_of_its_objects(
+    block: TextBlock, role: Role, summary: bool
+) -> None:
+    item = ContextItem(3, Message(role, (block,)), summary, 1 if summary else None)
+    message = item.message
+    assert item_size(item) == (
+        getsizeof(item)
+        + getsizeof(message)
+        + getsizeof(message.role)
+        + getsizeof(message.content)
+        + getsizeof(item.canonical)
+        + getsizeof(block)
+        + getsizeof(block.text)
+    )
+
+
+# -- the Anthropic array (llm/anthropic_json.py) ---------------------------------------------
+def _plain_segments(message: Message) -> tuple[tuple[str, bool, str], ...]:
+    return tuple(
+        (
+            "user" if isinstance(b, ToolResultBlock) else message.role,
+            isinstance(b, ToolResultBlock),
+            dumps_param(b),
+        )
+        for b in message.content
+        if not (isinstance(b, TextBlock) and not b.text.strip())
+    )
+
+
+def dumps_param(block: Block) -> str:
+    return json.dumps(_block_param(block), ensure_ascii=False, separators=(",", ":"))
+
+
+@given(messages | text_messages)
+def test_a_messages_segments_are_those_of_its_blocks(message: Message) -> None:
+    assert _segments(message) == _plain_segments(message)
+
+
+@settings(max_examples=200)
+@given(st.lists(messages | text_messages, max_size=12), st.lists(st.integers(0, 4), max_size=6))
+def test_an_array_continued_message_by_message_equals_the_one_added_whole(
+    history: list[Message], cuts: list[int]
+) -> None:
+    whole, stepwise = _Turns(), _Turns()
+    whole.add(map(_segments, history))
+    at = 0
+    for cut in [*cuts, len(history)]:
+        stepwise.add([_segments(m) for m in history[at : at + cut]])
+        at += cut
+    stepwise.add(map(_segments, history[at:]))
+    for cache in (False, True):
+        assert stepwise.text(cache=cache) == whole.text(cache=cache)
+    one_by_one = _Turns()
+    for message in history:
+        one_by_one.add([_segments(message)])
+        assert isinstance(json.loads(one_by_one.text(cache=True)), list)
+    assert (one_by_one.done, one_by_one.ends) == (whole.done, whole.ends)

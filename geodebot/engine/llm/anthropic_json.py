@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import TypeAlias
@@ -54,6 +54,17 @@ dumps = compact_encoder(sort_keys=False, allow_nan=False)
 _Segments = tuple[tuple[Role, bool, str], ...]
 
 
+class _Entry(weakref.ref):  # type: ignore[type-arg]  # of a Message; see MessageJSON
+    """A message's entry: a weak reference to it that carries its encoding. One object per
+    message held, where a reference, its callback and a tuple were three: a long history
+    read whole makes one per message, and each is work for the garbage collector."""
+
+    __slots__ = ("key", "segments", "size")
+    key: int
+    segments: _Segments
+    size: int
+
+
 class MessageJSON:
     """Each history message's block JSON, kept between requests while the message lives.
 
@@ -67,57 +78,63 @@ class MessageJSON:
     def __init__(self, max_chars: int = 4_000_000) -> None:
         self._max_chars = max_chars
         self._chars = 0
-        self._entries: OrderedDict[int, tuple[weakref.ref[Message], _Segments, int]] = OrderedDict()
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
         # Entries whose message died: removed at the next call, not from the callback,
         # which the garbage collector may run in the middle of one.
-        self._dead: list[tuple[int, weakref.ref[Message]]] = []
+        self._dead: list[_Entry] = []
+        self._died = self._dead.append  # the callback, made once
 
     def __call__(self, message: Message) -> _Segments:
         if self._dead:
             self._reap()
         key = id(message)
         entry = self._entries.get(key)
-        if entry is not None and entry[0]() is message:
-            return entry[1]
+        if entry is not None and entry() is message:
+            return entry.segments
         segments = _segments(message)
         size = sum(len(text) for _, _, text in segments)
         if size <= self._max_chars:
-            ref = weakref.ref(message, functools.partial(self._forget, key))
-            self._drop(key)
-            self._entries[key] = (ref, segments, size)
+            if entry is not None:
+                self._drop(key)
+            entry = _Entry(message, self._died)
+            entry.key, entry.segments, entry.size = key, segments, size
+            self._entries[key] = entry
             self._chars += size
             while self._chars > self._max_chars:
-                self._chars -= self._entries.popitem(last=False)[1][2]
+                self._chars -= self._entries.popitem(last=False)[1].size
         return segments
 
     def __len__(self) -> int:
         self._reap()
         return len(self._entries)
 
-    def _forget(self, key: int, ref: weakref.ref[Message]) -> None:
-        self._dead.append((key, ref))
-
     def _reap(self) -> None:
         while self._dead:
-            key, ref = self._dead.pop()
-            entry = self._entries.get(key)
-            if entry is not None and entry[0] is ref:
-                self._drop(key)
+            entry = self._dead.pop()
+            if self._entries.get(entry.key) is entry:
+                self._drop(entry.key)
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self._chars -= entry[2]
+            self._chars -= entry.size
 
 
 def _segments(message: Message) -> _Segments:
+    content = message.content
+    if len(content) == 1 and type(content[0]) is TextBlock:
+        # Most of a history: one text block, encoded without the general path's generator.
+        text = content[0].text
+        if not text.strip():
+            return ()
+        return ((message.role, False, f'{{"type":"text","text":{encode_basestring(text)}}}'),)
     # Empty text is dropped because the API rejects blank text blocks; a tool result always
     # travels in a user turn.
     return tuple(
         ("user" if isinstance(b, ToolResultBlock) else message.role,
          isinstance(b, ToolResultBlock),
          _block_json(b))
-        for b in message.content
+        for b in content
         if not (isinstance(b, TextBlock) and not b.text.strip())
     )  # fmt: skip
 
@@ -151,21 +168,28 @@ class _Turns:
         other.results, other.others = list(self.results), list(self.others)
         return other
 
-    def add(self, segments: _Segments) -> None:
+    def add(self, messages: Iterable[_Segments]) -> None:
+        """Continue with the blocks of ``messages``, in order. The finished turns are joined
+        to ``done`` once per call: a whole history goes in one call, and joining turn by
+        turn would copy ``done`` once per turn."""
         finished: list[str] = []
-        for block_role, is_result, text in segments:
-            if block_role != self.role:
-                if self.role is not None:
-                    finished.append(self._open_turn())
-                self.role, self.results, self.others = block_role, [], []
-            (self.results if is_result else self.others).append(text)
+        role, results, others = self.role, self.results, self.others
+        for segments in messages:
+            for block_role, is_result, text in segments:
+                if block_role != role:
+                    if role is not None:
+                        finished.append(_turn(role, results + others))
+                    role, results, others = block_role, [], []
+                (results if is_result else others).append(text)
+        self.role, self.results, self.others = role, results, others
+        if not finished:
+            return
         ends, end = list(self.ends), len(self.done)
         for turn in finished:
             end += len(turn) + (1 if end else 0)
             ends.append(end)
-        if finished:
-            self.done = ",".join([self.done, *finished] if self.done else finished)
-            self.ends = tuple(ends[-2:])
+        self.done = ",".join([self.done, *finished] if self.done else finished)
+        self.ends = tuple(ends[-2:])
 
     def text(self, *, cache: bool = False) -> str:
         """The array. With ``cache``, the last block of the newest turn and of the turn two
@@ -175,7 +199,7 @@ class _Turns:
         reads back whatever the number of blocks in between."""
         if self.role is None:
             return f"[{self.done}]"
-        last = self._open_turn(CACHE_BREAKPOINT if cache else "")
+        last = _turn(self.role, self.results + self.others, CACHE_BREAKPOINT if cache else "")
         done = self.done
         if cache and len(self.ends) == 2:
             # A finished turn ends '}]}': its last block's brace, the content's, the turn's.
@@ -183,11 +207,13 @@ class _Turns:
             done = f"{done[:at]}{CACHE_BREAKPOINT}{done[at:]}"
         return f"[{done},{last}]" if done else f"[{last}]"
 
-    def _open_turn(self, mark: str = "") -> str:
-        blocks = ",".join(self.results + self.others)
-        if mark:
-            blocks = f"{blocks[:-1]}{mark}}}"
-        return f'{{"role":"{self.role}","content":[{blocks}]}}'
+
+def _turn(role: Role, blocks: list[str], mark: str = "") -> str:
+    """One turn of the array: its blocks, ``mark`` spliced before the last one's brace."""
+    joined = ",".join(blocks)
+    if mark:
+        joined = f"{joined[:-1]}{mark}}}"
+    return f'{{"role":"{role}","content":[{joined}]}}'
 
 
 class HistoryJSON:
@@ -238,8 +264,7 @@ class HistoryJSON:
             self._serial += 1
             entry = _Conversation(self._serial, (), [], _Turns(), 0)
             turns, start = _Turns(), 0
-        for message in messages[start:]:
-            turns.add(self._encoded(message))
+        turns.add(map(self._encoded, messages[start:]))
         text = turns.text(cache=cache)
         if len(text) <= self._max_chars:
             forget = functools.partial(self._forget, ids[0], entry.serial)

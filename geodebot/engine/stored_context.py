@@ -67,25 +67,32 @@ def _text_item(
     else:
         return None
     blocks: list[Block] = []
-    parts: list[str] = []
-    try:
-        while True:
-            start = at - 1  # the string's opening quote
+    parts: list[str] = []  # each block's canonical JSON
+    while True:
+        opening = at - 1  # the string's opening quote
+        try:
             value, at = _scan(text, at)
-            blocks.append(TextBlock(value))
-            stored = text[start:at]
-            # Without a backslash the stored JSON of the string is the string in quotes,
-            # which is what encode_basestring writes (a quote or a control character would
-            # have had to be escaped); with one it may be escaped another valid way.
-            escaped = stored if "\\" not in stored else encode_basestring(value)
-            parts.append(f'{{"text":{escaped},"type":"text"}}')
-            if not text.startswith(_NEXT, at):
-                break
-            at += len(_NEXT)
-    except ValueError:
-        return None  # not a JSON string: the plain way reports it
+        except ValueError:
+            return None  # not a JSON string: the plain way reports it
+        stored = text[opening:at]
+        # Without a backslash the stored JSON of the string is the string in quotes, which
+        # is what encode_basestring writes (a quote or a control character would have had
+        # to be escaped); with one it may be escaped another valid way.
+        escaped = stored if "\\" not in stored else encode_basestring(value)
+        if not text.startswith(_NEXT, at):
+            break
+        blocks.append(TextBlock(value))
+        parts.append(f'{{"text":{escaped},"type":"text"}}')
+        at += len(_NEXT)
     if text[at:] != _END:
         return None
     # canonical_json(message.to_json()): keys sorted, compact (see ContextItem).
-    canonical = f'{{"content":[{",".join(parts)}],"role":"{role}"}}'
-    return ContextItem(seq, Message(role, tuple(blocks)), is_summary, covers_from, canonical)
+    if not blocks:  # one block, most messages: no lists to join
+        canonical = f'{{"content":[{{"text":{escaped},"type":"text"}}],"role":"{role}"}}'
+        message = Message(role, (TextBlock(value),))
+    else:
+        blocks.append(TextBlock(value))
+        parts.append(f'{{"text":{escaped},"type":"text"}}')
+        canonical = f'{{"content":[{",".join(parts)}],"role":"{role}"}}'
+        message = Message(role, tuple(blocks))
+    return ContextItem(seq, message, is_summary, covers_from, canonical)

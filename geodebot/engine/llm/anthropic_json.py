@@ -8,6 +8,7 @@ proportion to the history; :class:`MessageJSON` keeps each message's block JSON 
 from __future__ import annotations
 
 import functools
+import itertools
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -92,7 +93,7 @@ class MessageJSON:
         if entry is not None and entry() is message:
             return entry.segments
         segments = _segments(message)
-        size = sum(len(text) for _, _, text in segments)
+        size = len(segments[0][2]) if len(segments) == 1 else sum(len(t) for *_, t in segments)
         if size <= self._max_chars:
             if entry is not None:
                 self._drop(key)
@@ -268,7 +269,7 @@ class HistoryJSON:
         text = turns.text(cache=cache)
         if len(text) <= self._max_chars:
             forget = functools.partial(self._forget, ids[0], entry.serial)
-            entry.refs.extend(weakref.ref(m, forget) for m in messages[start:])
+            entry.refs.extend(map(weakref.ref, messages[start:], itertools.repeat(forget)))
             entry.ids, entry.turns, entry.chars = ids, turns, len(text)
             self._entries[ids[0]] = entry
             self._chars += entry.chars

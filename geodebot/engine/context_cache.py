@@ -105,7 +105,7 @@ def _json_size(value: object) -> int:
 
 
 def _size(items: Sequence[ContextItem]) -> int:
-    return sum(item_size(item) for item in items)
+    return sum(map(item_size, items))
 
 
 class ContextCache:

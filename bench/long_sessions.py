@@ -39,6 +39,7 @@ import contextlib
 import os
 import platform
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -53,6 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from telegram_bench import (
     ANSWER,
     LOOP_CHAT_BASE,
+    TURN_TIMEOUT_S,
     cpu_seconds,
     geodebot_config,
     geodebot_env,
@@ -220,6 +222,19 @@ async def run(sizes: Sizes) -> tuple[Figures, list[str]]:
                     hot = await measure(f"{label}, warm", pid, telegram, chats, k, seeded + 2 + k)
                     figures.phases[f"{label}-cold"] = cold
                     figures.phases[label] = hot
+                except TimeoutError:
+                    # A chat got no reply: never expected. Keep what tells why.
+                    await stop_daemon(daemon)
+                    kept = Path(tempfile.mkdtemp(prefix="geodebot-long-stall-"))
+                    shutil.copytree(db.parent, kept / "var")
+                    print(
+                        f"\n  !! a reply waited more than {TURN_TIMEOUT_S:g} s in the {label} "
+                        f"phase; the daemon's state is kept in {kept}, its last log lines:",
+                        flush=True,
+                    )
+                    for line in daemon.log[-60:]:
+                        print(f"     {line}")
+                    raise
                 finally:
                     await stop_daemon(daemon)
                     log += daemon.log

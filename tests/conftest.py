@@ -14,6 +14,9 @@ from tests.support.fakes.slack_server import FakeSlack
 from tests.support.slack_world import Rig, TimedCalls, TimedLLM
 from tests.support.telegram_world import TOKEN_ENV, StampedTelegram, TelegramWorld
 
+# The headless browser's fixtures, ``browser`` and ``web``.
+pytest_plugins = ("tests.support.browser",)
+
 
 @pytest.fixture(autouse=True)
 def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from tests.support.fakes.slack_server import FakeSlack
 from tests.support.slack_world import Rig, TimedCalls, TimedLLM
 from tests.support.telegram_world import TOKEN_ENV, StampedTelegram, TelegramWorld
 
-# The headless browser's fixtures, ``browser`` and ``web``.
+# The headless browser's fixtures, ``browser`` and ``tab``.
 pytest_plugins = ("tests.support.browser",)
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from aiohttp import web as aioweb
+from aiohttp import web
 from playwright.async_api import expect
 
-from tests.support.browser import CHROMIUM_ENV, VIEWPORT, Web, chromium_executable
+from tests.support.browser import CHROMIUM_ENV, VIEWPORT, Tab, chromium_executable
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -71,22 +71,20 @@ class Site:
     def __init__(self) -> None:
         self.notes: list[str] = []
         self._streams: set[asyncio.Queue[str | None]] = set()
-        self._runner: aioweb.AppRunner | None = None
+        self._runner: web.AppRunner | None = None
         self.url = ""
 
     async def start(self) -> None:
-        app = aioweb.Application()
+        app = web.Application()
         app.router.add_get("/", self._page)
         app.router.add_post("/notes", self._post)
         app.router.add_get("/events", self._events)
         app.router.add_get("/outside", self._fixed(OUTSIDE))
         app.router.add_get("/broken", self._fixed(BROKEN))
         # handler_cancellation: a page that goes away ends its event stream at once.
-        runner = aioweb.AppRunner(
-            app, access_log=None, shutdown_timeout=2, handler_cancellation=True
-        )
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2, handler_cancellation=True)
         await runner.setup()
-        await aioweb.TCPSite(runner, "127.0.0.1", 0).start()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
         self._runner = runner
         self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
 
@@ -102,20 +100,20 @@ class Site:
             stream.put_nowait(text)
         return len(self._streams)
 
-    async def _page(self, request: aioweb.Request) -> aioweb.Response:
+    async def _page(self, request: web.Request) -> web.Response:
         notes = "".join(f"<li>{html.escape(note)}</li>" for note in self.notes)
-        return aioweb.Response(text=PAGE.format(notes=notes), content_type="text/html")
+        return web.Response(text=PAGE.format(notes=notes), content_type="text/html")
 
-    async def _post(self, request: aioweb.Request) -> aioweb.Response:
+    async def _post(self, request: web.Request) -> web.Response:
         form = await request.post()
         self.notes.append(str(form["text"]))
-        raise aioweb.HTTPSeeOther("/")
+        raise web.HTTPSeeOther("/")
 
-    async def _events(self, request: aioweb.Request) -> aioweb.StreamResponse:
+    async def _events(self, request: web.Request) -> web.StreamResponse:
         stream: asyncio.Queue[str | None] = asyncio.Queue()
         self._streams.add(stream)
         try:
-            response = aioweb.StreamResponse(
+            response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
             await response.prepare(request)
@@ -126,9 +124,9 @@ class Site:
             self._streams.discard(stream)
 
     @staticmethod
-    def _fixed(text: str) -> aioweb.Handler:
-        async def handler(request: aioweb.Request) -> aioweb.Response:
-            return aioweb.Response(text=text, content_type="text/html")
+    def _fixed(text: str) -> web.Handler:
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text=text, content_type="text/html")
 
         return handler
 
@@ -143,8 +141,8 @@ async def site() -> AsyncIterator[Site]:
         await served.close()
 
 
-async def test_a_posted_form_and_a_pushed_update_show_on_the_page(web: Web, site: Site) -> None:
-    page = web.page
+async def test_a_posted_form_and_a_pushed_update_show_on_the_page(tab: Tab, site: Site) -> None:
+    page = tab.page
     await page.goto(site.url)
     await expect(page.locator("#state")).to_have_text("live")
 
@@ -161,31 +159,31 @@ async def test_a_posted_form_and_a_pushed_update_show_on_the_page(web: Web, site
     site.push("run 2 finished")
     await expect(page.locator("#live li")).to_have_text(["run 1 finished", "run 2 finished"])
     assert await page.evaluate("window.mark") == "this page"
-    web.check()
+    tab.check()
 
 
-async def test_requests_beyond_loopback_are_refused_and_reported(web: Web, site: Site) -> None:
-    page = web.page
+async def test_requests_beyond_loopback_are_refused_and_reported(tab: Tab, site: Site) -> None:
+    page = tab.page
     await page.goto(f"{site.url}/outside")
     await expect(page.locator("body")).to_have_attribute("data-picture", "failed")
     await expect(page.locator("body")).to_have_attribute("data-socket", "closed")
-    assert sorted(web.blocked) == [
+    assert sorted(tab.blocked) == [
         "GET http://example.com/x.png",
         "WEBSOCKET ws://example.com/socket",
     ]
     with pytest.raises(AssertionError, match=r"beyond 127\.0\.0\.1.*example\.com/x\.png"):
-        web.check()
-    web.take_blocked()  # expected here: the fixture's own check at teardown passes
-    web.check()
+        tab.check()
+    tab.take_blocked()  # expected here: the fixture's own check at teardown passes
+    tab.check()
 
 
-async def test_an_uncaught_script_error_is_reported(web: Web, site: Site) -> None:
-    async with web.page.expect_event("pageerror") as raised:
-        await web.page.goto(f"{site.url}/broken")
+async def test_an_uncaught_script_error_is_reported(tab: Tab, site: Site) -> None:
+    async with tab.page.expect_event("pageerror") as raised:
+        await tab.page.goto(f"{site.url}/broken")
     assert "broken on purpose" in str(await raised.value)
     with pytest.raises(AssertionError, match="broken on purpose"):
-        web.check()
-    web.errors.clear()
+        tab.check()
+    tab.errors.clear()
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -197,22 +195,22 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 async def test_a_screenshot_is_the_whole_page_at_the_fixed_width(
-    web: Web, site: Site, tmp_path: Path
+    tab: Tab, site: Site, tmp_path: Path
 ) -> None:
-    await web.page.goto(site.url)
-    await expect(web.page.locator("#state")).to_have_text("live")
-    await web.page.evaluate("document.body.style.height = '2000px'")
-    path = await web.screenshot("harness", folder=tmp_path)
+    await tab.page.goto(site.url)
+    await expect(tab.page.locator("#state")).to_have_text("live")
+    await tab.page.evaluate("document.body.style.height = '2000px'")
+    path = await tab.screenshot("harness", folder=tmp_path)
     assert path == tmp_path / "harness.png"
     width, height = png_size(path)
     assert width == VIEWPORT["width"]
     assert height > 2000  # the whole page, not the 800-pixel viewport
     written = path.stat().st_mtime_ns
     # The same page again is the same picture: the file is left as it was.
-    assert await web.screenshot("harness", folder=tmp_path) == path
+    assert await tab.screenshot("harness", folder=tmp_path) == path
     assert path.stat().st_mtime_ns == written
     with pytest.raises(AssertionError, match="screenshot name"):
-        await web.screenshot("../elsewhere", folder=tmp_path)
+        await tab.screenshot("../elsewhere", folder=tmp_path)
 
 
 async def test_a_missing_chromium_fails_naming_the_install_step(

@@ -8,9 +8,9 @@ Fixtures (registered for every test by tests/conftest.py):
 
 - ``browser``: one chromium per test module, started headless with a fresh profile in a
   temporary directory (Playwright makes one per launch and removes it on close).
-- ``web``: a fresh browser context and page per test (:class:`Web`), at a fixed viewport.
+- ``tab``: a fresh browser context and page per test (:class:`Tab`), at a fixed viewport.
   Every request that is not to 127.0.0.1 is aborted and recorded; the test fails at teardown
-  if one was attempted and not taken with :meth:`Web.take_blocked`. An uncaught script error
+  if one was attempted and not taken with :meth:`Tab.take_blocked`. An uncaught script error
   on the page fails it alike.
 
 Playwright's objects belong to the event loop they were made on, so a module that uses these
@@ -109,7 +109,7 @@ def allowed(url: str) -> bool:
 
 
 @dataclass
-class Web:
+class Tab:
     """One test's browser context and page, and what they tried that they may not."""
 
     context: BrowserContext
@@ -156,7 +156,7 @@ class Web:
             await socket.close(code=1008, reason="outside 127.0.0.1")
 
 
-async def open_web(browser: Browser) -> Web:
+async def open_tab(browser: Browser) -> Tab:
     """A fresh context and page on ``browser``, fenced to 127.0.0.1."""
     context = await browser.new_context(
         viewport=VIEWPORT,  # type: ignore[arg-type]
@@ -170,11 +170,11 @@ async def open_web(browser: Browser) -> Web:
     )
     context.set_default_timeout(TIMEOUT_MS)
     page = await context.new_page()
-    web = Web(context, page)
-    await context.route("**/*", web._route)
-    await context.route_web_socket(re.compile(".*"), web._route_socket)
-    page.on("pageerror", lambda error: web.errors.append(str(error)))
-    return web
+    tab = Tab(context, page)
+    await context.route("**/*", tab._route)
+    await context.route_web_socket(re.compile(".*"), tab._route_socket)
+    page.on("pageerror", lambda error: tab.errors.append(str(error)))
+    return tab
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -184,8 +184,8 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def web(browser: Browser) -> AsyncIterator[Web]:
-    opened = await open_web(browser)
+async def tab(browser: Browser) -> AsyncIterator[Tab]:
+    opened = await open_tab(browser)
     try:
         yield opened
     finally:

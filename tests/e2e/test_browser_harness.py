@@ -178,9 +178,9 @@ async def test_requests_beyond_loopback_are_refused_and_reported(tab: Tab, site:
 
 
 async def test_an_uncaught_script_error_is_reported(tab: Tab, site: Site) -> None:
-    async with tab.page.expect_event("pageerror") as raised:
+    async with tab.context.expect_event("weberror") as raised:
         await tab.page.goto(f"{site.url}/broken")
-    assert "broken on purpose" in str(await raised.value)
+    assert "broken on purpose" in str((await raised.value).error)
     with pytest.raises(AssertionError, match="broken on purpose"):
         tab.check()
     tab.errors.clear()

@@ -11,7 +11,7 @@ Fixtures (registered for every test by tests/conftest.py):
 - ``tab``: a fresh browser context and page per test (:class:`Tab`), at a fixed viewport.
   Every request that is not to 127.0.0.1 is aborted and recorded; the test fails at teardown
   if one was attempted and not taken with :meth:`Tab.take_blocked`. An uncaught script error
-  on the page fails it alike.
+  on a page of the context fails it alike.
 
 Playwright's objects belong to the event loop they were made on, so a module that uses these
 fixtures runs its tests, and its own async fixtures, on the module's loop::
@@ -40,13 +40,21 @@ import pytest
 import pytest_asyncio
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, BrowserContext, Page, Route, WebSocketRoute
+    from playwright.async_api import (
+        Browser,
+        BrowserContext,
+        Page,
+        Route,
+        ViewportSize,
+        WebError,
+        WebSocketRoute,
+    )
 
 CHROMIUM_ENV = "GEODEBOT_CHROMIUM"
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 ALLOWED_HOST = "127.0.0.1"
 # Screenshots are compared across runs and machines: one size, one pixel ratio, one clock.
-VIEWPORT = {"width": 1280, "height": 800}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 TIMEOUT_MS = 10_000  # a page that takes longer than this in a test is broken, not slow
 LAUNCH_TIMEOUT_MS = 60_000  # a cold start on a busy 2-core machine
@@ -115,7 +123,7 @@ class Tab:
     context: BrowserContext
     page: Page
     blocked: list[str] = field(default_factory=list)  # "METHOD url" of each refused request
-    errors: list[str] = field(default_factory=list)  # uncaught script errors on the page
+    errors: list[str] = field(default_factory=list)  # uncaught script errors, on any page
 
     def take_blocked(self) -> list[str]:
         """The refused requests so far, which the test thereby expected; clears the list."""
@@ -140,6 +148,9 @@ class Tab:
             path.write_bytes(png)
         return path
 
+    def _script_error(self, error: WebError) -> None:
+        self.errors.append(str(error.error))
+
     async def _route(self, route: Route) -> None:
         request = route.request
         if allowed(request.url):
@@ -159,7 +170,7 @@ class Tab:
 async def open_tab(browser: Browser) -> Tab:
     """A fresh context and page on ``browser``, fenced to 127.0.0.1."""
     context = await browser.new_context(
-        viewport=VIEWPORT,  # type: ignore[arg-type]
+        viewport=VIEWPORT,
         device_scale_factor=1,
         locale="en-US",
         timezone_id="UTC",
@@ -173,7 +184,7 @@ async def open_tab(browser: Browser) -> Tab:
     tab = Tab(context, page)
     await context.route("**/*", tab._route)
     await context.route_web_socket(re.compile(".*"), tab._route_socket)
-    page.on("pageerror", lambda error: tab.errors.append(str(error)))
+    context.on("weberror", tab._script_error)
     return tab
 
 

@@ -70,7 +70,9 @@ def kind(pid: int) -> str:
         arguments = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     except OSError:
         return "gone"
-    if arguments and arguments[0].endswith(b"crashpad_handler"):
+    if not arguments:  # exited, not yet reaped
+        return "gone"
+    if arguments[0].endswith(b"crashpad_handler"):
         return "crashpad"
     for argument in arguments:
         if argument.startswith(b"--type="):

@@ -122,6 +122,12 @@ class ChatApprovals:
         if waiter is not None:
             waiter.set()
 
+    def decided_elsewhere(self, request: ApprovalRecord) -> None:
+        """``request`` was decided (or expired) outside the chat, by the console: its turn
+        goes on, and its card shows the outcome instead of buttons."""
+        self.decided(request.id)
+        self._edit_later(request)
+
     # -- the waiting turn -------------------------------------------------------------------
     async def settle(self, destination: Destination, request: ApprovalRecord) -> ApprovalRecord:
         # Listening before the request is read again: a press between that read and the

@@ -21,6 +21,8 @@ from geodebot.engine.tools.spec import ToolSpec
 from geodebot.ops.console.parts import ConsoleParts
 
 MCP_PREFIX = "mcp__"
+# Characters of an inline prompt source the panel shows.
+PROMPT_SHOWN = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,8 @@ def prompt_sources(config: Config) -> tuple[str, ...]:
             shown.append(f"file {config.prompt_file(source.file)}")
         else:
             text = source.text or ""
-            shown.append(f"text ({len(text)} characters): {text[:120]}")
+            head = text if len(text) <= PROMPT_SHOWN else text[:PROMPT_SHOWN] + "…"
+            shown.append(f"text ({len(text)} characters): {head}")
     return tuple(shown)
 
 

@@ -140,8 +140,8 @@ class Run:
     tokens: tuple[int, int] | None = None
     tool_calls: list[Mapping[str, Any]] = field(default_factory=list)
     refusals: list[Mapping[str, Any]] = field(default_factory=list)
-    approvals: list[TimelineEvent] = field(default_factory=list)
-    other: list[TimelineEvent] = field(default_factory=list)
+    # What happened, in order: tool calls, approvals and the rest (model calls are counted).
+    steps: list[TimelineEvent] = field(default_factory=list)
     model_calls: int = 0
     first_id: int = 0
 
@@ -189,8 +189,7 @@ def _add(run: Run, event: TimelineEvent) -> None:
         run.tool_calls.append(data)
         if data.get("status") == "refused":
             run.refusals.append(data)
-    elif event.kind.startswith("approval_"):
-        run.approvals.append(event)
+        run.steps.append(event)
     elif event.kind == "llm_call":
         run.model_calls += 1
     elif event.kind == "turn_finished":
@@ -199,7 +198,7 @@ def _add(run: Run, event: TimelineEvent) -> None:
         run.rounds = data.get("rounds")
         run.tokens = (int(data.get("input_tokens", 0)), int(data.get("output_tokens", 0)))
     elif event.kind != "turn_started":
-        run.other.append(event)
+        run.steps.append(event)
 
 
 def binding_rows(parts: ConsoleParts, session_id: str) -> list[BindingConfig]:

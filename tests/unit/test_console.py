@@ -7,19 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from geodebot.chat.bindings import BindingIndex
-from geodebot.config.schema import BindingConfig
+from geodebot.config.schema import BindingConfig, parse_config
+from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.ops.console.actions import Refused, duration_s
 from geodebot.ops.console.live import LiveFeed
-from geodebot.ops.console.parts import binding_of
+from geodebot.ops.console.parts import ConsoleParts, binding_of
 from geodebot.ops.console.security import Guard, same_origin
-from geodebot.ops.console.work import group_runs
+from geodebot.ops.console.work import group_runs, timeline_page
 from geodebot.store.records import TimelineEvent
+from geodebot.store.sqlite import SQLiteStore
 
 
 # -- the live feed --------------------------------------------------------------------------
@@ -207,3 +210,35 @@ def test_a_session_is_found_by_its_binding_or_its_thread_binding() -> None:
     assert binding_of(index, "team/a/99") is slashed
     assert binding_of(index, "ops/1") is None  # a channel binding owns no threads
     assert binding_of(index, "job:nightly") is None
+
+
+# -- a long timeline, paged -------------------------------------------------------------------
+async def test_a_long_timeline_is_read_a_page_at_a_time_newest_first(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "state.db") as store:
+        await store.ensure_session("s", "daemon")
+        await store.ensure_session("other", "daemon")
+        for turn in range(1, 8):
+            await store.append_timeline("s", f"t{turn}", "turn_started", {})
+            await store.append_timeline("other", "x", "turn_started", {})
+            await store.append_timeline("s", f"t{turn}", "tool_call", {"tool": "a", "status": "ok"})
+            await store.append_timeline("s", f"t{turn}", "turn_finished", {"outcome": "completed"})
+        newest = await store.timeline_newest("s", limit=4)
+        assert [e.turn_id for e in newest] == ["t7", "t7", "t7", "t6"]
+        assert [e.id for e in newest] == sorted((e.id for e in newest), reverse=True)
+        assert await store.timeline_newest("s", before_id=newest[0].id, limit=2) == newest[1:3]
+
+        parts = ConsoleParts(store, parse_config({}), BindingIndex([]), ToolRegistry(), LiveFeed())
+        seen: list[str | None] = []
+        before = None
+        pages = 0
+        while True:
+            page = await timeline_page(parts, "s", before=before, limit=7)
+            pages += 1
+            # Only whole runs: a run cut at the page's edge waits for the next page.
+            assert all(run.outcome == "completed" and len(run.steps) == 1 for run in page.runs)
+            seen += [run.turn_id for run in page.runs]
+            if page.older is None:
+                break
+            before = page.older
+        assert seen == [f"t{n}" for n in range(7, 0, -1)]
+        assert pages == 4

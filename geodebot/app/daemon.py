@@ -22,7 +22,7 @@ from geodebot.chat.attachments import Attachments
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
-from geodebot.config.schema import Config, ConfigError, resolve_secret
+from geodebot.config.schema import Config, ConfigError, resolve_secret, split_host_port
 from geodebot.engine.lanes import Grace
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
@@ -287,6 +287,7 @@ def _health_server(
     spend = app.services.spend
     if spend is not None:
         probe.extra["budgets"] = spend.status
+    assert config.daemon.http is not None
     console = Console(
         ConsoleParts(
             store,
@@ -298,8 +299,8 @@ def _health_server(
             spend_status=spend.status if spend is not None else None,
         ),
         token=token,
+        bound_host=split_host_port(config.daemon.http)[0],
     )
-    assert config.daemon.http is not None
     return HealthServer(config.daemon.http, probe, metrics, token=token, console=console)
 
 

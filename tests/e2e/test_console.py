@@ -253,6 +253,13 @@ async def test_every_post_without_a_valid_token_or_origin_is_refused_and_changes
         assert stranger.csrf != browser.csrf
         code, _, _ = await browser.post(approve, csrf=stranger.csrf)
         assert code == 403
+    # A site whose name was made to resolve to 127.0.0.1 is its own origin: its name is
+    # refused, for its POSTs and for the pages it would read the token from.
+    port = world.base.rsplit(":", 1)[1]
+    rebound = {"Host": f"rebound.example:{port}", "Origin": f"http://rebound.example:{port}"}
+    code, _, _ = await browser.post(approve, headers=rebound)
+    assert code == 421
+    assert (await browser.get("/approvals", headers=rebound))[0] == 421
     # A GET never acts.
     async with browser.session.get(world.base + approve) as response:
         assert response.status == 405

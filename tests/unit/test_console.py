@@ -140,6 +140,25 @@ def test_a_csrf_token_belongs_to_its_console_session_and_this_run_of_the_daemon(
     assert not Guard(None).csrf_ok(sid, token)  # a restarted daemon draws a new key
 
 
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [
+        ("127.0.0.1:8787", True),
+        ("localhost:8787", True),
+        ("LOCALHOST:8787", True),
+        ("[::1]:8787", True),
+        ("127.0.0.2:8787", True),  # the address it is bound to
+        ("rebound.example:8787", False),
+        ("127.0.0.1.rebound.example:8787", False),
+    ],
+)
+def test_without_a_token_only_its_own_names_are_answered(host: str, ok: bool) -> None:
+    request = make_mocked_request("GET", "/work", headers={"Host": host})
+    assert Guard(None, bound_host="127.0.0.2").host_ok(request) is ok
+    # With a token any name is: the token, not the name, keeps another site out.
+    assert Guard("t", bound_host="127.0.0.2").host_ok(request)
+
+
 def test_the_token_passes_as_a_bearer_header_or_as_the_login_cookie() -> None:
     guard = Guard("s3cret")
 

@@ -19,6 +19,7 @@ SESSION_COOKIE = "geodebot_console"
 TOKEN_COOKIE = "geodebot_token"
 CSRF_FIELD = "csrf"
 _SESSION_BYTES = 24
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def _same(given: str, expected: str) -> bool:
@@ -48,11 +49,24 @@ def same_origin(request: web.Request) -> bool:
 
 
 class Guard:
-    """The bearer token (None: none configured) and the CSRF key of this daemon's run."""
+    """The bearer token (None: none configured), the names this server answers to, and the
+    CSRF key of this daemon's run."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, *, bound_host: str = "127.0.0.1") -> None:
         self._token = token
         self._key = secrets.token_bytes(32)
+        self._hosts = frozenset({bound_host.lower(), *LOOPBACK_NAMES})
+
+    def host_ok(self, request: web.Request) -> bool:
+        """Without a token, the console answers only to the loopback names and the address it
+        is bound to: a page of another site whose name was made to resolve to 127.0.0.1 (DNS
+        rebinding) is its own origin, so the origin check alone would let it read the pages
+        and post their forms. With a token, that page has neither the header nor the cookie
+        (cookies go by name), and a console behind a proxy may be called by any name."""
+        if self._token is not None:
+            return True
+        host = request.url.host
+        return host is not None and host.lower() in self._hosts
 
     @property
     def needs_token(self) -> bool:

@@ -47,11 +47,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class Console:
     """Adds the console to an aiohttp app (``install``); ``token``: the daemon's bearer
-    token, None when none is configured."""
+    token, None when none is configured; ``bound_host``: the host of ``[daemon] http``."""
 
-    def __init__(self, parts: ConsoleParts, *, token: str | None = None) -> None:
+    def __init__(
+        self, parts: ConsoleParts, *, token: str | None = None, bound_host: str = "127.0.0.1"
+    ) -> None:
         self._parts = parts
-        self._guard = Guard(token)
+        self._guard = Guard(token, bound_host=bound_host)
         self._env = jinja2.Environment(
             loader=jinja2.PackageLoader("geodebot.ops.console", "templates"),
             autoescape=True,
@@ -87,6 +89,12 @@ class Console:
         if request.path in HEALTH_PATHS:
             return await handler(request)
         guard = self._guard
+        if not guard.host_ok(request):
+            log.warning("console: refused a request for host %r", request.host)
+            return web.Response(
+                status=421,
+                text="This console answers only to its own address (or set http_token_env).",
+            )
         sid = guard.session_of(request)
         fresh = sid is None
         session = sid if sid is not None else guard.new_session()

@@ -77,6 +77,8 @@ class Console:
         router.add_post("/login", self._login)
         router.add_get("/events", self._parts.live.stream)
         router.add_get("/static/{name}", self._asset)
+        # Browsers ask for it on every page; there is none, and "none" needs no log line.
+        router.add_get("/favicon.ico", _no_content)
 
         async def stop_streams(app: web.Application) -> None:
             self._parts.live.close()
@@ -233,3 +235,7 @@ def _local(path: str) -> str:
 
 def _redirect(location: str, *, status: int = 303) -> web.Response:
     return web.Response(status=status, headers={"Location": location})
+
+
+async def _no_content(request: web.Request) -> web.StreamResponse:
+    return web.Response(status=204)

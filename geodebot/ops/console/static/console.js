@@ -13,7 +13,6 @@
   var TOPICS = ["runs", "approvals", "jobs", "receipts", "operator"];
   var pending = {};
   var timer = null;
-  var opened = false;
 
   function sections(topic, session) {
     var found = [];
@@ -85,13 +84,11 @@
     if (badge) {
       badge.setAttribute("data-live-state", "on");
     }
-    if (opened) {
-      // Back after a break (a restart, or dropped for falling behind): events were missed.
-      TOPICS.forEach(function (topic) {
-        mark(sections(topic, null));
-      });
-    }
-    opened = true;
+    // Whatever changed between this page's load and now (or, back after a break, while it
+    // was away: a restart, or dropped for falling behind) told nobody here: fetched once.
+    TOPICS.forEach(function (topic) {
+      mark(sections(topic, null));
+    });
   };
   source.onerror = function () {
     if (badge) {

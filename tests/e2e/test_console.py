@@ -39,7 +39,7 @@ APPROVE, REFUSE, JOBS, LIVE, THREADS = -7001, -7002, -7003, -7004, -7005
 # Listed on a binding, but the MCP server's config declares no policy for it.
 UNDECLARED = "mcp__fake__undeclared"
 CHATS = (
-    Chat(APPROVE, 'project = "ops"\n'),
+    Chat(APPROVE, 'project = "ops"\ndaily_tokens = 50000\n'),
     Chat(REFUSE, 'project = "ops"\n'),
     Chat(JOBS, tools=()),
     Chat(LIVE),
@@ -125,6 +125,10 @@ async def test_work_shows_projects_their_threads_and_their_state(
     assert f'data-binding="telegram:{APPROVE}"' in page
     # No chat ran yet: idle, and no run.
     assert 'data-state="idle"' in page
+    assert (
+        f'<tr data-budget="binding:telegram:{APPROVE}"><td>binding:telegram:{APPROVE} (tokens)'
+        in page
+    )
     assert 'href="/static/console.css"' in page
     assert 'src="/static/console.js"' in page
     for asset, kind in (("console.css", "text/css"), ("console.js", "text/javascript")):

@@ -43,7 +43,11 @@ class NotFound(Exception):
 
 
 async def _work(parts: ConsoleParts, request: web.Request) -> Context:
-    return {"work": await work_view(parts)}
+    budgets = None
+    if parts.spend_status is not None:
+        # What /healthz shows as "budgets": today's use of each limited budget.
+        _, budgets = await parts.spend_status()
+    return {"work": await work_view(parts), "budgets": budgets}
 
 
 async def _thread(parts: ConsoleParts, request: web.Request) -> Context:

@@ -60,6 +60,8 @@ class Console:
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
+            # Templates are read once, like the code they belong with: no stat per page.
+            auto_reload=False,
         )
         self._env.filters["when"] = when
         self._env.filters["path"] = lambda text: quote(str(text), safe="/")

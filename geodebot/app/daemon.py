@@ -143,7 +143,16 @@ async def _enter_daemon(
 
     # The outbox's window is its own: replies of turns that used the whole grace still go.
     outbox = OutboxSender(store, channels, grace=Grace(turns_grace.seconds), files=app.files)
-    approvals = ChatApprovals(store, channels, redactor=app.services.redactor)
+    approvals = ChatApprovals(
+        store,
+        channels,
+        redactor=app.services.redactor,
+        on_change=(
+            None
+            if live is None
+            else lambda request: live.publish("approvals", session=request.session_id)
+        ),
+    )
     router = ChatRouter(
         app.run_turn,
         store,

@@ -79,8 +79,11 @@ class ChatApprovals:
         redactor: Redactor | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_change: Callable[[ApprovalRecord], None] | None = None,
     ) -> None:
         self._store = store
+        # Told when a request is shown or settled here (the console's open pages follow it).
+        self._on_change = on_change
         self._channels = channels
         self._redactor = redactor if redactor is not None else Redactor()
         self._clock = clock
@@ -135,6 +138,7 @@ class ChatApprovals:
         waiter = self._waiters.setdefault(request.id, asyncio.Event())
         try:
             request = await self._show(destination, request)
+            self._changed(request)
             while request.status == "pending":
                 left = request.expires_at - self._clock()
                 if left <= 0:
@@ -149,7 +153,12 @@ class ChatApprovals:
             raise
         finally:
             self._waiters.pop(request.id, None)
+        self._changed(request)
         return request
+
+    def _changed(self, request: ApprovalRecord) -> None:
+        if self._on_change is not None:
+            self._on_change(request)
 
     async def _wait(self, waiter: asyncio.Event, left: float) -> None:
         """Until a decision here, the expiry, or the daemon stopping: a waiting turn is then

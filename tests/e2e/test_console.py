@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -368,16 +368,31 @@ async def test_open_pages_hear_of_runs_as_they_happen(
         assert await stream.content.readline() == b"retry: 3000\n"
         world.model.script("live run:", Reply("live answer"))
         world.ask(LIVE, "live run: hello")
-        events = await _read_events(stream, until="turn_finished")
-    kinds = [(topic, data.get("kind")) for topic, data in events]
-    assert ("runs", "turn_started") in kinds
-    assert ("runs", "turn_finished") in kinds
-    assert all(data.get("session") == session(LIVE) for _, data in events)
+        events = await _read_events(stream, lambda topic, data: data.get("kind") == "turn_finished")
+        kinds = [(topic, data.get("kind")) for topic, data in events]
+        assert ("runs", "turn_started") in kinds
+        assert ("runs", "turn_finished") in kinds
+        assert all(data.get("session") == session(LIVE) for _, data in events)
+
+        # A call that waits for a person: the pages that list approvals hear of it.
+        ask_to_note(world, LIVE, "live note", "Live note done.")
+        await _read_events(stream, lambda topic, data: topic == "approvals")
+        approval = await world.until_pending(session(LIVE))
+        await browser.get("/approvals")
+        code, _, _ = await browser.post(f"/approvals/{approval}/approve")
+        assert code == 303
+        events = await _read_events(stream, lambda topic, data: data.get("kind") == "turn_finished")
+        assert ("approvals", session(LIVE)) in [(t, d.get("session")) for t, d in events]
+    await world.showing(LIVE, "Live note done.")
+    assert world.notes_written("live note") == 1
 
 
 async def _read_events(
-    stream: aiohttp.ClientResponse, *, until: str, timeout: float = 30.0
+    stream: aiohttp.ClientResponse,
+    until: Callable[[str, dict[str, Any]], bool],
+    timeout: float = 30.0,
 ) -> list[tuple[str, dict[str, Any]]]:
+    """The events read until one for which ``until(topic, data)`` holds, that one last."""
     events: list[tuple[str, dict[str, Any]]] = []
     topic = ""
     async with asyncio.timeout(timeout):
@@ -388,7 +403,7 @@ async def _read_events(
             elif line.startswith("data: "):
                 data = json.loads(line.removeprefix("data: "))
                 events.append((topic, data))
-                if data.get("kind") == until:
+                if until(topic, data):
                     return events
 
 

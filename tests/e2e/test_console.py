@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 
 from geodebot.store.records import EffectReceipt
-from tests.support.chat_e2e_telegram import WRITE_NOTE, CardKillingTelegram, Chat
+from tests.support.chat_e2e_telegram import ALICE, WRITE_NOTE, CardKillingTelegram, Chat
 from tests.support.config import TEST_KEY
 from tests.support.console_world import (
     JOB,
@@ -157,6 +157,24 @@ async def test_a_threads_target_shows_route_model_prompt_and_the_tool_plan(
     code, page = await browser.get("/threads/no-such-session")
     assert code == 404
     assert "There is no session" in page
+
+
+async def test_a_thread_bindings_threads_show_as_threads_of_its_project(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    world.model.script("in a topic:", Reply("topic answer"))
+    world.telegram.push_message(THREADS, "in a topic: hi", user_id=ALICE, thread_id=77)
+    topic = f"{session(THREADS)}/77"
+    await world.showing(THREADS, "topic answer")
+    code, page = await browser.get("/work")
+    assert f'<tr data-session="{topic}" data-binding="telegram:{THREADS}">' in page
+    assert "(thread 77)" in page
+    assert "Sessions without a binding" in page
+    assert f'data-session="{topic}"' not in page.split("Sessions without a binding")[1]
+    code, page = await browser.get(f"/threads/{topic}")
+    assert code == 200
+    assert f"telegram · channel {THREADS} · thread 77" in page
+    assert 'data-outcome="completed"' in page
 
 
 async def test_jobs_receipts_approvals_and_operator_render(

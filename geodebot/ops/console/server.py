@@ -206,7 +206,12 @@ class Console:
             log.info("console: %s: %s", request.path, message)
             response = _redirect(back)
             response.set_cookie(
-                FLASH_COOKIE, quote(message), path="/", httponly=True, samesite="Strict"
+                FLASH_COOKIE,
+                quote(message),
+                path="/",
+                httponly=True,
+                samesite="Strict",
+                secure=request.secure,
             )
             return response
 

@@ -467,7 +467,8 @@ async def test_with_a_token_the_console_asks_for_it_once_and_refuses_without_it(
         assert f'data-job-id="{JOB}"' in page
         # A form of the page, posted without the token: refused, nothing changes.
         code, page, _ = await browser.post(f"/jobs/{JOB}/pause")
-        assert code == 401
+        assert code == 403
+        assert "The console&#39;s token is needed for this." in page
         assert not world.job_paused()
         # The login form: from another origin, or with a wrong token, it sets nothing.
         login = {"token": TOKEN, "next": "/jobs"}

@@ -124,7 +124,7 @@ class Console:
         if request.path == "/login":
             return await handler(request)
         if not self._guard.token_ok(request):
-            return self._refusal(request, "The console's token is needed for this.", status=401)
+            return self._refusal(request, "The console's token is needed for this.")
         form = await request.post()
         given = form.get(CSRF_FIELD)
         if not self._guard.csrf_ok(sid, given if isinstance(given, str) else None):

@@ -306,6 +306,7 @@ def _health_server(
             live if live is not None else LiveFeed(),
             approvals=daemon.approvals,
             spend_status=spend.status if spend is not None else None,
+            relay=app.relay,
         ),
         token=token,
         bound_host=split_host_port(config.daemon.http)[0],

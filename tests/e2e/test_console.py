@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -262,8 +263,13 @@ async def test_every_post_without_a_valid_token_or_origin_is_refused_and_changes
         (f"/jobs/{JOB}/run", {}),
         (f"/receipts/{RECEIPT}/resolve", {"as": "done"}),
         ("/operator/computer-use", {"state": "on", "reason": "forged", "duration": "1h"}),
+        (
+            "/relay/send",
+            {"source": session(APPROVE), "turn": "t", "target": session(REFUSE), "intent": "ask"},
+        ),
     ]
     fires, switches = world.fires(), world.switches()
+    relayed = world.query("SELECT COUNT(*) FROM relay_deliveries")
     for path, data in actions:
         for what, _, csrf, headers in attempts:
             code, page, _ = await browser.post(path, data, csrf=csrf, headers=headers)
@@ -290,6 +296,7 @@ async def test_every_post_without_a_valid_token_or_origin_is_refused_and_changes
     assert world.fires() == fires
     assert world.receipt_resolution(RECEIPT) is None
     assert world.switches() == switches
+    assert world.query("SELECT COUNT(*) FROM relay_deliveries") == relayed
     assert world.notes_written("never approved") == 0
 
     # The real form is accepted: the turn goes on, the call refused.
@@ -298,6 +305,46 @@ async def test_every_post_without_a_valid_token_or_origin_is_refused_and_changes
     assert world.approval(approval) == ("denied", "operator", "console")
     await world.showing(REFUSE, "Not noted.", part=True)
     assert world.notes_written("never approved") == 0
+
+
+async def test_a_runs_result_is_sent_to_another_thread_of_its_project_once(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    code, page = await browser.get(f"/threads/{session(APPROVE)}")
+    # The oldest run on the page is the one that noted "console approved".
+    turn = re.findall(r'data-send-turn="([^"]+)"', page)[-1]
+    assert f'<option value="{session(REFUSE)}">' in page
+    assert f'<option value="{session(LIVE)}">' not in page  # another project
+    # As the page's form sends it.
+    form = {
+        "source": session(APPROVE),
+        "turn": turn,
+        "target": session(REFUSE),
+        "back": f"/threads/{session(APPROVE)}",
+    }
+    code, page, _ = await browser.post("/relay/send", {**form, "intent": "maybe"})
+    assert code == 400
+    code, _, response = await browser.post("/relay/send", {**form, "intent": "notify"})
+    assert code == 303
+    assert response.headers["Location"] == f"/threads/{session(APPROVE)}"
+    code, page = await browser.get(f"/threads/{session(APPROVE)}")
+    [receipt] = re.findall(rf"Sent to {session(REFUSE)} \(notify\): receipt ([\w-]+)\.", page)
+    post = await world.showing(REFUSE, "by @operator", part=True)
+    assert "Noted from the console." in post.shows[0]
+
+    code, page, _ = await browser.post("/relay/send", {**form, "intent": "notify"})
+    assert code == 409
+    assert f"Already sent to {session(REFUSE)}: receipt {receipt} (delivered)" in page
+    # Into another project's thread: refused, with a receipt, and nothing sent.
+    elsewhere = {**form, "target": session(LIVE), "intent": "notify"}
+    code, page, _ = await browser.post("/relay/send", elsewhere)
+    assert code == 409
+    assert "Not sent: refused: there is no thread" in page
+    messages = await world.control(REFUSE)
+    assert len([m for m in messages if "by @operator" in m.shows[0]]) == 1
+    assert not [m for m in world.messages(LIVE) if "by @operator" in m.shows[0]]
+    code, page = await browser.get(f"/threads/{session(REFUSE)}")
+    assert 'data-event="relay_received"' in page
 
 
 async def test_a_job_is_paused_resumed_and_run_once(world: ConsoleWorld, browser: Browser) -> None:

@@ -5,10 +5,12 @@ be done raises :class:`Refused` with the reason, and changes nothing.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 
 from geodebot.engine.session import COMPUTER_USE_SWITCH
+from geodebot.engine.tools.spec import ToolError
 from geodebot.ops.console.parts import OPERATOR, ConsoleParts, when
 from geodebot.store.records import StoreError
 
@@ -92,6 +94,39 @@ async def resolve_receipt(parts: ConsoleParts, receipt_id: str, resolution: str)
         raise Refused(f"Not resolved: {exc}") from exc
     parts.live.publish("receipts", session=resolved.session_id)
     return f"Receipt {resolved.id} ({resolved.tool}) resolved as {resolved.resolution}."
+
+
+async def send_result(parts: ConsoleParts, form: Mapping[str, str]) -> str:
+    """A run's result sent into another thread of its project, as a Thread Relay delivery
+    by the operator, with its receipt."""
+    if parts.relay is None:
+        raise Refused("Thread Relay is not available in this daemon.", 404)
+    source, turn, target = form.get("source", ""), form.get("turn", ""), form.get("target", "")
+    intent = form.get("intent", "")
+    if not (source and turn and target) or intent not in ("notify", "ask"):
+        raise Refused("Choose the thread to send to, and notify or ask.", 400)
+    try:
+        delivery, new = await parts.relay.operator_send(
+            source, turn, target, "ask" if intent == "ask" else "notify", by=OPERATOR
+        )
+    except ToolError as exc:
+        raise Refused(f"Not sent: {_receipt_reason(str(exc))}") from exc
+    parts.live.publish("runs", session=target)
+    if not new:
+        raise Refused(
+            f"Already sent to {delivery.target_session}: receipt {delivery.id} "
+            f"({delivery.state}) at {when(delivery.created_at)}."
+        )
+    return f"Sent to {delivery.target_session} ({delivery.intent}): receipt {delivery.id}."
+
+
+def _receipt_reason(answer: str) -> str:
+    """A refused send's reason, from the receipt the relay answers with."""
+    try:
+        receipt = json.loads(answer)["receipt"]
+        return f"{receipt['state']}: {receipt['reason']} (receipt {receipt['id']})"
+    except (ValueError, KeyError, TypeError):
+        return answer
 
 
 def duration_s(text: str) -> float | None:

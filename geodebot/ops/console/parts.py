@@ -13,6 +13,7 @@ from geodebot.chat.bindings import BindingIndex, owns
 from geodebot.config.schema import BindingConfig, Config
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.ops.console.live import LiveFeed
+from geodebot.relay.tools import ThreadRelay
 from geodebot.store.protocol import Store
 
 # The name actions are recorded under: the console knows no person, only that whoever
@@ -34,6 +35,8 @@ class ConsoleParts:
     approvals: ChatApprovals | None = None
     # Today's token and spend budgets, when the daemon keeps any.
     spend_status: SpendStatus | None = None
+    # Thread Relay: the operator sends a run's result into another thread of its project.
+    relay: ThreadRelay | None = None
     clock: Callable[[], float] = time.time
 
 

@@ -61,6 +61,9 @@ async def _thread(parts: ConsoleParts, request: web.Request) -> Context:
     page = await timeline_page(parts, session_id, before=before)
     target = await target_of(parts, session_id, bindings[0]) if bindings else None
     pending = await parts.store.approvals_pending(session_id=session_id)
+    send_to: list[str] = []
+    if parts.relay is not None and bindings:
+        send_to = await parts.relay.project_threads(session_id)
     return {
         "session_id": session_id,
         "record": record,
@@ -69,6 +72,7 @@ async def _thread(parts: ConsoleParts, request: web.Request) -> Context:
         "before": before,
         "target": target,
         "pending": pending,
+        "send_to": send_to,
     }
 
 
@@ -122,6 +126,10 @@ async def _resolve(parts: ConsoleParts, request: web.Request, form: Mapping[str,
     return await actions.resolve_receipt(parts, request.match_info["id"], form.get("as", ""))
 
 
+async def _send(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
+    return await actions.send_result(parts, form)
+
+
 async def _computer_use(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
     return await actions.set_computer_use(parts, form)
 
@@ -134,4 +142,5 @@ ACTIONS: tuple[Action, ...] = (
     Action("/jobs/{id}/run", _run, "/jobs"),
     Action("/receipts/{id}/resolve", _resolve, "/receipts"),
     Action("/operator/computer-use", _computer_use, "/operator"),
+    Action("/relay/send", _send, "/work"),
 )

@@ -374,6 +374,14 @@ async def test_a_job_is_paused_resumed_and_run_once(world: ConsoleWorld, browser
     code, page = await browser.get("/jobs")
     assert 'data-outcome="ok"' in page
     assert "manual" in page
+    [job_session] = re.findall(r'href="/threads/(job[^"]+)"', page)
+    code, page = await browser.get(f"/threads/{job_session}")
+    assert code == 200
+    assert "No binding owns this session" in page
+    assert 'data-outcome="completed"' in page
+    code, page = await browser.get("/work")
+    loose = page.split("Sessions without a binding")[1]
+    assert 'data-session="job:' in loose
 
 
 async def test_an_uncertain_receipt_is_resolved_once(world: ConsoleWorld, browser: Browser) -> None:

@@ -187,6 +187,8 @@ async def _enter_daemon(
     supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
     daemon = _Daemon(channels, supervisor, router, scheduler, approvals)
     if metrics is not None:
+        # Both are made exactly when [daemon] http is set.
+        assert live is not None
         await stack.enter_async_context(_health_server(config, app, daemon, metrics, live))
     await stack.enter_async_context(supervisor)
     await stack.enter_async_context(outbox)
@@ -252,9 +254,8 @@ def _health_server(
     app: App,
     daemon: _Daemon,
     metrics: EngineMetrics,
-    live: LiveFeed | None = None,
+    live: LiveFeed,
 ) -> HealthServer:
-    from geodebot.ops.console.live import LiveFeed
     from geodebot.ops.console.parts import ConsoleParts
     from geodebot.ops.console.server import Console
     from geodebot.ops.health import HealthServer, Probe
@@ -303,7 +304,7 @@ def _health_server(
             config,
             app.bindings,
             app.services.tools.registry,
-            live if live is not None else LiveFeed(),
+            live,
             approvals=daemon.approvals,
             spend_status=spend.status if spend is not None else None,
             relay=app.relay,

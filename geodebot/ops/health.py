@@ -4,7 +4,8 @@
 Metrics live in a registry of the daemon's own, never the process-global default one. Engine
 events (turns, model calls, tool calls) arrive through the engine's observer hook; the
 channels' and router's counters are read when Prometheus scrapes, so the hot path pays
-nothing for them.
+nothing for them. The operator's Work console (ops/console/) adds its routes to the same app;
+these two keep their own bearer-header check.
 """
 
 from __future__ import annotations

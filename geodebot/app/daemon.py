@@ -22,7 +22,7 @@ from geodebot.chat.attachments import Attachments
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
-from geodebot.config.schema import Config, ConfigError, resolve_secret
+from geodebot.config.schema import Config, ConfigError, resolve_secret, split_host_port
 from geodebot.engine.lanes import Grace
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
@@ -38,6 +38,7 @@ from geodebot.store.protocol import Store
 from geodebot.store.records import InboxRow, OutboxRow
 
 if TYPE_CHECKING:
+    from geodebot.ops.console.live import LiveFeed
     from geodebot.ops.health import EngineMetrics, HealthServer
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,14 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             # From the start: systemd only counts pings once READY=1 was sent.
             await stack.enter_async_context(_running(notifier.run_watchdog(status.line)))
             metrics = _metrics(config)
-            app = await build_app(config, stack, observers=(metrics,) if metrics else ())
+            live = _live_feed(config)
+            observers = tuple(o for o in (metrics, live) if o is not None)
+            app = await build_app(config, stack, observers=observers)
             if metrics is not None:
                 metrics.known_tools = _known_tools(config, app)
             store = app.services.store
             await _sweep_receipts(store)
-            daemon = await _enter_daemon(config, app, stack, metrics, Grace(grace))
+            daemon = await _enter_daemon(config, app, stack, metrics, Grace(grace), live)
             status.daemon = daemon
             ipc = ipc_handler(app, _status_report(app, daemon))
             await stack.enter_async_context(ipc)
@@ -119,6 +122,7 @@ class _Daemon:
     supervisor: ChannelSupervisor
     router: ChatRouter
     scheduler: JobScheduler
+    approvals: ChatApprovals
 
 
 async def _enter_daemon(
@@ -127,6 +131,7 @@ async def _enter_daemon(
     stack: AsyncExitStack,
     metrics: EngineMetrics | None,
     turns_grace: Grace,
+    live: LiveFeed | None = None,
 ) -> _Daemon:
     """Build the chat and job paths and enter them on ``stack``, connections first (so they
     close last), then the outbox, the router and the scheduler."""
@@ -138,7 +143,16 @@ async def _enter_daemon(
 
     # The outbox's window is its own: replies of turns that used the whole grace still go.
     outbox = OutboxSender(store, channels, grace=Grace(turns_grace.seconds), files=app.files)
-    approvals = ChatApprovals(store, channels, redactor=app.services.redactor)
+    approvals = ChatApprovals(
+        store,
+        channels,
+        redactor=app.services.redactor,
+        on_change=(
+            None
+            if live is None
+            else lambda request: live.publish("approvals", session=request.session_id)
+        ),
+    )
     router = ChatRouter(
         app.run_turn,
         store,
@@ -171,9 +185,11 @@ async def _enter_daemon(
 
         app.relay.connect(delivered)
     supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
-    daemon = _Daemon(channels, supervisor, router, scheduler)
+    daemon = _Daemon(channels, supervisor, router, scheduler, approvals)
     if metrics is not None:
-        await stack.enter_async_context(_health_server(config, app, daemon, metrics))
+        # Both are made exactly when [daemon] http is set.
+        assert live is not None
+        await stack.enter_async_context(_health_server(config, app, daemon, metrics, live))
     await stack.enter_async_context(supervisor)
     await stack.enter_async_context(outbox)
     await stack.enter_async_context(approvals)
@@ -212,6 +228,15 @@ def _metrics(config: Config) -> EngineMetrics | None:
     return EngineMetrics()
 
 
+def _live_feed(config: Config) -> LiveFeed | None:
+    """What feeds the console's open pages, an engine observer; only with the endpoint on."""
+    if not config.daemon.http:
+        return None
+    from geodebot.ops.console.live import LiveFeed
+
+    return LiveFeed()
+
+
 def _known_tools(config: Config, app: App) -> frozenset[str]:
     """Every tool name a session's plan can hold: the registry's, and what the config lists
     (MCP tools among them). Metrics count any other proposed name as ``other``."""
@@ -225,8 +250,14 @@ def _known_tools(config: Config, app: App) -> frozenset[str]:
 
 
 def _health_server(
-    config: Config, app: App, daemon: _Daemon, metrics: EngineMetrics
+    config: Config,
+    app: App,
+    daemon: _Daemon,
+    metrics: EngineMetrics,
+    live: LiveFeed,
 ) -> HealthServer:
+    from geodebot.ops.console.parts import ConsoleParts
+    from geodebot.ops.console.server import Console
     from geodebot.ops.health import HealthServer, Probe
 
     token = None
@@ -267,7 +298,21 @@ def _health_server(
     if spend is not None:
         probe.extra["budgets"] = spend.status
     assert config.daemon.http is not None
-    return HealthServer(config.daemon.http, probe, metrics, token=token)
+    console = Console(
+        ConsoleParts(
+            store,
+            config,
+            app.bindings,
+            app.services.tools.registry,
+            live,
+            approvals=daemon.approvals,
+            spend_status=spend.status if spend is not None else None,
+            relay=app.relay,
+        ),
+        token=token,
+        bound_host=split_host_port(config.daemon.http)[0],
+    )
+    return HealthServer(config.daemon.http, probe, metrics, token=token, console=console)
 
 
 def _status_report(app: App, daemon: _Daemon) -> StatusHandler:

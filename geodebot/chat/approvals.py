@@ -79,8 +79,11 @@ class ChatApprovals:
         redactor: Redactor | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_change: Callable[[ApprovalRecord], None] | None = None,
     ) -> None:
         self._store = store
+        # Told when a request is shown or settled here (the console's open pages follow it).
+        self._on_change = on_change
         self._channels = channels
         self._redactor = redactor if redactor is not None else Redactor()
         self._clock = clock
@@ -122,6 +125,12 @@ class ChatApprovals:
         if waiter is not None:
             waiter.set()
 
+    def decided_elsewhere(self, request: ApprovalRecord) -> None:
+        """``request`` was decided (or expired) outside the chat, by the console: its turn
+        goes on, and its card shows the outcome instead of buttons."""
+        self.decided(request.id)
+        self._edit_later(request)
+
     # -- the waiting turn -------------------------------------------------------------------
     async def settle(self, destination: Destination, request: ApprovalRecord) -> ApprovalRecord:
         # Listening before the request is read again: a press between that read and the
@@ -129,6 +138,7 @@ class ChatApprovals:
         waiter = self._waiters.setdefault(request.id, asyncio.Event())
         try:
             request = await self._show(destination, request)
+            self._changed(request)
             while request.status == "pending":
                 left = request.expires_at - self._clock()
                 if left <= 0:
@@ -143,7 +153,12 @@ class ChatApprovals:
             raise
         finally:
             self._waiters.pop(request.id, None)
+        self._changed(request)
         return request
+
+    def _changed(self, request: ApprovalRecord) -> None:
+        if self._on_change is not None:
+            self._on_change(request)
 
     async def _wait(self, waiter: asyncio.Event, left: float) -> None:
         """Until a decision here, the expiry, or the daemon stopping: a waiting turn is then

@@ -4,7 +4,8 @@
 Metrics live in a registry of the daemon's own, never the process-global default one. Engine
 events (turns, model calls, tool calls) arrive through the engine's observer hook; the
 channels' and router's counters are read when Prometheus scrapes, so the hot path pays
-nothing for them.
+nothing for them. The operator's Work console (ops/console/) adds its routes to the same app;
+these two keep their own bearer-header check.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 from aiohttp import web
 from prometheus_client import (
@@ -36,10 +37,11 @@ from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineMetrics", "HealthServer", "Probe"]
+__all__ = ["ConsoleRoutes", "EngineMetrics", "HealthServer", "Probe"]
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 _STORE_TIMEOUT_S = 2.0
+_OWN_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 # Label values come only from closed sets: a model chooses the tool names it proposes (and a
@@ -115,6 +117,12 @@ class EngineMetrics:
                 status if status in _TOOL_STATUSES else OTHER,
                 "" if reason is None else reason if reason in REASON_CODES else OTHER,
             ).inc()
+
+
+class ConsoleRoutes(Protocol):
+    """What adds the Work console (ops/console/) to the server's app."""
+
+    def install(self, app: web.Application) -> None: ...
 
 
 @dataclass
@@ -195,8 +203,10 @@ class HealthServer:
         metrics: EngineMetrics,
         *,
         token: str | None = None,
+        console: ConsoleRoutes | None = None,
     ) -> None:
         self._host, self._port = split_host_port(address)
+        self._console = console
         self._probe = probe
         self._registry = registry = metrics.registry
         self._metrics = metrics
@@ -218,6 +228,8 @@ class HealthServer:
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._scrape)
+        if self._console is not None:
+            self._console.install(app)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
@@ -236,7 +248,10 @@ class HealthServer:
     async def _auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if self._token is not None:
+        # With the console on, its own checks guard every other path (a token cookie counts
+        # there, and a browser is asked for the token); these two keep the bearer header.
+        guarded = self._console is None or request.path in _OWN_PATHS
+        if self._token is not None and guarded:
             given = request.headers.get("Authorization", "").removeprefix("Bearer ")
             # aiohttp keeps undecodable header bytes as surrogates; they must compare (and
             # fail) like any other wrong token, not raise.

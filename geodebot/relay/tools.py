@@ -349,6 +349,95 @@ class ThreadRelay:
             return await self._refuse(caller, arguments, ctx, refusal)
         return await self._deliver(caller, target, envelope, ctx)
 
+    # -- the operator's send (the console) ----------------------------------------------------
+    async def project_threads(self, session_id: str) -> list[str]:
+        """The other threads of ``session_id``'s project, which a send from it may go to."""
+        thread = self._directory.locate(session_id)
+        if thread is None:
+            return []
+        return [
+            other.session_id
+            for other in await self._directory.in_project(thread.project, self._store)
+            if other.session_id != session_id
+        ]
+
+    async def operator_send(
+        self, source_session: str, turn_id: str, target_session: str, intent: Intent, *, by: str
+    ) -> tuple[RelayDelivery, bool]:
+        """The operator sends a run's result (the last answer of ``turn_id`` in
+        ``source_session``) into another thread of its project: a ``user_authored`` delivery
+        by ``by`` whose ``message_ref`` is that answer. Its key names the run and the target,
+        so a second press returns the first receipt (``(first, False)``).
+
+        Checked as a tool's send is, but for the read: the operator looks at the target as it
+        is, so the envelope expects its current revision and active turn. A refusal is
+        recorded with its receipt and raised as :class:`ToolError`."""
+        source = self._directory.locate(source_session)
+        if source is None:
+            raise ToolError(f"{source_session!r} is not a thread of any binding")
+        caller = _Caller(by, source)
+        ctx = ToolCallContext(source_session, f"console:{turn_id}", Mode.DAEMON, user=by)
+        key = f"console:{turn_id}:{target_session}"[:128]
+        first = await self._store.relay_find(source_session, key)
+        if first is not None:
+            return first, False
+        arguments: dict[str, Any] = {
+            "thread": target_session,
+            "intent": intent,
+            "mode": "user_authored",
+            "idempotency_key": key,
+        }
+        try:
+            text, message_ref = await self._result(source_session, turn_id)
+            arguments["text"] = text
+            target = self._target(caller, target_session)
+            self._may_send(target, ctx)
+            if len(text) > self._config.max_send_chars:
+                limit = self._config.max_send_chars
+                raise _Refusal("refused", f"the answer is longer than {limit} characters")
+            record = await self._store.get_session(target.session_id)
+            running, _ = await self._store.inbox_activity(target.session_id)
+            envelope = self._operator_envelope(
+                id=f"env-{secrets.token_hex(8)}",
+                source=source.locator(self._config, send=True),
+                target=target.locator(self._config, send=True),
+                project=caller.project,
+                user=by,
+                mode="user_authored",
+                text=text,
+                message_ref=message_ref,
+                intent=intent,
+                expected_revision=record.next_seq - 1 if record is not None else 0,
+                active_turn=None if running is None else running.turn_id,
+                idempotency_key=key,
+                expires_at=self._clock() + self._config.envelope_ttl_s,
+                depth=0,
+            )
+        except _Refusal as refusal:
+            await self._refuse(caller, arguments, ctx, refusal)
+            raise AssertionError("_refuse raises") from None
+        await self._deliver(caller, target, envelope, ctx)
+        stored = await self._store.relay_find(source_session, key)
+        assert stored is not None, "a delivery is found by its key once made"
+        return stored, True
+
+    @staticmethod
+    def _operator_envelope(**fields: Any) -> ThreadMessageEnvelopeV1:
+        try:
+            return ThreadMessageEnvelopeV1(**fields)
+        except ValidationError as exc:
+            reason = f"the envelope is not valid: {exc.errors()[0]['msg']}"
+            raise _Refusal("refused", reason) from None
+
+    async def _result(self, session_id: str, turn_id: str) -> tuple[str, str]:
+        """The text of a run's last answer and its reference (``seq:<n>``)."""
+        for record in reversed(await self._store.load_messages(session_id)):
+            if record.turn_id == turn_id and record.role == "assistant":
+                text = _plain_text(record.content)
+                if text.strip():
+                    return text, f"seq:{record.seq}"
+        raise _Refusal("refused", f"run {turn_id} has no answer in this context to send")
+
     async def _envelope(
         self,
         caller: _Caller,

@@ -143,6 +143,12 @@ class Store(JobStore, Protocol):
         self, session_id: str, *, after_id: int = 0, limit: int | None = None
     ) -> list[TimelineEvent]: ...
 
+    async def timeline_newest(
+        self, session_id: str, *, before_id: int | None = None, limit: int = 100
+    ) -> list[TimelineEvent]:
+        """The session's newest events, newest first: those with an id below ``before_id``
+        (every one, if None), at most ``limit``; what a page of a long timeline shows."""
+
     # -- approval requests ----------------------------------------------------------------
     async def approval_open(self, request: ApprovalRecord) -> tuple[ApprovalRecord, bool]:
         """Record a fresh ``pending`` request (with an ``approval_requested`` timeline event).

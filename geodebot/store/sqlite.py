@@ -525,6 +525,22 @@ class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires,
         )
         return [from_row(TimelineEvent, row) for row in rows]
 
+    async def timeline_newest(
+        self, session_id: str, *, before_id: int | None = None, limit: int = 100
+    ) -> list[TimelineEvent]:
+        before = "" if before_id is None else " AND id < :before"
+        sql, params = paged(
+            "SELECT id, session_id, turn_id, ts, kind, data FROM timeline "
+            f"WHERE session_id = :sid{before} ORDER BY id DESC",
+            {"sid": session_id, "before": before_id},
+            limit,
+        )
+        rows = await self._query(
+            f"reading the newest timeline of session {session_id!r}",
+            lambda db: db.execute(sql, params).fetchall(),
+        )
+        return [from_row(TimelineEvent, row) for row in rows]
+
 
 def _checkpointing(
     session_id: str,

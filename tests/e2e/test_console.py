@@ -1,0 +1,557 @@
+"""The Work console of a real ``geodebot serve`` (python-telegram-bot against the fake Bot
+API, the anthropic SDK against the fake model server, ``write_note`` from a real MCP server
+needing approval), driven over HTTP like a browser without JavaScript.
+
+Each page renders from the daemon's own data; each action works once and a second attempt
+is answered as done already; every POST without the page's CSRF token, with a wrong one,
+from another origin, or without the bearer token where one is configured is refused and
+changes nothing in the store; an approval given in the console runs the call once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from geodebot.store.records import EffectReceipt
+from tests.support.chat_e2e_telegram import ALICE, WRITE_NOTE, CardKillingTelegram, Chat
+from tests.support.config import TEST_KEY
+from tests.support.console_world import (
+    JOB,
+    JOB_PROMPT,
+    Browser,
+    ConsoleWorld,
+    seed_admitted_receipt,
+    until,
+)
+from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+APPROVE, REFUSE, JOBS, LIVE, THREADS = -7001, -7002, -7003, -7004, -7005
+# Listed on a binding, but the MCP server's config declares no policy for it.
+UNDECLARED = "mcp__fake__undeclared"
+CHATS = (
+    Chat(APPROVE, 'project = "ops"\ndaily_tokens = 50000\n'),
+    Chat(REFUSE, 'project = "ops"\n'),
+    Chat(JOBS, tools=()),
+    Chat(LIVE),
+    Chat(THREADS, 'scope = "thread"\n', tools=(WRITE_NOTE, "computer", UNDECLARED)),
+)
+RECEIPT = "receipt-console-1"
+TOKEN = "console-bearer-token-0123456789"
+
+
+def session(chat: int) -> str:
+    return f"chat{-chat}"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ConsoleWorld]:
+    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
+        root = tmp_path_factory.mktemp("console")
+        world = ConsoleWorld(telegram, llm, root, CHATS, job_chat=JOBS)
+        receipt = EffectReceipt(
+            id=RECEIPT,
+            key="console-receipt-key",
+            session_id=session(APPROVE),
+            turn_id="turn-before-the-crash",
+            call_id="toolu_crashed",
+            tool=WRITE_NOTE,
+            effect="mutate",
+            arguments_sha256="ab" * 32,
+            status="admitted",
+            admitted_at=time.time(),
+        )
+        await seed_admitted_receipt(root, receipt)
+        await world.start()
+        try:
+            yield world
+        finally:
+            assert world.daemon is not None
+            code = await world.daemon.stop()
+            logged = world.logged()
+            assert code == 0, logged[-3000:]
+            assert "Traceback" not in logged, logged[-3000:]
+            assert TEST_KEY not in logged
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def browser(world: ConsoleWorld) -> AsyncIterator[Browser]:
+    async with Browser.open(world.base) as browser:
+        yield browser
+
+
+def ask_to_note(world: ConsoleWorld, chat: int, note: str, answer: str) -> str:
+    prompt = f"asked in {chat}:"
+    call = Call(WRITE_NOTE, {"text": note}, id=f"toolu_{-chat}")
+    world.model.script(prompt, Reply(tool_calls=[call]), Reply(answer))
+    world.ask(chat, f"{prompt} please note {note!r}")
+    return prompt
+
+
+# -- pages ------------------------------------------------------------------------------------
+async def test_the_root_leads_to_work_and_health_and_metrics_answer_as_before(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    code, _ = await browser.get("/", redirects=False)
+    assert code == 302
+    async with browser.session.get(world.base + "/", allow_redirects=False) as response:
+        assert response.headers["Location"] == "/work"
+    code, text = await browser.get("/healthz")
+    assert code == 200
+    assert json.loads(text)["status"] == "ok"
+    code, text = await browser.get("/metrics")
+    assert code == 200
+    assert "geodebot_turns_running" in text
+
+
+async def test_work_shows_projects_their_threads_and_their_state(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    code, page = await browser.get("/work")
+    assert code == 200
+    assert 'data-project="ops"' in page
+    for chat in CHATS:
+        assert f'data-session="{session(chat.id)}"' in page
+        assert f'href="/threads/{session(chat.id)}"' in page
+    assert f'data-binding="telegram:{APPROVE}"' in page
+    # No chat ran yet: idle, and no run.
+    assert 'data-state="idle"' in page
+    assert (
+        f'<tr data-budget="binding:telegram:{APPROVE}"><td>binding:telegram:{APPROVE} (tokens)'
+        in page
+    )
+    assert 'href="/static/console.css"' in page
+    assert 'src="/static/console.js"' in page
+    for asset, kind in (("console.css", "text/css"), ("console.js", "text/javascript")):
+        async with browser.session.get(f"{world.base}/static/{asset}") as response:
+            assert response.status == 200
+            assert response.content_type == kind
+    assert (await browser.get("/static/../parts.py"))[0] == 404
+
+
+async def test_a_threads_target_shows_route_model_prompt_and_the_tool_plan(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    code, page = await browser.get(f"/threads/{session(THREADS)}")
+    assert code == 200
+    assert f"telegram · channel {THREADS}" in page
+    assert "anthropic/chat-e2e-model" in page
+    assert f"<code>{world.root / 'ws'}</code>" in page
+    assert "You are geodebot" in page  # the default prompt source, shown
+    assert f'data-tool="{WRITE_NOTE}"' in page
+    assert "asks the approvers: 5151, 6262" in page
+    assert "MCP server fake" in page
+    assert 'data-refused-tool="computer"' in page
+    assert "the operator&#39;s computer-use switch is off" in page
+    assert f'data-refused-tool="{UNDECLARED}"' in page
+    assert "MCP server fake declares no policy for undeclared" in page
+    code, page = await browser.get("/threads/no-such-session")
+    assert code == 404
+    assert "There is no session" in page
+
+
+async def test_a_thread_bindings_threads_show_as_threads_of_its_project(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    world.model.script("in a topic:", Reply("topic answer"))
+    world.telegram.push_message(THREADS, "in a topic: hi", user_id=ALICE, thread_id=77)
+    topic = f"{session(THREADS)}/77"
+    await world.showing(THREADS, "topic answer")
+    code, page = await browser.get("/work")
+    assert f'<tr data-session="{topic}" data-binding="telegram:{THREADS}">' in page
+    assert "(thread 77)" in page
+    assert "Sessions without a binding" in page
+    assert f'data-session="{topic}"' not in page.split("Sessions without a binding")[1]
+    code, page = await browser.get(f"/threads/{topic}")
+    assert code == 200
+    assert f"telegram · channel {THREADS} · thread 77" in page
+    assert 'data-outcome="completed"' in page
+
+
+async def test_jobs_receipts_approvals_and_operator_render(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    code, page = await browser.get("/jobs")
+    assert code == 200
+    assert f'data-job-id="{JOB}"' in page
+    assert "cron 0 3 * * *" in page
+    assert "Never fired." in page
+    code, page = await browser.get("/receipts")
+    assert code == 200
+    assert f'data-receipt-id="{RECEIPT}"' in page
+    assert "geodebot restarted while the call ran" in page
+    code, page = await browser.get("/approvals")
+    assert code == 200
+    code, page = await browser.get("/operator")
+    assert code == 200
+    assert 'data-switch="off"' in page
+    assert "Never set" in page
+
+
+# -- actions ----------------------------------------------------------------------------------
+async def test_an_approval_given_in_the_console_runs_the_call_once(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    prompt = ask_to_note(world, APPROVE, "console approved", "Noted from the console.")
+    card = await world.card(APPROVE)
+    approval = await world.until_pending(session(APPROVE))
+    code, page = await browser.get("/approvals")
+    assert f'data-approval-id="{approval}"' in page
+    assert "console approved" in page
+    code, _, response = await browser.post(f"/approvals/{approval}/approve", {"back": "/approvals"})
+    assert code == 303
+    assert response.headers["Location"] == "/approvals"
+    code, page = await browser.get("/approvals")
+    assert f"Approved {WRITE_NOTE} for {session(APPROVE)}." in page
+    assert f'data-approval-id="{approval}"' not in page
+    assert world.approval(approval) == ("approved", "operator", "console")
+
+    await world.showing(APPROVE, "Noted from the console.")
+    outcome = await world.card_outcome(APPROVE, card.message_id)
+    assert outcome[3].startswith("Approved by operator, ")
+    assert world.notes_written("console approved") == 1
+    assert world.model.rounds(prompt) == [0, 1]
+
+    # The second press: answered, changes nothing.
+    code, page, _ = await browser.post(f"/approvals/{approval}/approve")
+    assert code == 409
+    assert "Already decided: approved by operator (via console)" in page
+    code, page, _ = await browser.post(f"/approvals/{approval}/deny")
+    assert code == 409
+    assert world.approval(approval) == ("approved", "operator", "console")
+    await world.control(APPROVE)
+    assert world.notes_written("console approved") == 1
+
+    code, page = await browser.get(f"/threads/{session(APPROVE)}")
+    assert f'data-tool-call="{WRITE_NOTE}" data-status="ok"' in page
+    assert 'data-approval-event="approval_decided"' in page
+    assert "by operator via console" in page
+    code, page = await browser.get("/work")
+    assert "completed" in page
+
+
+async def test_every_post_without_a_valid_token_or_origin_is_refused_and_changes_nothing(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    ask_to_note(world, REFUSE, "never approved", "Not noted.")
+    approval = await world.until_pending(session(REFUSE))
+    await browser.get("/approvals")
+    assert browser.csrf
+    approve = f"/approvals/{approval}/approve"
+    other = "http://evil.example"
+    attempts: list[tuple[str, dict[str, str], str | None, dict[str, str] | None]] = [
+        ("no csrf token", {}, None, None),
+        ("a wrong csrf token", {}, "0" * 64, None),
+        ("another origin", {}, "page", {"Origin": other}),
+        ("a null origin", {}, "page", {"Origin": "null"}),
+        ("another referer", {}, "page", {"Referer": other + "/approvals"}),
+        ("neither origin nor referer", {}, "page", {}),
+    ]
+    actions = [
+        (approve, {}),
+        (f"/jobs/{JOB}/pause", {}),
+        (f"/jobs/{JOB}/run", {}),
+        (f"/receipts/{RECEIPT}/resolve", {"as": "done"}),
+        ("/operator/computer-use", {"state": "on", "reason": "forged", "duration": "1h"}),
+        (
+            "/relay/send",
+            {"source": session(APPROVE), "turn": "t", "target": session(REFUSE), "intent": "ask"},
+        ),
+    ]
+    fires, switches = world.fires(), world.switches()
+    relayed = world.query("SELECT COUNT(*) FROM relay_deliveries")
+    for path, data in actions:
+        for what, _, csrf, headers in attempts:
+            code, page, _ = await browser.post(path, data, csrf=csrf, headers=headers)
+            assert code == 403, (path, what, page)
+            assert "Not done" in page
+    # A token of another console session is no token here either.
+    async with Browser.open(world.base) as stranger:
+        await stranger.get("/approvals")
+        assert stranger.csrf != browser.csrf
+        code, _, _ = await browser.post(approve, csrf=stranger.csrf)
+        assert code == 403
+    # A site whose name was made to resolve to 127.0.0.1 is its own origin: its name is
+    # refused, for its POSTs and for the pages it would read the token from.
+    port = world.base.rsplit(":", 1)[1]
+    rebound = {"Host": f"rebound.example:{port}", "Origin": f"http://rebound.example:{port}"}
+    code, _, _ = await browser.post(approve, headers=rebound)
+    assert code == 421
+    assert (await browser.get("/approvals", headers=rebound))[0] == 421
+    # A GET never acts.
+    async with browser.session.get(world.base + approve) as response:
+        assert response.status == 405
+    assert world.approval(approval) == ("pending", None, None)
+    assert not world.job_paused()
+    assert world.fires() == fires
+    assert world.receipt_resolution(RECEIPT) is None
+    assert world.switches() == switches
+    assert world.query("SELECT COUNT(*) FROM relay_deliveries") == relayed
+    assert world.notes_written("never approved") == 0
+
+    # The real form is accepted: the turn goes on, the call refused.
+    code, _, _ = await browser.post(f"/approvals/{approval}/deny")
+    assert code == 303
+    assert world.approval(approval) == ("denied", "operator", "console")
+    await world.showing(REFUSE, "Not noted.", part=True)
+    assert world.notes_written("never approved") == 0
+
+
+async def test_a_runs_result_is_sent_to_another_thread_of_its_project_once(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    code, page = await browser.get(f"/threads/{session(APPROVE)}")
+    # The oldest run on the page is the one that noted "console approved".
+    turn = re.findall(r'data-send-turn="([^"]+)"', page)[-1]
+    assert f'<option value="{session(REFUSE)}">' in page
+    assert f'<option value="{session(LIVE)}">' not in page  # another project
+    # As the page's form sends it.
+    form = {
+        "source": session(APPROVE),
+        "turn": turn,
+        "target": session(REFUSE),
+        "back": f"/threads/{session(APPROVE)}",
+    }
+    code, page, _ = await browser.post("/relay/send", {**form, "intent": "maybe"})
+    assert code == 400
+    code, _, response = await browser.post("/relay/send", {**form, "intent": "notify"})
+    assert code == 303
+    assert response.headers["Location"] == f"/threads/{session(APPROVE)}"
+    code, page = await browser.get(f"/threads/{session(APPROVE)}")
+    [receipt] = re.findall(rf"Sent to {session(REFUSE)} \(notify\): receipt ([\w-]+)\.", page)
+    post = await world.showing(REFUSE, "by @operator", part=True)
+    assert "Noted from the console." in post.shows[0]
+
+    code, page, _ = await browser.post("/relay/send", {**form, "intent": "notify"})
+    assert code == 409
+    assert f"Already sent to {session(REFUSE)}: receipt {receipt} (delivered)" in page
+    # Into another project's thread: refused, with a receipt, and nothing sent.
+    elsewhere = {**form, "target": session(LIVE), "intent": "notify"}
+    code, page, _ = await browser.post("/relay/send", elsewhere)
+    assert code == 409
+    assert "Not sent: refused: there is no thread" in page
+    messages = await world.control(REFUSE)
+    assert len([m for m in messages if "by @operator" in m.shows[0]]) == 1
+    assert not [m for m in world.messages(LIVE) if "by @operator" in m.shows[0]]
+    code, page = await browser.get(f"/threads/{session(REFUSE)}")
+    assert 'data-event="relay_received"' in page
+
+
+async def test_a_job_is_paused_resumed_and_run_once(world: ConsoleWorld, browser: Browser) -> None:
+    # A slow answer holds the run open while the button is pressed again.
+    world.model.script(JOB_PROMPT, Delay(5, Reply("digest: all quiet")))
+    await browser.get("/jobs")
+    code, _, _ = await browser.post(f"/jobs/{JOB}/pause")
+    assert code == 303
+    assert world.job_paused()
+    code, page = await browser.get("/jobs")
+    assert f"Job {JOB} paused." in page
+    assert 'data-paused="true"' in page
+    code, page, _ = await browser.post(f"/jobs/{JOB}/pause")
+    assert (code, f"Job {JOB} is paused already.") == (409, _error(page))
+    code, _, _ = await browser.post(f"/jobs/{JOB}/resume")
+    assert code == 303
+    assert not world.job_paused()
+
+    code, _, _ = await browser.post(f"/jobs/{JOB}/run")
+    assert code == 303
+    code, page, _ = await browser.post(f"/jobs/{JOB}/run")
+    assert code == 409
+    assert f"Job {JOB} has a run" in page
+    await until(lambda: world.fires()[-1][1] in ("ok", "failed", "delivery-failed"), 60)
+    assert [(cause, outcome) for cause, outcome, _ in world.fires()] == [("manual", "ok")]
+    await world.showing(JOBS, "digest: all quiet", part=True)
+    code, page = await browser.get("/jobs")
+    assert 'data-outcome="ok"' in page
+    assert "manual" in page
+    [job_session] = re.findall(r'href="/threads/(job[^"]+)"', page)
+    code, page = await browser.get(f"/threads/{job_session}")
+    assert code == 200
+    assert "No binding owns this session" in page
+    assert 'data-outcome="completed"' in page
+    code, page = await browser.get("/work")
+    loose = page.split("Sessions without a binding")[1]
+    assert 'data-session="job:' in loose
+
+
+async def test_an_uncertain_receipt_is_resolved_once(world: ConsoleWorld, browser: Browser) -> None:
+    await browser.get("/receipts")
+    code, page, _ = await browser.post(f"/receipts/{RECEIPT}/resolve", {"as": "maybe"})
+    assert code == 400
+    assert world.receipt_resolution(RECEIPT) is None
+    code, _, _ = await browser.post(f"/receipts/{RECEIPT}/resolve", {"as": "failed"})
+    assert code == 303
+    assert world.receipt_resolution(RECEIPT) == "failed"
+    code, page = await browser.get("/receipts")
+    assert f'data-receipt-id="{RECEIPT}"' not in page
+    assert f"Receipt {RECEIPT} ({WRITE_NOTE}) resolved as failed." in page
+    code, page, _ = await browser.post(f"/receipts/{RECEIPT}/resolve", {"as": "done"})
+    assert code == 409
+    assert "Already resolved: failed by operator" in page
+    assert world.receipt_resolution(RECEIPT) == "failed"
+
+
+async def test_computer_use_is_switched_with_a_reason_and_a_duration(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    await browser.get("/operator")
+    before = world.switches()
+    code, page, _ = await browser.post("/operator/computer-use", {"state": "on", "reason": ""})
+    assert code == 400
+    code, page, _ = await browser.post(
+        "/operator/computer-use", {"state": "on", "reason": "demo", "duration": "soon"}
+    )
+    assert code == 400
+    assert "is not a duration" in page
+    assert world.switches() == before
+    code, _, _ = await browser.post(
+        "/operator/computer-use", {"state": "on", "reason": "demo <b>now</b>", "duration": "2h"}
+    )
+    assert code == 303
+    code, page = await browser.get("/operator")
+    assert 'data-switch="on"' in page
+    assert "Computer use switched on, until " in page
+    assert "demo &lt;b&gt;now&lt;/b&gt;" in page  # escaped, never markup
+    code, text = await browser.get("/healthz")
+    assert json.loads(text)["components"]["computer_use"]["enabled"] is True
+    code, _, _ = await browser.post("/operator/computer-use", {"state": "off", "reason": "done"})
+    assert code == 303
+    code, page = await browser.get("/operator")
+    assert 'data-switch="off"' in page
+    assert page.count('data-switch-set="on"') == 1
+    assert world.switches() == before + 2
+
+
+async def test_open_pages_hear_of_runs_as_they_happen(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    async with browser.session.get(world.base + "/events") as stream:
+        assert stream.status == 200
+        assert stream.content_type == "text/event-stream"
+        assert await stream.content.readline() == b"retry: 3000\n"
+        world.model.script("live run:", Reply("live answer"))
+        world.ask(LIVE, "live run: hello")
+        events = await _read_events(stream, lambda topic, data: data.get("kind") == "turn_finished")
+        kinds = [(topic, data.get("kind")) for topic, data in events]
+        assert ("runs", "turn_started") in kinds
+        assert ("runs", "turn_finished") in kinds
+        assert all(data.get("session") == session(LIVE) for _, data in events)
+
+        # A call that waits for a person: the pages that list approvals hear of it.
+        ask_to_note(world, LIVE, "live note", "Live note done.")
+        await _read_events(stream, lambda topic, data: topic == "approvals")
+        approval = await world.until_pending(session(LIVE))
+        await browser.get("/approvals")
+        code, _, _ = await browser.post(f"/approvals/{approval}/approve")
+        assert code == 303
+        events = await _read_events(stream, lambda topic, data: data.get("kind") == "turn_finished")
+        assert ("approvals", session(LIVE)) in [(t, d.get("session")) for t, d in events]
+    await world.showing(LIVE, "Live note done.")
+    assert world.notes_written("live note") == 1
+
+
+async def _read_events(
+    stream: aiohttp.ClientResponse,
+    until: Callable[[str, dict[str, Any]], bool],
+    timeout: float = 30.0,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events read until one for which ``until(topic, data)`` holds, that one last."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    topic = ""
+    async with asyncio.timeout(timeout):
+        while True:
+            line = (await stream.content.readline()).decode().rstrip("\n")
+            if line.startswith("event: "):
+                topic = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                data = json.loads(line.removeprefix("data: "))
+                events.append((topic, data))
+                if until(topic, data):
+                    return events
+
+
+def _error(page: str) -> str:
+    start = page.index('id="error"')
+    return page[page.index(">", start) + 1 : page.index("</p>", start)]
+
+
+# -- with a bearer token ----------------------------------------------------------------------
+@pytest_asyncio.fixture(loop_scope="module")
+async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ConsoleWorld]:
+    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
+        root = tmp_path_factory.mktemp("console-token")
+        world = ConsoleWorld(
+            telegram, llm, root, (Chat(JOBS, tools=()),), job_chat=JOBS, token=TOKEN
+        )
+        await world.start()
+        try:
+            yield world
+        finally:
+            assert world.daemon is not None
+            assert await world.daemon.stop() == 0
+            assert TOKEN not in world.logged()
+
+
+async def test_with_a_token_the_console_asks_for_it_once_and_refuses_without_it(
+    guarded: ConsoleWorld,
+) -> None:
+    world = guarded
+    async with Browser.open(world.base) as browser:
+        code, page = await browser.get("/jobs")
+        assert code == 401
+        assert 'action="/login"' in page
+        assert JOB not in page
+        # Health and metrics keep their bearer header, and only it.
+        assert (await browser.get("/healthz"))[0] == 401
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await browser.get("/healthz", headers=bearer))[0] == 200
+        assert (await browser.get("/metrics", headers=bearer))[0] == 200
+        # The bearer header opens the pages too.
+        code, page = await browser.get("/jobs", headers=bearer)
+        assert code == 200
+        assert f'data-job-id="{JOB}"' in page
+        # A form of the page, posted without the token: refused, nothing changes.
+        code, page, _ = await browser.post(f"/jobs/{JOB}/pause")
+        assert code == 403
+        assert "The console&#39;s token is needed for this." in page
+        assert not world.job_paused()
+        # The login form: from another origin, or with a wrong token, it sets nothing.
+        login = {"token": TOKEN, "next": "/jobs"}
+        code, _, _ = await browser.post(
+            "/login", login, csrf=None, headers={"Origin": "http://evil.example"}
+        )
+        assert code == 403
+        code, _, _ = await browser.post("/login", {"token": "wrong", "next": "/jobs"}, csrf=None)
+        assert code == 403
+        assert (await browser.get("/jobs"))[0] == 401
+        code, _, response = await browser.post("/login", login, csrf=None)
+        assert code == 303
+        assert response.headers["Location"] == "/jobs"
+        cookie = response.cookies["geodebot_token"]
+        assert cookie["httponly"]
+        assert cookie["samesite"] == "Strict"
+        assert cookie["path"] == "/"
+        code, page = await browser.get("/jobs")
+        assert code == 200
+        code, _, _ = await browser.post(f"/jobs/{JOB}/pause")
+        assert code == 303
+        assert world.job_paused()
+        # The cookie is no bearer header: health stays closed to it.
+        assert (await browser.get("/healthz"))[0] == 401
+        # The console session's cookie is HttpOnly and SameSite=Strict as well.
+        [console] = [c for c in browser.session.cookie_jar if c.key == "geodebot_console"]
+        assert (console["httponly"], console["samesite"], console["path"]) == (
+            True,
+            "Strict",
+            "/",
+        )

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import cast
 
 from geodebot.channels.base import (
@@ -83,6 +83,12 @@ class OutboxSender:
         # Per scan whose read is out (see _schedule; run and stop may both scan): the ids of
         # rows delivered meanwhile.
         self._scans: list[set[int]] = []
+        # Inbox rows whose reply a turn of this process is writing, with how many writers.
+        # The commit that writes such a reply also begins its part 0, and the turn hands the
+        # row over right after it: a scan that read the row in between leaves it to the
+        # turn, as taken from a scan the begun part would count as an open outcome (looked
+        # up, or sent again blind where the platform cannot say: a second copy).
+        self._handovers: collections.Counter[int] = collections.Counter()
         self._stopping = False
         self._store_pause = STORE_RETRY_FIRST_S
 
@@ -120,6 +126,19 @@ class OutboxSender:
             self._active[key] = task
             task.add_done_callback(functools.partial(self._finished, key))
 
+    @contextlib.contextmanager
+    def handing_over(self, inbox_id: int) -> Iterator[None]:
+        """While inside, the reply to ``inbox_id`` is the caller's to :meth:`submit`; scans
+        of pending rows leave it alone. One the caller never submitted (it failed after the
+        commit) is taken by the first scan after it left."""
+        self._handovers[inbox_id] += 1
+        try:
+            yield
+        finally:
+            self._handovers[inbox_id] -= 1
+            if self._handovers[inbox_id] <= 0:
+                del self._handovers[inbox_id]
+
     async def run(self) -> None:
         """Deliver pending rows until stopped; a restart picks up whatever is left."""
         while not self._stopping:
@@ -146,7 +165,7 @@ class OutboxSender:
             # By identity: another scan's set may be equal to this one.
             self._scans = [scan for scan in self._scans if scan is not done]
         for row in rows:
-            if row.id not in done:
+            if row.id not in done and row.inbox_id not in self._handovers:
                 self.submit(row)
 
     async def stop(self, grace_s: float) -> None:

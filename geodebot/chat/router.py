@@ -237,6 +237,10 @@ class ChatRouter:
             await self._record(row, "failed", INTERNAL_FAILURE_TEXT, detail="internal_error")
 
     async def _turn(self, row: InboxRow, binding: BindingConfig) -> None:
+        with self._outbox.handing_over(row.id):
+            await self._turn_answering(row, binding)
+
+    async def _turn_answering(self, row: InboxRow, binding: BindingConfig) -> None:
         # Not awaited first: the row is marked running in the same store transaction as the
         # turn's own first write (group commit), one round trip to the store less before the
         # model is asked. A row that cannot start (already finished) gets no second answer.
@@ -381,11 +385,12 @@ class ChatRouter:
 
     async def _answer(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
         # Part 0 is begun in the same commit: the sender can send it at once.
-        _, outbound = await self._store.inbox_finish(
-            row.id, status, detail=detail, reply=reply_to(row, text), begin_first_part=True
-        )
-        if outbound is not None:
-            self._outbox.submit(outbound, first_part_begun=True)
+        with self._outbox.handing_over(row.id):
+            _, outbound = await self._store.inbox_finish(
+                row.id, status, detail=detail, reply=reply_to(row, text), begin_first_part=True
+            )
+            if outbound is not None:
+                self._outbox.submit(outbound, first_part_begun=True)
 
 
 def _recorded_only(row: InboxRow) -> bool:

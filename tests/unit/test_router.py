@@ -385,6 +385,51 @@ async def test_a_turn_without_tools_ends_in_one_commit_with_its_reply(
     assert (row.status, row.detail) == ("done", "completed")
 
 
+@pytest.mark.parametrize("lookups", [True, False])
+async def test_a_scan_between_the_commit_of_a_reply_and_its_handover_leaves_it_to_the_turn(
+    tmp_path: Path, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch, lookups: bool
+) -> None:
+    # The turn's last commit writes the reply with its part 0 begun; a pass over pending rows
+    # that reads it before the turn hands it over must not take it: taken from a scan, the
+    # begun part is an open outcome, looked up or sent again blind (a second copy on a
+    # platform that cannot be asked). And the one from a turn that never handed it over
+    # (failed after the commit) is still sent, by the next pass.
+    llm_server.script(Reply("just the one"))
+    async with harness(tmp_path, llm_server) as h:
+        h.chat.lookups_supported = lookups
+        store = h.app.services.store
+        real = store.checkpoint_ending
+        scanned: list[bool] = []
+
+        async def then_a_scan(*args: Any, **kw: Any) -> Any:
+            ended = await real(*args, **kw)
+            await h.outbox._schedule()
+            # Known to the sender now only if the scan took it: the turn has not handed it over.
+            scanned.append(bool(h.outbox._known))
+            return ended
+
+        monkeypatch.setattr(store, "checkpoint_ending", then_a_scan)
+        await h.chat.deliver(message("hi"))
+        assert await h.replies(1) == ["just the one"]
+        await h.control()
+        answer = await store.get_outbox(1)
+        assert scanned == [False, False]  # the answer, then the control message's
+        assert answer is not None
+        assert (answer.status, answer.attempts, answer.blind_resends) == ("sent", 1, 0)
+        row, _ = await store.inbox_add(
+            platform="telegram", event_id="e-left", session_id="s1", channel="c1", thread=None,
+            user="u1", text="hi", message_id="m-left",
+        )  # fmt: skip
+        with h.outbox.handing_over(row.id):
+            reply = NewOutbound("s1", "telegram", "c1", None, "m-left", "never handed over")
+            _, left = await store.inbox_finish(row.id, "done", reply=reply, begin_first_part=True)
+            assert left is not None
+            await h.outbox._schedule()
+            assert left.id not in h.outbox._known
+        await h.outbox._schedule()
+        assert await h.replies(3) == ["just the one", CONTROL_ANSWER, "never handed over"]
+
+
 async def test_a_finished_row_is_not_recorded_again(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:

@@ -30,7 +30,7 @@ from geodebot.channels.base import (
 from geodebot.engine.lanes import Grace
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
-from geodebot.store.records import OutboxRow, StoreError
+from geodebot.store.records import OutboxRow, OutboxRowFinished, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,9 @@ class OutboxSender:
             row = queue[0]
             try:
                 await self.deliver(row)
+            except OutboxRowFinished as exc:
+                # Finished by another delivery of the same row: nothing is left to send.
+                log.error("outbox %s: %s", row.id, exc)
             except _Later:
                 # The platform is unwell: this and later rows stay pending for the next pass.
                 return
@@ -366,6 +369,17 @@ class OutboxSender:
         while True:
             try:
                 return await self._store.outbox_part_sent(row.id, part.index, message_id, last=last)
+            except OutboxRowFinished as exc:
+                # Another delivery of the row finished it, so this part went out twice; the
+                # row's own record stands, and trying again could never succeed.
+                log.error(
+                    "outbox %s part %s: sent as %s, but not recorded: %s",
+                    row.id,
+                    part.index,
+                    message_id,
+                    exc,
+                )
+                return exc.row
             except StoreError as exc:
                 log.error(
                     "outbox %s part %s: sent, but not recorded yet (%s); trying again in %.1f s",

@@ -25,6 +25,14 @@ class StoreError(Exception):
     """A store operation failed; nothing of that operation was written."""
 
 
+class OutboxRowFinished(StoreError):
+    """A write to an outbox row that is no longer pending: another delivery finished it."""
+
+    def __init__(self, message: str, row: OutboxRow) -> None:
+        super().__init__(message)
+        self.row = row
+
+
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
     id: str

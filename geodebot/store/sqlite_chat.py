@@ -22,6 +22,7 @@ from geodebot.store.records import (
     NewOutbound,
     OutboxFinish,
     OutboxRow,
+    OutboxRowFinished,
     OutboxStatus,
     StoredFile,
     StoreError,
@@ -204,7 +205,7 @@ def _pending_outbox_row(db: sqlite3.Connection, outbox_id: int, what: str) -> Ou
     if current is None:
         raise StoreError(f"{what} failed: no such outbox row")
     if current.status != "pending":
-        raise StoreError(f"{what} failed: it is already {current.status!r}")
+        raise OutboxRowFinished(f"{what} failed: it is already {current.status!r}", current)
     return current
 
 

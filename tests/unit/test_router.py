@@ -430,6 +430,30 @@ async def test_a_scan_between_the_commit_of_a_reply_and_its_handover_leaves_it_t
         assert await h.replies(3) == ["just the one", CONTROL_ANSWER, "never handed over"]
 
 
+async def test_a_row_finished_by_another_delivery_does_not_hold_up_its_chat(
+    tmp_path: Path, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Were a row ever delivered twice, the second delivery's record finds it finished: not a
+    # store failure to wait out (the chat's later replies would wait behind it for good).
+    async with harness(tmp_path, llm_server) as h:
+        _, out = await answered(h.app.services.store, "twice", begin_first_part=True)
+        h.outbox.submit(out, first_part_begun=True)
+        assert await h.replies(1) == ["twice"]
+        for _ in range(500):  # until the delivery is over and the row forgotten
+            if out.id not in h.outbox._known:
+                break
+            await asyncio.sleep(0.01)
+        h.outbox.submit(out, first_part_begun=True)  # the same row, handed over again
+        assert await h.replies(2) == ["twice", "twice"]
+        assert await h.control() == ["twice", "twice", CONTROL_ANSWER]
+        final = await h.app.services.store.get_outbox(out.id)
+    assert final is not None
+    assert (final.status, final.attempts) == ("sent", 1)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert "sent as" in errors[0] and "it is already 'sent'" in errors[0]
+
+
 async def test_a_finished_row_is_not_recorded_again(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:

@@ -233,6 +233,14 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"inbox: {inbox.get('pending', 0) + inbox.get('running', 0)} unfinished; "
         f"outbox: {outbox.get('pending', 0)} pending, {outbox.get('failed', 0)} failed"
     )
+    late = answer.get("unanswered", {})
+    if late.get("count"):
+        print(
+            f"unanswered: {late['count']} message(s) without a reply for over "
+            f"{late['alert_s']:g} s, the oldest {late['oldest_age_s']:.0f} s"
+        )
+    if answer.get("deadletters"):
+        print(f"dead letters: {answer['deadletters']} (geodebot deadletters list)")
     print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
     usage = answer.get("model_usage_today", {})
     if usage.get("calls"):

@@ -31,6 +31,7 @@ from geodebot.store.sqlite_rows import Transactions, dumps
 __all__ = [
     "ADD_OUTBOX",
     "INBOX_COLS",
+    "OUTBOX_COLS",
     "ChatInboxOutbox",
     "finishing",
     "inbox_from_row",
@@ -48,7 +49,7 @@ INBOX_COLS = (
     "received_at, status, attempts, detail, finished_at, preview, files, attached, relay_id, "
     "relay_intent"
 )
-_OUTBOX_COLS = (
+OUTBOX_COLS = (
     "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
     "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends, preview, file"
 )
@@ -80,28 +81,28 @@ INSERT INTO outbox (inbox_id, session_id, platform, channel, thread, reply_to, t
     status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends,
     preview, file)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0, ?, ?)
-RETURNING {_OUTBOX_COLS}
+RETURNING {OUTBOX_COLS}
 """
 _BEGIN_PART = f"""
 UPDATE outbox SET in_flight = ?, attempts = attempts + 1, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _PART_SENT = f"""
 UPDATE outbox SET sent_parts = ?, in_flight = ?, status = ?, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _PART_UNSENT = f"""
 UPDATE outbox SET in_flight = NULL, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _BLIND_RESEND = f"""
 UPDATE outbox SET blind_resends = blind_resends + 1, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _FINISH_OUTBOX = f"""
 UPDATE outbox SET status = ?, error = ?, updated_at = ?
 WHERE id = ? AND status = 'pending'
-RETURNING {_OUTBOX_COLS}
+RETURNING {OUTBOX_COLS}
 """
 _SET_CURSOR = """
 INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)
@@ -187,7 +188,7 @@ def _inbox_row(db: sqlite3.Connection, inbox_id: int) -> InboxRow | None:
 
 
 def _outbox_row(db: sqlite3.Connection, outbox_id: int) -> OutboxRow | None:
-    row = db.execute(f"SELECT {_OUTBOX_COLS} FROM outbox WHERE id = ?", (outbox_id,)).fetchone()
+    row = db.execute(f"SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?", (outbox_id,)).fetchone()
     return None if row is None else outbox_from_row(row)
 
 
@@ -436,7 +437,7 @@ class ChatInboxOutbox:
         if platform is not None:
             where += " AND platform = ?"
             params.append(platform)
-        sql = f"SELECT {_OUTBOX_COLS} FROM outbox WHERE {where} ORDER BY id"
+        sql = f"SELECT {OUTBOX_COLS} FROM outbox WHERE {where} ORDER BY id"
         rows = await self._query(
             "listing pending outbox rows", lambda db: db.execute(sql, params).fetchall()
         )

@@ -24,6 +24,7 @@ from geodebot.app.build import build_app, build_redactor
 from geodebot.app.daemon import serve
 from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.cli.check import format_rows, run_checks
+from geodebot.cli.deadletters import add_deadletters_parser, deadletters_command
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
 from geodebot.cli.usage import add_usage_parser, usage_command
@@ -99,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_jobs_parser(sub, common)
     add_relay_parser(sub, common)
+    add_deadletters_parser(sub, common)
     add_usage_parser(sub, common)
 
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
@@ -160,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _status,
         "jobs": jobs_command,
         "relay": relay_command,
+        "deadletters": deadletters_command,
         "usage": usage_command,
     }[args.command]
     try:

@@ -14,7 +14,9 @@ import json
 import os
 import re
 import socket
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +35,8 @@ from tests.support.fakes.telegram_server import FakeTelegram
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ALICE = 4242
-REPLAYED, DISCARDED, RESTARTED, HELD = -7001, -7002, -7003, -7004
-CHATS = (REPLAYED, DISCARDED, RESTARTED, HELD)
+REPLAYED, DISCARDED, RESTARTED, HELD, LOST = -7001, -7002, -7003, -7004, -7005
+CHATS = (REPLAYED, DISCARDED, RESTARTED, HELD, LOST)
 BLOCKED = "Forbidden: bot was blocked by the user"
 ALERT_S = 1
 
@@ -125,6 +127,13 @@ class World:
         self.ask(chat, f"anything else in {chat}?")
         await self.telegram.wait_for_sent(chat, count, timeout=30)
         return self.texts(chat)
+
+    @contextmanager
+    def database(self) -> Iterator[sqlite3.Connection]:
+        """The daemon's store, opened beside it as a person with sqlite3 would."""
+        path = self.config.parent / "var" / "geodebot.db"
+        with closing(sqlite3.connect(path, isolation_level=None)) as db:
+            yield db
 
     async def health(self) -> tuple[int, dict[str, Any]]:
         async with self.http.get(self.base + "/healthz") as response:
@@ -304,3 +313,40 @@ async def test_a_message_left_unanswered_shows_on_health_and_metrics_until_answe
     code, _ = await world.health()
     assert code == 200
     assert "geodebot_unanswered_messages 0.0" in (await world.metrics()).splitlines()
+
+
+async def test_a_message_whose_answer_was_lost_is_answered_again_once(world: World) -> None:
+    world.model.script(Reply("the answer that was lost"))
+    world.ask(LOST, "what was it?")
+    await world.telegram.wait_for_sent(LOST, 1, timeout=30)
+    with world.database() as db:
+        [(inbox_id,)] = db.execute("SELECT id FROM inbox WHERE channel = ?", (str(LOST),))
+    # Its reply's row is lost once sent (a database restored without it, say): the message
+    # is finished, and nothing answers it.
+    async with asyncio.timeout(30):
+        while True:
+            with world.database() as db:
+                deleted = db.execute(
+                    "DELETE FROM outbox WHERE inbox_id = ? AND status = 'sent'", (inbox_id,)
+                ).rowcount
+            if deleted:
+                break
+            await asyncio.sleep(0.05)
+    letter = await world.letter_of(LOST)
+    assert (letter["id"], letter["kind"], letter["status"]) == (f"in-{inbox_id}", "inbox", "done")
+    asked = world.model.request_count
+
+    code, out, err = await world.cli("replay", f"in-{inbox_id}")
+    assert code == 0, err
+    assert out.strip() == f"in-{inbox_id} replayed: its turn runs again"
+    sent = await world.telegram.wait_for_sent(LOST, 2, timeout=30)
+    # The turn had finished: the engine answers it from the store, without the model.
+    assert [m.text for m in sent] == ["the answer that was lost"] * 2
+    assert world.model.request_count == asked
+    code, _, err = await world.cli("replay", f"in-{inbox_id}")
+    assert code == 1
+    assert "was already replayed" in err
+    assert await world.barrier(LOST, 3) == ["the answer that was lost"] * 2 + ["barrier 3"]
+    with world.database() as db:
+        replies = db.execute("SELECT COUNT(*) FROM outbox WHERE inbox_id = ?", (inbox_id,))
+        assert replies.fetchone() == (1,)

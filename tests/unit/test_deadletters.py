@@ -12,9 +12,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from geodebot.channels.base import ChannelError
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed, parse_id
+from geodebot.chat.outbox import OutboxSender
 from geodebot.store.records import InboxRow, NewOutbound, OutboxRow, StoreError
 from geodebot.store.sqlite import SQLiteStore
+from geodebot.testing import MemoryChannel
 
 
 @pytest.fixture
@@ -467,3 +470,38 @@ async def test_a_replayed_message_whose_chat_is_unbound_is_dropped(store: SQLite
     dropped = await store.get_inbox(row.id)
     assert dropped is not None
     assert (dropped.status, dropped.detail) == ("dropped", "binding removed")
+
+
+# -- with the outbox sender ------------------------------------------------------------------
+async def test_a_replayed_reply_sends_only_the_parts_that_did_not_go(store: SQLiteStore) -> None:
+    chat = MemoryChannel(limit=10)
+    sender = OutboxSender(store, {"telegram": chat})
+    row = await message(store)
+    _, outbound = await store.inbox_finish(row.id, "done", reply=reply_to(row, "a" * 10 + "b" * 10))
+    assert outbound is not None
+    # Part 0 went out before; the platform refuses part 1 for good.
+    await store.outbox_begin_part(outbound.id, 0)
+    half_sent = await store.outbox_part_sent(outbound.id, 0, "earlier")
+    chat.fail_next(ChannelError("403: bot was blocked", permanent=True))
+    await sender.deliver(half_sent)
+    failed = await store.get_outbox(outbound.id)
+    assert failed is not None
+    assert (failed.status, failed.error) == ("failed", "403: bot was blocked")
+    # Refused, not an open outcome: nothing to look up, no blind resend to spend.
+    assert failed.in_flight is None
+    assert chat.texts() == []
+
+    replayed: list[InboxRow | OutboxRow] = []
+    letters = DeadLetters(store, on_replayed=replayed.append)
+    assert (await letters.replay(f"out-{outbound.id}", by="alice", via="console")).ok
+    [again] = replayed
+    assert isinstance(again, OutboxRow)
+    await sender.deliver(again)
+
+    assert chat.texts() == ["b" * 10]
+    done = await store.get_outbox(outbound.id)
+    assert done is not None
+    assert (done.status, done.blind_resends) == ("sent", 0)
+    assert sorted(done.sent_parts) == [0, 1]
+    assert not (await letters.replay(f"out-{outbound.id}", by="bob", via="cli")).ok
+    assert chat.texts() == ["b" * 10]

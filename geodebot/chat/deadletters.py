@@ -10,7 +10,10 @@ Which rows count, from what the chat path writes (router.py, outbox.py, sqlite_c
 * **An inbox row finished ``done`` or ``failed`` that no outbox row answers** (id
   ``in-<inbox id>``), except a ``done`` relayed "notify" message, which is recorded and
   never answered on purpose. The router finishes a row and writes its reply in one commit,
-  so this is a row whose answer was lost outside that path. Not counted:
+  so today's chat path leaves none: such a row was finished by other code (an older
+  version, a future caller of ``Store.inbox_finish`` without a reply) or lost its reply row
+  outside the store. The finish marks it (``inbox.no_reply``, migration 0012, which also
+  marks those of an older database), so listing reads only the marked rows. Not counted:
 
   - a ``failed`` row with a reply row: its turn failed and the user was told so (internal
     error, store error, "stopped, as asked"). That notice is the row's one reply (UNIQUE

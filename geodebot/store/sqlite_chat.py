@@ -483,6 +483,9 @@ def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], 
             reason = _why_finished(db, inbox_id)
             raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
         outbound = None
+        if ending.reply is None and _dead_without_reply(status, row["relay_intent"]):
+            # A dead letter from now on (chat/deadletters.py); marked for its partial index.
+            db.execute("UPDATE inbox SET no_reply = 1 WHERE id = ?", (inbox_id,))
         if ending.reply is not None:
             # The answer replaces its streamed preview, if the turn showed one.
             params = outbound_params(ending.reply, inbox_id, now, row["preview"])
@@ -493,3 +496,9 @@ def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], 
         return inbox_from_row(row), outbound
 
     return what, finish
+
+
+def _dead_without_reply(status: str, relay_intent: str | None) -> bool:
+    """Whether a row finished as ``status`` without a reply row is left unanswered: not when
+    dropped on purpose, nor a relayed "notify" message, recorded to be answered by nobody."""
+    return status in ("done", "failed") and not (status == "done" and relay_intent == "notify")

@@ -31,12 +31,12 @@ _KINDS: frozenset[str] = frozenset(get_args(DeadLetterKind))
 _VIAS: frozenset[str] = frozenset(get_args(DecisionVia))
 
 # An accepted message that was finished without any reply row, except one only recorded on
-# purpose (a relayed "notify" message). Written so a NULL relay_intent keeps the row in.
-_DEAD_INBOX = (
-    "i.status IN ('done', 'failed') "
-    "AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.inbox_id = i.id) "
-    "AND (i.status <> 'done' OR COALESCE(i.relay_intent, '') <> 'notify')"
-)
+# purpose (a relayed "notify" message): its finish marked it no_reply (migration 0012), which
+# the partial index inbox_no_reply finds without reading the answered ones. Only a finish as
+# 'done' or 'failed' sets the mark and only a replay (back to 'pending') clears it, so the
+# mark alone says the status; a test on status here would steer the planner to inbox_by_status
+# and through every answered message.
+_DEAD_INBOX = "i.no_reply = 1 AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.inbox_id = i.id)"
 # A reply, notice or job result the sender gave up on.
 _DEAD_OUTBOX = "o.status = 'failed'"
 _UNDECIDED = (
@@ -67,7 +67,7 @@ RETURNING {OUTBOX_COLS}
 # Its turn runs again under the same turn id (the engine answers a finished turn from the
 # store); its finish writes the reply row, which UNIQUE (inbox_id) keeps to one.
 _REPLAY_INBOX = f"""
-UPDATE inbox SET status = 'pending', detail = '', finished_at = NULL
+UPDATE inbox SET status = 'pending', detail = '', finished_at = NULL, no_reply = 0
 WHERE id = ? AND status IN ('done', 'failed')
 RETURNING {INBOX_COLS}
 """
@@ -106,10 +106,9 @@ def _is_dead(db: sqlite3.Connection, row: InboxRow | OutboxRow) -> bool:
         return row.status == "failed"
     if row.status not in ("done", "failed"):
         return False
-    if row.status == "done" and row.relay_intent == "notify":
-        return False
+    marked = db.execute("SELECT no_reply FROM inbox WHERE id = ?", (row.id,)).fetchone()
     answered = db.execute("SELECT 1 FROM outbox WHERE inbox_id = ?", (row.id,)).fetchone()
-    return answered is None
+    return bool(marked[0]) and answered is None
 
 
 def _letter(db: sqlite3.Connection, kind: str, row_id: int) -> DeadLetter | None:

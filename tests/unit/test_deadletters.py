@@ -505,3 +505,36 @@ async def test_a_replayed_reply_sends_only_the_parts_that_did_not_go(store: SQLi
     assert sorted(done.sent_parts) == [0, 1]
     assert not (await letters.replay(f"out-{outbound.id}", by="bob", via="cli")).ok
     assert chat.texts() == ["b" * 10]
+
+
+async def test_messages_left_without_a_reply_in_an_older_database_are_found(
+    tmp_path: pathlib.Path,
+) -> None:
+    path = tmp_path / "geodebot.db"
+    async with SQLiteStore(path) as store:
+        _, answered_reply = await answered(store)
+        lost = await message(store)
+        notify = await message(store)
+        unfinished = await message(store)
+    # The database as it was before migration 0012, with rows its code left: a message
+    # finished without a reply, a relayed "notify" message, an answered and an open one.
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.executescript(
+            "DROP TABLE deadletter_decisions; DROP INDEX inbox_no_reply; "
+            "ALTER TABLE inbox DROP COLUMN no_reply; "
+            "DELETE FROM schema_migrations WHERE version = 12;"
+        )
+        db.execute(
+            "UPDATE inbox SET status = 'failed', detail = 'internal_error' WHERE id = ?",
+            (lost.id,),
+        )
+        db.execute(
+            "UPDATE inbox SET status = 'done', relay_intent = 'notify' WHERE id = ?", (notify.id,)
+        )
+    async with SQLiteStore(path) as store:
+        assert await store.schema_version() >= 12
+        assert await ids(store) == [f"in-{lost.id}"]
+        for row_id in (answered_reply.inbox_id or 0, notify.id, unfinished.id):
+            letter = await store.deadletter_get("inbox", row_id)
+            assert letter is not None
+            assert not letter.dead

@@ -427,7 +427,7 @@ class Store(JobStore, Protocol):
 
     async def inbox_unanswered(self, older_than_s: float) -> Unanswered:
         """Accepted messages without a reply yet (pending or running inbox rows) received at
-        least ``older_than_s`` ago."""
+        least ``older_than_s`` ago; not those whose turn waits for a pending approval."""
 
     # -- cursors --------------------------------------------------------------------------
     async def get_cursor(self, name: str) -> str | None:

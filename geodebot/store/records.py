@@ -425,8 +425,9 @@ class DeadLetterDecided:
 
 @dataclass(frozen=True, slots=True)
 class Unanswered:
-    """Accepted messages still without a reply (inbox rows pending or running) received more
-    than a given time ago: how many, and the age of the oldest in seconds (None if none)."""
+    """Accepted messages still without a reply (inbox rows pending or running, their turn not
+    waiting for an approval) received more than a given time ago: how many, and the age of
+    the oldest in seconds (None if none)."""
 
     count: int
     oldest_age_s: float | None

@@ -194,9 +194,13 @@ class DeadLetterDecisions:
     async def inbox_unanswered(self: Transactions, older_than_s: float) -> Unanswered:
         # Unfinished rows only: a row's finish and its reply row are one commit, so an
         # unfinished row has no reply, and a finished one has its reply or is a dead letter.
+        # A turn waiting for a person's approval was answered with its card; the wait is the
+        # approver's (see /approvals), not a message geodebot failed to answer.
         sql = (
             "SELECT COUNT(*), MIN(received_at) FROM inbox "
-            "WHERE status IN ('pending', 'running') AND received_at <= ?"
+            "WHERE status IN ('pending', 'running') AND received_at <= ? "
+            "AND NOT EXISTS (SELECT 1 FROM approval_requests a WHERE a.status = 'pending' "
+            "AND a.session_id = inbox.session_id AND a.turn_id = 't-inbox-' || inbox.id)"
         )
 
         def count(db: sqlite3.Connection) -> Unanswered:

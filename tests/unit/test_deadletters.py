@@ -15,7 +15,7 @@ import pytest
 from geodebot.channels.base import ChannelError
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed, parse_id
 from geodebot.chat.outbox import OutboxSender
-from geodebot.store.records import InboxRow, NewOutbound, OutboxRow, StoreError
+from geodebot.store.records import ApprovalRecord, InboxRow, NewOutbound, OutboxRow, StoreError
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import MemoryChannel
 
@@ -336,6 +336,31 @@ async def test_unanswered_counts_unfinished_messages_older_than_the_alert(
     assert late.oldest_age_s is not None
     assert 900 <= late.oldest_age_s < 960
     assert (await store.inbox_unanswered(1)).count == 3
+    # Waiting for a person's approval is not being left unanswered, until it is decided.
+    await store.ensure_session(old_running.session_id, "daemon")
+    approval, _ = await store.approval_open(
+        ApprovalRecord(
+            id="ap1",
+            session_id=old_running.session_id,
+            turn_id=old_running.turn_id,
+            call_id="toolu_1",
+            tool="write_file",
+            safety="write",
+            call_sha256="cd" * 32,
+            summary="{}",
+            origin="telegram:42",
+            approvers=("4242",),
+            status="pending",
+            created_at=now,
+            expires_at=now + 900,
+        )
+    )
+    waiting = await store.inbox_unanswered(300)
+    assert waiting.count == 1
+    assert waiting.oldest_age_s is not None
+    assert 400 <= waiting.oldest_age_s < 460
+    await store.approval_decide(approval.id, True, by="4242", via="chat")
+    assert (await store.inbox_unanswered(300)).count == 2
     none = await store.inbox_unanswered(3600)
     assert (none.count, none.oldest_age_s) == (0, None)
 

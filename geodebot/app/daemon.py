@@ -19,6 +19,7 @@ from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
+from geodebot.chat.deadletters import DeadLetters, ReplayFeed
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
@@ -123,6 +124,8 @@ class _Daemon:
     router: ChatRouter
     scheduler: JobScheduler
     approvals: ChatApprovals
+    # Replays made here (the console) reach the router and outbox at once.
+    deadletters: DeadLetters
 
 
 async def _enter_daemon(
@@ -185,7 +188,9 @@ async def _enter_daemon(
 
         app.relay.connect(delivered)
     supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
-    daemon = _Daemon(channels, supervisor, router, scheduler, approvals)
+    feed = ReplayFeed(store, router.take, outbox.submit)
+    deadletters = DeadLetters(store, on_replayed=feed.replayed)
+    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters)
     if metrics is not None:
         # Both are made exactly when [daemon] http is set.
         assert live is not None
@@ -194,9 +199,13 @@ async def _enter_daemon(
     await stack.enter_async_context(outbox)
     await stack.enter_async_context(approvals)
     await stack.enter_async_context(router)
+    # Before recover: a replay from now on is the feed's to hand over, an earlier one is
+    # read by recover and the outbox's first scan like any pending row.
+    await feed.start()
     recovered = await router.recover()
     if recovered:
         log.info("answering %s message(s) accepted before the restart", recovered)
+    await stack.enter_async_context(_running(feed.run()))
     await supervisor.start()
     # After the channels: a catch-up run's answer can go out as soon as it is ready.
     await stack.enter_async_context(scheduler)
@@ -286,13 +295,23 @@ def _health_server(
     async def jobs() -> tuple[bool, dict[str, Any]]:
         return scheduler.running, {"jobs": scheduler.registered()}
 
+    alert_s = config.daemon.unanswered_alert_s
+
+    async def unanswered() -> tuple[bool, dict[str, Any]]:
+        late = await _unanswered(store, alert_s)
+        return late["count"] == 0, late
+
+    async def unanswered_count() -> int:
+        return (await store.inbox_unanswered(alert_s)).count
+
     probe = Probe(
         store,
         daemon.channels,
         router_counters=lambda: router.counters,
         load=router.load,
         fire_counts=store.fire_counts,
-        extra={"computer_use": computer_use, "scheduler": jobs},
+        extra={"computer_use": computer_use, "scheduler": jobs, "unanswered": unanswered},
+        unanswered=unanswered_count,
     )
     spend = app.services.spend
     if spend is not None:
@@ -339,6 +358,8 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
             "max_concurrent_sessions": app.config.daemon.max_concurrent_sessions,
             "inbox": await store.inbox_counts(),
             "outbox": await store.outbox_counts(),
+            "unanswered": await _unanswered(store, app.config.daemon.unanswered_alert_s),
+            "deadletters": await store.deadletter_count(),
             "computer_use": {
                 "enabled": switch is not None and switch.active(now),
                 "expires_at": None if switch is None else switch.expires_at,
@@ -352,6 +373,12 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
         }
 
     return report
+
+
+async def _unanswered(store: Store, alert_s: float) -> dict[str, Any]:
+    late = await store.inbox_unanswered(alert_s)
+    age = None if late.oldest_age_s is None else round(late.oldest_age_s, 1)
+    return {"count": late.count, "oldest_age_s": age, "alert_s": alert_s}
 
 
 async def _usage_today(store: Store, now: float) -> dict[str, Any]:

@@ -340,6 +340,9 @@ class OutboxSender:
             except ChannelError as exc:
                 if exc.permanent:
                     log.error("outbox %s: %s gave up: %s", row.id, row.platform, exc)
+                    # Refused, so not sent: a replay (chat/deadletters.py) sends the part
+                    # plainly instead of as an open outcome.
+                    await self._store.outbox_part_unsent(row.id, part.index)
                     return await self._store.outbox_finish(row.id, "failed", error=str(exc)[:300])
                 if exc.retry_after is not None:
                     # A rate limit says nothing about the message; it was not sent.

@@ -24,6 +24,7 @@ from geodebot.app.build import build_app, build_redactor
 from geodebot.app.daemon import serve
 from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.cli.check import format_rows, run_checks
+from geodebot.cli.deadletters import add_deadletters_parser, deadletters_command
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
 from geodebot.cli.usage import add_usage_parser, usage_command
@@ -99,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_jobs_parser(sub, common)
     add_relay_parser(sub, common)
+    add_deadletters_parser(sub, common)
     add_usage_parser(sub, common)
 
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
@@ -160,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _status,
         "jobs": jobs_command,
         "relay": relay_command,
+        "deadletters": deadletters_command,
         "usage": usage_command,
     }[args.command]
     try:
@@ -233,6 +236,14 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"inbox: {inbox.get('pending', 0) + inbox.get('running', 0)} unfinished; "
         f"outbox: {outbox.get('pending', 0)} pending, {outbox.get('failed', 0)} failed"
     )
+    late = answer.get("unanswered", {})
+    if late.get("count"):
+        print(
+            f"unanswered: {late['count']} message(s) without a reply for over "
+            f"{late['alert_s']:g} s, the oldest {late['oldest_age_s']:.0f} s"
+        )
+    if answer.get("deadletters"):
+        print(f"dead letters: {answer['deadletters']} (geodebot deadletters list)")
     print(f"computer use: {'on' if answer['computer_use']['enabled'] else 'off'}")
     usage = answer.get("model_usage_today", {})
     if usage.get("calls"):

@@ -92,6 +92,10 @@ class DaemonConfig(_Strict):
     shutdown_grace_s: Annotated[float, Field(ge=0, le=600)] = 20.0
     # A streamed answer edits its chat's message at most once per this interval.
     stream_edit_interval_s: Annotated[float, Field(ge=0.2, le=60)] = 1.0
+    # An accepted message still without a reply this long after it came (its turn not
+    # waiting for an approval) is reported: on /healthz (component "unanswered", unhealthy),
+    # in /metrics and in geodebot status.
+    unanswered_alert_s: Annotated[float, Field(ge=1)] = 300.0
     # Health and metrics over HTTP ("host:port"); off when unset. Loopback only unless
     # allow_remote, which also needs a bearer token (http_token_env names its variable).
     allow_remote: bool = False

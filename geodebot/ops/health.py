@@ -135,6 +135,8 @@ class Probe:
     load: Callable[[], tuple[int, int]] = lambda: (0, 0)
     # Job fires by outcome (over all history), when the daemon runs a scheduler.
     fire_counts: Callable[[], Awaitable[Mapping[str, int]]] | None = None
+    # Accepted messages without a reply for longer than the alert, when the daemon says.
+    unanswered: Callable[[], Awaitable[int]] | None = None
     # name -> (ok, detail) for further components (scheduler, computer use, ...).
     extra: dict[str, Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]] = field(
         default_factory=dict
@@ -148,6 +150,7 @@ class _LiveCollector(Collector):
         self._probe = probe
         self.outbox: Mapping[str, int] = {}
         self.fires: Mapping[str, int] = {}
+        self.unanswered: int | None = None
 
     def collect(self) -> Iterator[Any]:
         messages = CounterMetricFamily(
@@ -193,6 +196,12 @@ class _LiveCollector(Collector):
         for outcome, count in sorted(self.fires.items()):
             fires.add_metric([outcome], count)
         yield fires
+        if self.unanswered is not None:
+            yield GaugeMetricFamily(
+                "geodebot_unanswered_messages",
+                "Accepted messages still without a reply after [daemon] unanswered_alert_s.",
+                value=self.unanswered,
+            )
 
 
 class HealthServer:
@@ -305,7 +314,12 @@ class HealthServer:
             self._live.outbox = await self._probe.store.outbox_counts()
             if self._probe.fire_counts is not None:
                 self._live.fires = await self._probe.fire_counts()
+            if self._probe.unanswered is not None:
+                self._live.unanswered = await self._probe.unanswered()
         except Exception:
-            log.warning("metrics: cannot count outbox rows or job fires", exc_info=True)
+            log.warning(
+                "metrics: cannot count outbox rows, job fires or unanswered messages",
+                exc_info=True,
+            )
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -24,6 +24,11 @@ from geodebot.store.records import (
     AttachedFile,
     BatchStatus,
     ContextRow,
+    DeadLetter,
+    DeadLetterDecided,
+    DeadLetterDecision,
+    DeadLetterKind,
+    DecisionVia,
     EffectReceipt,
     FinishStatus,
     InboxEnding,
@@ -48,6 +53,7 @@ from geodebot.store.records import (
     SpendRefusal,
     TimelineEvent,
     ToolBatchRecord,
+    Unanswered,
     UsageGrouping,
     UsageRow,
 )
@@ -390,6 +396,44 @@ class Store(JobStore, Protocol):
 
     async def outbox_counts(self) -> dict[str, int]:
         """Rows per status, every status present (zero included)."""
+
+    # -- dead letters (which rows they are: chat/deadletters.py) ----------------------------
+    async def deadletters(
+        self, *, limit: int = 100, offset: int = 0, decided: bool = False
+    ) -> list[DeadLetter]:
+        """Dead letters, the most recently dead first; ``decided``: also those an operator
+        decided on already (discarded, or replayed and dead again)."""
+
+    async def deadletter_count(self) -> int:
+        """How many dead letters wait for a decision."""
+
+    async def deadletter_get(self, kind: DeadLetterKind, row_id: int) -> DeadLetter | None:
+        """The row as a dead letter (``dead`` false if it is not one now); None: no row."""
+
+    async def deadletter_replay(
+        self, kind: DeadLetterKind, row_id: int, *, by: str, via: DecisionVia
+    ) -> DeadLetterDecided:
+        """Record the replay and reset the row to ``pending`` in one transaction: an outbox
+        row keeps its sent parts, an inbox row's turn runs again. Only the first decision
+        on a row is made; a later one returns it as ``already_decided``."""
+
+    async def deadletter_discard(
+        self, kind: DeadLetterKind, row_id: int, *, by: str, via: DecisionVia
+    ) -> DeadLetterDecided:
+        """Record the discard (the row stays as it is, off the list); first decision wins."""
+
+    async def deadletters_revision(self) -> int:
+        """Grows with every decision, in any process: a daemon polls it to pick up replays
+        made with the CLI."""
+
+    async def deadletter_decisions(
+        self, *, after: int = 0, limit: int = 1000
+    ) -> list[DeadLetterDecision]:
+        """Decisions with a ``seq`` above ``after``, oldest first."""
+
+    async def inbox_unanswered(self, older_than_s: float) -> Unanswered:
+        """Accepted messages without a reply yet (pending or running inbox rows) received at
+        least ``older_than_s`` ago; not those whose turn waits for a pending approval."""
 
     # -- cursors --------------------------------------------------------------------------
     async def get_cursor(self, name: str) -> str | None:

@@ -366,6 +366,81 @@ class InboxEnding:
 InboxFinished = tuple[InboxRow, OutboxRow | None]
 
 
+DeadLetterKind = Literal["inbox", "outbox"]
+DeadLetterAction = Literal["replay", "discard"]
+DecisionVia = Literal["cli", "console"]
+# What deciding on a dead letter came to: the decision was made (and, for a replay, the row
+# reset to pending); an earlier decision stands; the row is no dead letter; there is no row.
+DecideResult = Literal["decided", "already_decided", "not_dead", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterDecision:
+    """An operator's one decision on a dead letter (see migration 0012)."""
+
+    seq: int  # increasing: a daemon picks up replays after the last one it saw
+    kind: DeadLetterKind
+    row_id: int
+    action: DeadLetterAction
+    by: str
+    via: DecisionVia
+    at: float
+    # The row's error (outbox) or detail (inbox) when it was decided.
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An inbox or outbox row as a dead letter: ``dead`` says whether it is one now (a row
+    replayed and answered since is not), ``decision`` what the operator decided, if anything."""
+
+    row: InboxRow | OutboxRow
+    dead: bool
+    decision: DeadLetterDecision | None = None
+
+    @property
+    def kind(self) -> DeadLetterKind:
+        return "inbox" if isinstance(self.row, InboxRow) else "outbox"
+
+    @property
+    def id(self) -> str:
+        """``in-<inbox id>`` or ``out-<outbox id>``: what the CLI and the console take."""
+        return f"{'in' if self.kind == 'inbox' else 'out'}-{self.row.id}"
+
+    @property
+    def error(self) -> str:
+        """Why it is dead: the sender's error, or the inbox row's detail."""
+        return self.row.error if isinstance(self.row, OutboxRow) else self.row.detail
+
+    @property
+    def at(self) -> float:
+        """When it died: the outbox row's last change, or the inbox row's finish."""
+        if isinstance(self.row, OutboxRow):
+            return self.row.updated_at
+        return self.row.finished_at if self.row.finished_at is not None else self.row.received_at
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterDecided:
+    """What :meth:`Store.deadletter_replay` and ``deadletter_discard`` did. ``decision``: the
+    new one (``decided``) or the one that stands (``already_decided``); ``row``: the row as
+    it is after the call (None for ``unknown``)."""
+
+    result: DecideResult
+    decision: DeadLetterDecision | None
+    row: InboxRow | OutboxRow | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """Accepted messages still without a reply (inbox rows pending or running, their turn not
+    waiting for an approval) received more than a given time ago: how many, and the age of
+    the oldest in seconds (None if none)."""
+
+    count: int
+    oldest_age_s: float | None
+
+
 JobOrigin = Literal["config", "chat", "cli"]
 CatchUp = Literal["latest", "skip", "all"]
 FireCause = Literal["schedule", "catch-up", "manual"]

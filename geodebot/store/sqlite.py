@@ -45,6 +45,7 @@ from geodebot.store.records import (
 from geodebot.store.sqlite_approvals import Approvals
 from geodebot.store.sqlite_chat import ChatInboxOutbox, finishing
 from geodebot.store.sqlite_commit import GroupCommit
+from geodebot.store.sqlite_deadletters import DeadLetterDecisions
 from geodebot.store.sqlite_jobs import JobsAndFires
 from geodebot.store.sqlite_receipts import SELECT_SWITCH, ReceiptsAndSwitches, switch_from_row
 from geodebot.store.sqlite_relay import Relay
@@ -172,7 +173,9 @@ def load_migrations(root: Traversable | None = None) -> list[tuple[int, str, str
     return [found[version] for version in sorted(found)]
 
 
-class SQLiteStore(ReceiptsAndSwitches, Approvals, ChatInboxOutbox, JobsAndFires, Relay, Spend):
+class SQLiteStore(
+    ReceiptsAndSwitches, Approvals, ChatInboxOutbox, DeadLetterDecisions, JobsAndFires, Relay, Spend
+):
     """A :class:`Store` in one SQLite file, created with mode 0600 on first open.
 
     Effect receipts and operator switches live in :class:`ReceiptsAndSwitches`; they run

@@ -32,6 +32,7 @@ from geodebot.store.sqlite_rows import Transactions, dumps
 __all__ = [
     "ADD_OUTBOX",
     "INBOX_COLS",
+    "OUTBOX_COLS",
     "ChatInboxOutbox",
     "finishing",
     "inbox_from_row",
@@ -49,7 +50,7 @@ INBOX_COLS = (
     "received_at, status, attempts, detail, finished_at, preview, files, attached, relay_id, "
     "relay_intent"
 )
-_OUTBOX_COLS = (
+OUTBOX_COLS = (
     "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
     "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends, preview, file"
 )
@@ -81,28 +82,28 @@ INSERT INTO outbox (inbox_id, session_id, platform, channel, thread, reply_to, t
     status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends,
     preview, file)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0, ?, ?)
-RETURNING {_OUTBOX_COLS}
+RETURNING {OUTBOX_COLS}
 """
 _BEGIN_PART = f"""
 UPDATE outbox SET in_flight = ?, attempts = attempts + 1, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _PART_SENT = f"""
 UPDATE outbox SET sent_parts = ?, in_flight = ?, status = ?, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _PART_UNSENT = f"""
 UPDATE outbox SET in_flight = NULL, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _BLIND_RESEND = f"""
 UPDATE outbox SET blind_resends = blind_resends + 1, updated_at = ?
-WHERE id = ? RETURNING {_OUTBOX_COLS}
+WHERE id = ? RETURNING {OUTBOX_COLS}
 """
 _FINISH_OUTBOX = f"""
 UPDATE outbox SET status = ?, error = ?, updated_at = ?
 WHERE id = ? AND status = 'pending'
-RETURNING {_OUTBOX_COLS}
+RETURNING {OUTBOX_COLS}
 """
 _SET_CURSOR = """
 INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)
@@ -188,7 +189,7 @@ def _inbox_row(db: sqlite3.Connection, inbox_id: int) -> InboxRow | None:
 
 
 def _outbox_row(db: sqlite3.Connection, outbox_id: int) -> OutboxRow | None:
-    row = db.execute(f"SELECT {_OUTBOX_COLS} FROM outbox WHERE id = ?", (outbox_id,)).fetchone()
+    row = db.execute(f"SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?", (outbox_id,)).fetchone()
     return None if row is None else outbox_from_row(row)
 
 
@@ -437,7 +438,7 @@ class ChatInboxOutbox:
         if platform is not None:
             where += " AND platform = ?"
             params.append(platform)
-        sql = f"SELECT {_OUTBOX_COLS} FROM outbox WHERE {where} ORDER BY id"
+        sql = f"SELECT {OUTBOX_COLS} FROM outbox WHERE {where} ORDER BY id"
         rows = await self._query(
             "listing pending outbox rows", lambda db: db.execute(sql, params).fetchall()
         )
@@ -483,6 +484,9 @@ def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], 
             reason = _why_finished(db, inbox_id)
             raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
         outbound = None
+        if ending.reply is None and _dead_without_reply(status, row["relay_intent"]):
+            # A dead letter from now on (chat/deadletters.py); marked for its partial index.
+            db.execute("UPDATE inbox SET no_reply = 1 WHERE id = ?", (inbox_id,))
         if ending.reply is not None:
             # The answer replaces its streamed preview, if the turn showed one.
             params = outbound_params(ending.reply, inbox_id, now, row["preview"])
@@ -493,3 +497,9 @@ def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], 
         return inbox_from_row(row), outbound
 
     return what, finish
+
+
+def _dead_without_reply(status: str, relay_intent: str | None) -> bool:
+    """Whether a row finished as ``status`` without a reply row is left unanswered: not when
+    dropped on purpose, nor a relayed "notify" message, recorded to be answered by nobody."""
+    return status in ("done", "failed") and not (status == "done" and relay_intent == "notify")

@@ -451,7 +451,8 @@ async def test_a_row_finished_by_another_delivery_does_not_hold_up_its_chat(
     assert (final.status, final.attempts) == ("sent", 1)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
-    assert "sent as" in errors[0] and "it is already 'sent'" in errors[0]
+    assert "sent as" in errors[0]
+    assert "it is already 'sent'" in errors[0]
 
 
 async def test_a_finished_row_is_not_recorded_again(

@@ -327,6 +327,7 @@ def _health_server(
             approvals=daemon.approvals,
             spend_status=spend.status if spend is not None else None,
             relay=app.relay,
+            deadletters=daemon.deadletters,
         ),
         token=token,
         bound_host=split_host_port(config.daemon.http)[0],

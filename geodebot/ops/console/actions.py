@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from typing import Final
 
 from geodebot.engine.session import COMPUTER_USE_SWITCH
 from geodebot.engine.tools.spec import ToolError
+from geodebot.ops.console.deadletters import letters_of
 from geodebot.ops.console.parts import OPERATOR, ConsoleParts, when
 from geodebot.store.records import StoreError
 
-VIA = "console"
+VIA: Final = "console"
 MAX_REASON = 500
 _DURATION_UNITS = {"m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -169,3 +171,22 @@ async def set_computer_use(parts: ConsoleParts, form: Mapping[str, str]) -> str:
         "until switched off" if switch.expires_at is None else f"until {when(switch.expires_at)}"
     )
     return f"Computer use switched on, {until}."
+
+
+async def decide_deadletter(parts: ConsoleParts, letter_id: str, replay: bool) -> str:
+    """As `geodebot deadletters replay|discard`, through the daemon's dead letters: a replay
+    reaches its router or outbox at once. The first decision on a dead letter stands."""
+    letters = letters_of(parts)
+    decide = letters.replay if replay else letters.discard
+    decided = await decide(letter_id, by=OPERATOR, via=VIA)
+    if decided.ok:
+        session = "" if decided.row is None else decided.row.session_id
+        parts.live.publish("deadletters", session=session)
+        return decided.message() + "."
+    if decided.result == "unknown":
+        raise Refused(decided.message() + ".", 404)
+    d = decided.decision
+    if decided.result == "already_decided" and d is not None:
+        done = "replayed" if d.action == "replay" else "discarded"
+        raise Refused(f"{decided.id} was already {done} by {d.by} via {d.via} at {when(d.at)}.")
+    raise Refused(decided.message() + ".")

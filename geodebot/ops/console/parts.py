@@ -10,6 +10,7 @@ from typing import Any
 
 from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.bindings import BindingIndex, owns
+from geodebot.chat.deadletters import DeadLetters
 from geodebot.config.schema import BindingConfig, Config
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.ops.console.live import LiveFeed
@@ -37,6 +38,8 @@ class ConsoleParts:
     spend_status: SpendStatus | None = None
     # Thread Relay: the operator sends a run's result into another thread of its project.
     relay: ThreadRelay | None = None
+    # The daemon's dead letters: a replay made here reaches its router or outbox at once.
+    deadletters: DeadLetters | None = None
     clock: Callable[[], float] = time.time
 
 

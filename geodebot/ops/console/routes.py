@@ -12,6 +12,7 @@ from aiohttp import web
 
 from geodebot.ops.console import actions
 from geodebot.ops.console.boards import approvals_view, jobs_view, operator_view, receipts_view
+from geodebot.ops.console.deadletters import attention, deadletters_view, letter_view, letters_of
 from geodebot.ops.console.parts import ConsoleParts
 from geodebot.ops.console.target import target_of
 from geodebot.ops.console.work import binding_rows, timeline_page, work_view
@@ -47,7 +48,7 @@ async def _work(parts: ConsoleParts, request: web.Request) -> Context:
     if parts.spend_status is not None:
         # What /healthz shows as "budgets": today's use of each limited budget.
         _, budgets = await parts.spend_status()
-    return {"work": await work_view(parts), "budgets": budgets}
+    return {"work": await work_view(parts), "budgets": budgets, "attention": await attention(parts)}
 
 
 async def _thread(parts: ConsoleParts, request: web.Request) -> Context:
@@ -88,6 +89,20 @@ async def _approvals(parts: ConsoleParts, request: web.Request) -> Context:
     return {"approvals": await approvals_view(parts)}
 
 
+async def _deadletters(parts: ConsoleParts, request: web.Request) -> Context:
+    offset_text = request.query.get("offset", "")
+    offset = int(offset_text) if offset_text.isdigit() else 0
+    return {"letters": await deadletters_view(parts, offset=offset)}
+
+
+async def _deadletter(parts: ConsoleParts, request: web.Request) -> Context:
+    letter_id = request.match_info["id"]
+    found = await letters_of(parts).show(letter_id)
+    if found is None:
+        raise NotFound(f"There is no dead letter {letter_id!r} (ids look like in-12 or out-5).")
+    return {"l": letter_view(found)}
+
+
 async def _operator(parts: ConsoleParts, request: web.Request) -> Context:
     return {"operator": await operator_view(parts)}
 
@@ -98,6 +113,8 @@ PAGES: tuple[Page, ...] = (
     Page("/jobs", "Jobs", "jobs.html", _jobs),
     Page("/approvals", "Approvals", "approvals.html", _approvals),
     Page("/receipts", "Receipts", "receipts.html", _receipts),
+    Page("/deadletters", "Dead letters", "deadletters.html", _deadletters),
+    Page("/deadletters/{id}", "Dead letter", "deadletter.html", _deadletter, nav=False),
     Page("/operator", "Operator", "operator.html", _operator),
 )
 
@@ -130,6 +147,14 @@ async def _send(parts: ConsoleParts, request: web.Request, form: Mapping[str, st
     return await actions.send_result(parts, form)
 
 
+async def _replay(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
+    return await actions.decide_deadletter(parts, request.match_info["id"], True)
+
+
+async def _discard(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
+    return await actions.decide_deadletter(parts, request.match_info["id"], False)
+
+
 async def _computer_use(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
     return await actions.set_computer_use(parts, form)
 
@@ -141,6 +166,8 @@ ACTIONS: tuple[Action, ...] = (
     Action("/jobs/{id}/resume", _resume, "/jobs"),
     Action("/jobs/{id}/run", _run, "/jobs"),
     Action("/receipts/{id}/resolve", _resolve, "/receipts"),
+    Action("/deadletters/{id}/replay", _replay, "/deadletters"),
+    Action("/deadletters/{id}/discard", _discard, "/deadletters"),
     Action("/operator/computer-use", _computer_use, "/operator"),
     Action("/relay/send", _send, "/work"),
 )

@@ -10,7 +10,7 @@
   if (!url || !window.EventSource || !window.fetch || !window.DOMParser) {
     return;
   }
-  var TOPICS = ["runs", "approvals", "jobs", "receipts", "operator"];
+  var TOPICS = ["runs", "approvals", "jobs", "receipts", "deadletters", "operator"];
   var pending = {};
   var timer = null;
 

@@ -5,7 +5,9 @@ needing approval), driven over HTTP like a browser without JavaScript.
 Each page renders from the daemon's own data; each action works once and a second attempt
 is answered as done already; every POST without the page's CSRF token, with a wrong one,
 from another origin, or without the bearer token where one is configured is refused and
-changes nothing in the store; an approval given in the console runs the call once.
+changes nothing in the store; an approval given in the console runs the call once; a
+reply the platform refused for good is listed as a dead letter, replayed once (it arrives
+once) or discarded (it never arrives).
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ from tests.support.console_world import (
     seed_admitted_receipt,
     until,
 )
+from tests.support.control import CONTROL_ANSWER
 from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import ApiError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 APPROVE, REFUSE, JOBS, LIVE, THREADS = -7001, -7002, -7003, -7004, -7005
+# Chats whose replies the platform refuses while a test says so: their dead letters.
+REPLAYED, DISCARDED = -7006, -7007
+BLOCKED = "Forbidden: bot was blocked by the user"
 # Listed on a binding, but the MCP server's config declares no policy for it.
 UNDECLARED = "mcp__fake__undeclared"
 CHATS = (
@@ -45,6 +52,8 @@ CHATS = (
     Chat(JOBS, tools=()),
     Chat(LIVE),
     Chat(THREADS, 'scope = "thread"\n', tools=(WRITE_NOTE, "computer", UNDECLARED)),
+    Chat(REPLAYED, stream=False, tools=()),
+    Chat(DISCARDED, stream=False, tools=()),
 )
 RECEIPT = "receipt-console-1"
 TOKEN = "console-bearer-token-0123456789"
@@ -54,9 +63,23 @@ def session(chat: int) -> str:
     return f"chat{-chat}"
 
 
+class RefusingTelegram(CardKillingTelegram):
+    """The fake Bot API refusing every message to the chats in ``blocked`` for good, as
+    Telegram does once a user blocked the bot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocked: set[int] = set()
+
+    async def _m_sendmessage(self, params: dict[str, Any]) -> Any:
+        if int(params["chat_id"]) in self.blocked:
+            raise ApiError(403, BLOCKED)
+        return await super()._m_sendmessage(params)
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ConsoleWorld]:
-    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
+    async with RefusingTelegram() as telegram, FakeLLMServer() as llm:
         root = tmp_path_factory.mktemp("console")
         world = ConsoleWorld(telegram, llm, root, CHATS, job_chat=JOBS)
         receipt = EffectReceipt(
@@ -399,6 +422,147 @@ async def test_an_uncertain_receipt_is_resolved_once(world: ConsoleWorld, browse
     assert code == 409
     assert "Already resolved: failed by operator" in page
     assert world.receipt_resolution(RECEIPT) == "failed"
+
+
+# -- dead letters -----------------------------------------------------------------------------
+async def given_up(world: ConsoleWorld, chat: int, answer: str) -> tuple[str, int]:
+    """Alice asks in ``chat`` and the platform refuses the answer for good: its dead
+    letter's id and outbox row id, once the sender gave up on it."""
+    telegram = world.telegram
+    assert isinstance(telegram, RefusingTelegram)
+    telegram.blocked.add(chat)
+    prompt = f"dead letter in {chat}:"
+    world.model.script(prompt, Reply(answer))
+    world.ask(chat, f"{prompt} hello")
+    await until(lambda: bool(failed_rows(world, chat)))
+    [(row_id, error)] = failed_rows(world, chat)
+    assert BLOCKED in error
+    telegram.blocked.discard(chat)
+    return f"out-{row_id}", row_id
+
+
+def failed_rows(world: ConsoleWorld, chat: int) -> list[tuple[Any, ...]]:
+    return world.query(
+        "SELECT id, error FROM outbox WHERE channel = ? AND status = 'failed'", str(chat)
+    )
+
+
+def decisions(world: ConsoleWorld, row_id: int) -> list[tuple[Any, ...]]:
+    """(action, by, via) of every decision on the outbox row: one at most."""
+    return world.query(
+        "SELECT action, decided_by, via FROM deadletter_decisions "
+        "WHERE kind = 'outbox' AND row_id = ?",
+        row_id,
+    )
+
+
+def outbox_status(world: ConsoleWorld, row_id: int) -> str:
+    [(status,)] = world.query("SELECT status FROM outbox WHERE id = ?", row_id)
+    return str(status)
+
+
+async def forged_decisions_are_refused(browser: Browser, letter: str) -> None:
+    """Replay and discard without the page's CSRF token or from another site: refused."""
+    await browser.get("/deadletters")
+    for action in ("replay", "discard"):
+        path = f"/deadletters/{letter}/{action}"
+        for csrf, headers in ((None, None), ("page", {"Origin": "http://evil.example"})):
+            code, page, _ = await browser.post(path, csrf=csrf, headers=headers)
+            assert code == 403, (path, csrf, headers, page)
+            assert "Not done" in page
+
+
+async def test_a_reply_given_up_on_is_listed_and_replayed_from_the_console_once(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    letter, row_id = await given_up(world, REPLAYED, "the late <answer>")
+    code, page = await browser.get("/deadletters")
+    assert code == 200
+    assert 'href="/deadletters" data-nav="dead letters" aria-current="page"' in page
+    [article] = re.findall(
+        rf'<article class="deadletter" data-deadletter-id="{letter}".*?</article>', page, re.S
+    )
+    assert 'data-kind="outbox"' in article
+    assert "reply (outbox)" in article
+    assert f"telegram · channel {REPLAYED}" in article
+    assert f'<a href="/threads/{session(REPLAYED)}">{session(REPLAYED)}</a>' in article
+    assert BLOCKED in article
+    assert "the late &lt;answer&gt;" in article  # escaped, never markup
+    assert 'data-action="replay"' in article
+    assert 'data-action="discard"' in article
+    listed = page.count('<article class="deadletter"')
+    code, page = await browser.get("/work")
+    assert f'data-field="deadletters" data-count="{listed}"' in page
+    assert f'<a href="/deadletters">{listed} dead letter' in page
+    assert 'data-field="unanswered" data-count="0"' in page
+    code, page = await browser.get(f"/deadletters/{letter}")
+    assert code == 200
+    assert f'data-deadletter-id="{letter}"' in page
+    assert 'data-dead="true"' in page
+    assert '<dd data-field="decision">not yet</dd>' in page
+    assert '<pre class="text" data-field="text">the late &lt;answer&gt;</pre>' in page
+    assert (await browser.get("/deadletters/out-999999"))[0] == 404
+
+    await forged_decisions_are_refused(browser, letter)
+    assert decisions(world, row_id) == []
+    assert outbox_status(world, row_id) == "failed"
+
+    async with browser.session.get(world.base + "/events") as stream:
+        assert await stream.content.readline() == b"retry: 3000\n"
+        code, _, response = await browser.post(f"/deadletters/{letter}/replay")
+        assert code == 303
+        assert response.headers["Location"] == "/deadletters"
+        events = await _read_events(stream, lambda topic, data: topic == "deadletters")
+        assert events[-1][1] == {"session": session(REPLAYED)}
+    sent = await world.telegram.wait_for_sent(REPLAYED, 1, timeout=30)
+    assert [m.shows[0] for m in sent] == ["the late <answer>"]
+    code, page = await browser.get("/deadletters")
+    assert f"{letter} replayed: it is sent again." in page
+    assert f'data-deadletter-id="{letter}"' not in page
+
+    # The second press, either button: answered with the first decision, nothing sent.
+    for action in ("replay", "discard"):
+        code, page, _ = await browser.post(f"/deadletters/{letter}/{action}")
+        assert code == 409
+        assert re.fullmatch(
+            rf"{letter} was already replayed by operator via console at [-\d: ]+ UTC\.",
+            _error(page),
+        )
+    messages = await world.control(REPLAYED)
+    assert [m.shows[0] for m in messages] == ["the late <answer>", CONTROL_ANSWER]
+    assert decisions(world, row_id) == [("replay", "operator", "console")]
+    assert outbox_status(world, row_id) == "sent"
+    code, page = await browser.get("/deadletters")
+    assert f'<tr data-decision="{letter}" data-decided="replay" data-via="console">' in page
+    code, page = await browser.get(f"/deadletters/{letter}")
+    assert 'data-dead="false"' in page
+    assert "replayed by operator via console at " in page
+    assert 'data-action="replay"' not in page
+
+
+async def test_a_discarded_dead_letter_leaves_the_list_and_is_never_sent(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    letter, row_id = await given_up(world, DISCARDED, "never to be seen")
+    await forged_decisions_are_refused(browser, letter)
+    assert decisions(world, row_id) == []
+    code, _, _ = await browser.post(f"/deadletters/{letter}/discard")
+    assert code == 303
+    code, page = await browser.get("/deadletters")
+    assert f"{letter} discarded: it stays as it is and is no longer listed." in page
+    assert f'data-deadletter-id="{letter}"' not in page
+    assert f'<tr data-decision="{letter}" data-decided="discard" data-via="console">' in page
+    for action in ("discard", "replay"):
+        code, page, _ = await browser.post(f"/deadletters/{letter}/{action}")
+        assert code == 409
+        assert f"{letter} was already discarded by operator via console at " in page
+    code, page, _ = await browser.post("/deadletters/out-999999/replay")
+    assert code == 404
+    assert "no dead letter out-999999" in page
+    messages = await world.control(DISCARDED)
+    assert [m.shows[0] for m in messages] == [CONTROL_ANSWER]
+    assert decisions(world, row_id) == [("discard", "operator", "console")]
+    assert outbox_status(world, row_id) == "failed"
 
 
 async def test_computer_use_is_switched_with_a_reason_and_a_duration(

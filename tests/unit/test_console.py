@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from geodebot.chat.bindings import BindingIndex
+from geodebot.chat.deadletters import DeadLetters
 from geodebot.config.schema import BindingConfig, parse_config
 from geodebot.engine.tools.registry import ToolRegistry
+from geodebot.ops.console import deadletters as console_deadletters
 from geodebot.ops.console.actions import Refused, duration_s
 from geodebot.ops.console.live import LiveFeed
 from geodebot.ops.console.parts import ConsoleParts, binding_of
 from geodebot.ops.console.security import Guard, same_origin
+from geodebot.ops.console.server import Console
 from geodebot.ops.console.work import group_runs, timeline_page
-from geodebot.store.records import TimelineEvent
+from geodebot.store.records import InboxRow, NewOutbound, OutboxRow, TimelineEvent
 from geodebot.store.sqlite import SQLiteStore
 
 
@@ -261,3 +266,148 @@ async def test_a_long_timeline_is_read_a_page_at_a_time_newest_first(tmp_path: P
             before = page.older
         assert seen == [f"t{n}" for n in range(7, 0, -1)]
         assert pages == 4
+
+
+# -- dead letters -----------------------------------------------------------------------------
+async def _dead_outbox(store: SQLiteStore, text: str) -> OutboxRow:
+    row = await store.outbox_add(NewOutbound("s", "telegram", "42", None, None, text))
+    return await store.outbox_finish(row.id, "failed", error="403: bot was blocked")
+
+
+async def _dead_inbox(store: SQLiteStore, event: str) -> InboxRow:
+    row, _ = await store.inbox_add(
+        platform="telegram",
+        event_id=event,
+        session_id="s",
+        channel="42",
+        thread="7",
+        user="u1",
+        text="the question",
+        message_id=f"m-{event}",
+    )
+    finished, _ = await store.inbox_finish(row.id, "done", detail="its reply was lost")
+    return finished
+
+
+# The console keeps its session under a plain string key (aiohttp >= 3.11 is supported, its
+# RequestKey is younger); the warning aiohttp gives for that is no failure here.
+QUIET_KEYS = pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+
+
+@pytest.fixture
+async def letters_client(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[SQLiteStore, list[InboxRow | OutboxRow], TestClient[Any, Any]]]:
+    async with SQLiteStore(tmp_path / "state.db") as store:
+        replayed: list[InboxRow | OutboxRow] = []
+        parts = ConsoleParts(
+            store,
+            parse_config({}),
+            BindingIndex([]),
+            ToolRegistry(),
+            LiveFeed(),
+            deadletters=DeadLetters(store, on_replayed=replayed.append),
+        )
+        app = web.Application()
+        Console(parts).install(app)
+        async with TestClient(TestServer(app)) as client:
+            yield store, replayed, client
+
+
+async def _page(client: TestClient[Any, Any], path: str) -> tuple[int, str, str]:
+    """(status, page, the page's CSRF token)."""
+    async with client.get(path) as response:
+        text = await response.text()
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', text)
+    return response.status, text, found.group(1) if found else ""
+
+
+async def _post(client: TestClient[Any, Any], path: str, csrf: str) -> tuple[int, str]:
+    origin = str(client.make_url("/")).rstrip("/")
+    async with client.post(
+        path, data={"csrf": csrf}, headers={"Origin": origin}, allow_redirects=False
+    ) as response:
+        return response.status, await response.text()
+
+
+@QUIET_KEYS
+async def test_dead_letters_are_listed_shown_and_decided_once_through_the_daemons_object(
+    letters_client: tuple[SQLiteStore, list[InboxRow | OutboxRow], TestClient[Any, Any]],
+) -> None:
+    store, replayed, client = letters_client
+    long_text = "<script>alert(1)</script>\n" + "word " * 60
+    out = await _dead_outbox(store, long_text)
+    inbox = await _dead_inbox(store, "e1")
+
+    code, page, csrf = await _page(client, "/deadletters")
+    assert code == 200
+    assert page.index(f'data-deadletter-id="in-{inbox.id}"') < page.index(
+        f'data-deadletter-id="out-{out.id}"'
+    )  # the most recently dead first
+    assert "message (inbox)" in page
+    assert "telegram · channel 42 · thread 7" in page
+    assert "its reply was lost" in page
+    assert "<script>" not in page
+    # Cut in the list, whole behind <details>.
+    assert "<summary>&lt;script&gt;alert(1)&lt;/script&gt; word word" in page
+    assert "…</summary>" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\nword word" in page
+    _, work, _ = await _page(client, "/work")
+    assert 'data-field="deadletters" data-count="2"' in work
+
+    code, _ = await _post(client, f"/deadletters/in-{inbox.id}/replay", csrf)
+    assert code == 303
+    # Handed to the daemon's router at once, not left for its poll.
+    assert [(type(row), row.id, row.status) for row in replayed] == [
+        (InboxRow, inbox.id, "pending")
+    ]
+    code, page = await _post(client, f"/deadletters/in-{inbox.id}/discard", csrf)
+    assert code == 409
+    assert f"in-{inbox.id} was already replayed by operator via console at " in page
+    code, _ = await _post(client, f"/deadletters/out-{out.id}/discard", csrf)
+    assert code == 303
+    assert len(replayed) == 1
+    code, page = await _post(client, "/deadletters/out-999/replay", csrf)
+    assert code == 404
+    code, page = await _post(client, "/deadletters/bogus/replay", csrf)
+    assert code == 404
+    # A reply that went out is no dead letter: nothing to decide.
+    fine = await store.outbox_add(NewOutbound("s", "telegram", "42", None, None, "fine"))
+    await store.outbox_finish(fine.id, "sent")
+    code, page = await _post(client, f"/deadletters/out-{fine.id}/replay", csrf)
+    assert code == 409
+    assert "is not a dead letter (its status is &#39;sent&#39;)" in page
+
+    code, page, _ = await _page(client, "/deadletters")
+    assert "No dead letters." in page
+    assert page.index(f'data-decision="out-{out.id}" data-decided="discard"') < page.index(
+        f'data-decision="in-{inbox.id}" data-decided="replay"'
+    )  # the newest decision first
+    _, work, _ = await _page(client, "/work")
+    assert 'data-field="deadletters" data-count="0"' in work
+    code, page, _ = await _page(client, f"/deadletters/in-{inbox.id}")
+    assert code == 200
+    assert "Not a dead letter now: its status is <code>pending</code>." in page
+    assert 'its error then: <span class="error-text">its reply was lost</span>' in page
+    assert 'data-action="replay"' not in page
+    assert (await _page(client, "/deadletters/in-999"))[0] == 404
+
+
+@QUIET_KEYS
+async def test_dead_letters_are_paged(
+    letters_client: tuple[SQLiteStore, list[InboxRow | OutboxRow], TestClient[Any, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, _, client = letters_client
+    monkeypatch.setattr(console_deadletters, "PAGE", 2)
+    rows = [await _dead_outbox(store, f"text {n}") for n in range(3)]
+    _, first, _ = await _page(client, "/deadletters")
+    assert re.findall(r'data-deadletter-id="([^"]+)"', first) == [
+        f"out-{rows[2].id}",
+        f"out-{rows[1].id}",
+    ]
+    assert 'href="/deadletters?offset=2">Older' in first
+    _, second, _ = await _page(client, "/deadletters?offset=2")
+    assert re.findall(r'data-deadletter-id="([^"]+)"', second) == [f"out-{rows[0].id}"]
+    assert "Older" not in second
+    assert 'href="/deadletters">Newest' in second

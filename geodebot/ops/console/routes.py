@@ -100,7 +100,7 @@ async def _deadletter(parts: ConsoleParts, request: web.Request) -> Context:
     found = await letters_of(parts).show(letter_id)
     if found is None:
         raise NotFound(f"There is no dead letter {letter_id!r} (ids look like in-12 or out-5).")
-    return {"l": letter_view(found)}
+    return {"view": letter_view(found)}
 
 
 async def _operator(parts: ConsoleParts, request: web.Request) -> Context:

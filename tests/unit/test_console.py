@@ -289,11 +289,6 @@ async def _dead_inbox(store: SQLiteStore, event: str) -> InboxRow:
     return finished
 
 
-# The console keeps its session under a plain string key (aiohttp >= 3.11 is supported, its
-# RequestKey is younger); the warning aiohttp gives for that is no failure here.
-QUIET_KEYS = pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
-
-
 @pytest.fixture
 async def letters_client(
     tmp_path: Path,
@@ -330,7 +325,6 @@ async def _post(client: TestClient[Any, Any], path: str, csrf: str) -> tuple[int
         return response.status, await response.text()
 
 
-@QUIET_KEYS
 async def test_dead_letters_are_listed_shown_and_decided_once_through_the_daemons_object(
     letters_client: tuple[SQLiteStore, list[InboxRow | OutboxRow], TestClient[Any, Any]],
 ) -> None:
@@ -393,7 +387,6 @@ async def test_dead_letters_are_listed_shown_and_decided_once_through_the_daemon
     assert (await _page(client, "/deadletters/in-999"))[0] == 404
 
 
-@QUIET_KEYS
 async def test_dead_letters_are_paged(
     letters_client: tuple[SQLiteStore, list[InboxRow | OutboxRow], TestClient[Any, Any]],
     monkeypatch: pytest.MonkeyPatch,

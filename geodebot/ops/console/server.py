@@ -25,6 +25,8 @@ from geodebot.ops.console.security import CSRF_FIELD, Guard, same_origin
 from geodebot.store.records import StoreError
 
 log = logging.getLogger(__name__)
+# The console session of the request at hand, set by the middleware for the handlers.
+CONSOLE_SESSION = web.RequestKey("console_session", str)
 
 FLASH_COOKIE = "geodebot_flash"
 # The health server's own routes: they keep their bearer-header check and their answers.
@@ -102,7 +104,7 @@ class Console:
         sid = guard.session_of(request)
         fresh = sid is None
         session = sid if sid is not None else guard.new_session()
-        request["console_session"] = session
+        request[CONSOLE_SESSION] = session
         if request.method == "POST":
             response = await self._post_checks(request, handler, None if fresh else sid)
         elif not guard.token_ok(request):
@@ -158,7 +160,7 @@ class Console:
     def _render(
         self, request: web.Request, template: str, *, status: int = 200, **context: Any
     ) -> web.Response:
-        session = request.get("console_session", "")
+        session = request.get(CONSOLE_SESSION, "")
         title = context.pop("title", "Console")
         flash = request.cookies.get(FLASH_COOKIE)
         body = self._env.get_template(template).render(

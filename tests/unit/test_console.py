@@ -10,9 +10,11 @@ import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from aiohttp import web
+from aiohttp.client_exceptions import ClientConnectionResetError
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from geodebot.chat.bindings import BindingIndex
@@ -87,6 +89,18 @@ async def test_a_page_that_falls_behind_is_dropped_and_its_queue_does_not_grow(
         assert (feed.clients, feed.dropped) == (0, 1)
         rest = await response.content.read()
         assert b"event:" not in rest  # the queue was emptied: the stream just ends
+
+
+async def test_a_page_gone_before_its_stream_began_is_no_error_and_no_client() -> None:
+    feed = LiveFeed()
+    writer = mock.Mock()
+    writer.write_headers = mock.AsyncMock(
+        side_effect=ClientConnectionResetError("Cannot write to closing transport")
+    )
+    # Answered (aiohttp's own ConnectionError handling ends it quietly), never raised.
+    await feed.stream(make_mocked_request("GET", "/events", writer=writer))
+    writer.write_headers.assert_awaited_once()
+    assert (feed.clients, feed.dropped) == (0, 0)
 
 
 async def test_open_pages_are_bounded_and_closing_ends_every_stream(

@@ -101,7 +101,11 @@ class LiveFeed:
                 "X-Accel-Buffering": "no",
             }
         )
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionError:
+            # The page went away (closed, or navigated on) before its stream began.
+            return response
         self._clients.add(queue)
         try:
             await response.write(b"retry: 3000\n\n")

@@ -1,0 +1,678 @@
+"""The Work console in a real headless browser (Debian's chromium through Playwright, see
+tests/support/browser.py) against a real ``geodebot serve`` on the fake Telegram Bot API and
+the fake model server, as tests/support/console_world.py starts it.
+
+Each page renders the daemon's own data and is pictured into ``docs/console/`` (the README's
+"Console" section shows the pictures); an approval clicked in the page runs its call once;
+a job paused from the page does not fire until it is resumed; a run shows up on an open
+thread page without a reload; every action without the page's CSRF token, from a page of
+another origin, or without the bearer token where one is configured is refused and changes
+nothing in the store.
+
+One daemon serves the module; a second one, with a bearer token configured, serves the token
+test alone. The store is read beside the running daemon (read-only; WAL) to see what an
+action did or did not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from playwright.async_api import Locator, Page, expect
+
+from geodebot.store.records import FINAL_OUTCOMES, EffectReceipt
+from tests.support.browser import VIEWPORT, Tab
+from tests.support.chat_e2e_telegram import BOB, WRITE_NOTE, CardKillingTelegram, Chat
+from tests.support.config import TEST_KEY
+from tests.support.console_world import (
+    JOB,
+    JOB_PROMPT,
+    ConsoleWorld,
+    seed_admitted_receipt,
+    until,
+)
+from tests.support.console_world import Browser as HttpClient
+from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PICTURED, WAITING, CLICKED, LIVE, TICKS, TOCKS = -7101, -7102, -7103, -7104, -7105, -7106
+UNDECLARED = "mcp__fake__undeclared"  # listed on a binding; its MCP server declares no policy
+CHATS = (
+    Chat(PICTURED, 'project = "ops"\ndaily_tokens = 50000\n', tools=(WRITE_NOTE, UNDECLARED)),
+    Chat(WAITING, 'project = "ops"\n'),
+    Chat(CLICKED, 'project = "ops"\n'),
+    Chat(LIVE, 'project = "support"\n', tools=("get_time",)),
+    Chat(TICKS, 'project = "reports"\n', tools=()),
+    Chat(TOCKS, 'project = "reports"\n', tools=()),
+)
+# Two jobs on the same short period: "tick" is paused and resumed from the page; "tock" keeps
+# firing meanwhile, the witness that the scheduler went on past tick's fire times.
+PERIOD_S = 3
+TICK, TOCK = "tick", "tock"
+TICK_ANSWER = f"{TICK}: all quiet"  # what each fire of tick posts
+DIGEST_ANSWER = "digest: nothing new"
+RECEIPT = "receipt-browser-1"
+TOKEN = "console-browser-token-0123456789"
+_POSITIVE = re.compile(r"[1-9][0-9]*")
+PAGES = ("work", "thread", "jobs", "receipts", "approvals", "operator")
+
+
+def session(chat: int) -> str:
+    return f"chat{-chat}"
+
+
+class BrowserWorld(ConsoleWorld):
+    """The console world plus the two short-period jobs, each posting in its own chat."""
+
+    def write_config(self) -> Path:
+        path = super().write_config()
+        jobs = "".join(
+            f'[[jobs]]\nid = "{job}"\nevery = "{PERIOD_S}s"\nprompt = "{job} prompt"\n'
+            f'deliver_to = "{session(chat)}"\n'
+            for job, chat in ((TICK, TICKS), (TOCK, TOCKS))
+        )
+        path.write_text(path.read_text() + jobs)
+        return path
+
+    def job_fires(self, job: str) -> list[tuple[int, int, str, str]]:
+        """(id, scheduled_ms, cause, outcome) of every fire of ``job``, oldest first."""
+        rows = self.query(
+            "SELECT id, scheduled_ms, cause, outcome FROM job_fires WHERE job_id = ? ORDER BY id",
+            job,
+        )
+        return [(int(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in rows]
+
+    def finished_fires(self, job: str) -> list[tuple[int, int, str, str]]:
+        return [f for f in self.job_fires(job) if f[3] in FINAL_OUTCOMES]
+
+    def ok_fires(self, job: str) -> int:
+        return len([f for f in self.job_fires(job) if f[3] == "ok"])
+
+    def paused(self, job: str) -> bool:
+        [(paused,)] = self.query("SELECT paused FROM scheduled_jobs WHERE id = ?", job)
+        return bool(paused)
+
+    def posts(self, chat: int, text: str) -> int:
+        """How many of the bot's messages in ``chat`` show ``text``."""
+        return len([m for m in self.messages(chat) if text in m.shows[0]])
+
+    def unchanged(self) -> tuple[object, ...]:
+        """What a refused action could have changed, as the store holds it now."""
+        return (
+            self.query("SELECT id, status, decided_by FROM approval_requests ORDER BY id"),
+            self.query("SELECT id, paused, since_ms FROM scheduled_jobs ORDER BY id"),
+            self.query("SELECT id, outcome FROM job_fires WHERE job_id = ? ORDER BY id", JOB),
+            self.query("SELECT resolution FROM effect_receipts WHERE id = ?", RECEIPT),
+            self.switches(),
+            self.query("SELECT COUNT(*) FROM relay_deliveries"),
+        )
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[BrowserWorld]:
+    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
+        root = tmp_path_factory.mktemp("console-browser")
+        world = BrowserWorld(telegram, llm, root, CHATS, job_chat=TICKS)
+        world.model.script(JOB_PROMPT, Reply(DIGEST_ANSWER))
+        for job in (TICK, TOCK):
+            world.model.script(f"{job} prompt", Reply(f"{job}: all quiet"))
+        # An effect cut off by a restart: the daemon finds it admitted and marks it uncertain.
+        await seed_admitted_receipt(
+            root,
+            EffectReceipt(
+                id=RECEIPT,
+                key="browser-receipt-key",
+                session_id=session(PICTURED),
+                turn_id="turn-before-the-crash",
+                call_id="toolu_cut_off",
+                tool=WRITE_NOTE,
+                effect="mutate",
+                arguments_sha256="cd" * 32,
+                status="admitted",
+                admitted_at=time.time(),
+            ),
+        )
+        await world.start()
+        try:
+            # The short-period jobs wait paused for the test that needs them: firing every
+            # few seconds all along, they would refresh every open page of every test.
+            async with HttpClient.open(world.base) as client:
+                await client.get("/jobs")
+                for job in (TICK, TOCK):
+                    assert (await client.post(f"/jobs/{job}/pause"))[0] == 303
+            yield world
+        finally:
+            assert world.daemon is not None
+            code = await world.daemon.stop()
+            logged = world.logged()
+            assert code == 0, logged[-3000:]
+            assert "Traceback" not in logged, logged[-3000:]
+            assert TEST_KEY not in logged
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def finished(world: BrowserWorld) -> None:
+    """A finished run with a refused call and a call Bob approved in the chat."""
+    prompt = "pictured run:"
+    world.model.script(
+        prompt,
+        Reply(tool_calls=[Call(UNDECLARED, {"what": "anything"}, id="toolu_refused")]),
+        Reply(tool_calls=[Call(WRITE_NOTE, {"text": "pictured note"}, id="toolu_noted")]),
+        Reply("Noted for the pictures."),
+    )
+    world.ask(PICTURED, f"{prompt} note it, please")
+    card = await world.card(PICTURED)
+    world.telegram.press_button(PICTURED, card.message_id, "Approve", user_id=BOB)
+    # The answer ends with a note of the refused call.
+    refused = f"Not allowed here, so not run: {UNDECLARED}"
+    answer = await world.showing(PICTURED, refused, part=True)
+    assert answer.shows[0].startswith("Noted for the pictures.")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def waiting(world: BrowserWorld) -> str:
+    """A call left waiting for a person (the refusal test decides it); its request's id."""
+    ask_to_note(world, WAITING, "left waiting", "Not noted.")
+    return await world.until_pending(session(WAITING))
+
+
+def ask_to_note(world: ConsoleWorld, chat: int, note: str, answer: str) -> str:
+    """Alice asks ``chat`` for a note: the model calls write_note, which waits for a person."""
+    prompt = f"asked in {chat}:"
+    call = Call(WRITE_NOTE, {"text": note}, id=f"toolu_{-chat}")
+    world.model.script(prompt, Reply(tool_calls=[call]), Reply(answer))
+    world.ask(chat, f"{prompt} please note {note!r}")
+    return prompt
+
+
+async def live(page: Page) -> None:
+    """Until the page follows the live feed and has fetched what changed since its load."""
+    await expect(page.locator("#live-state")).to_have_attribute("data-live-state", "on")
+    await expect(page.locator("body")).to_have_attribute("data-refreshed", _POSITIVE)
+
+
+async def submit(page: Page, button: Locator) -> int:
+    """Clicks a form's button; the status the POST was answered with."""
+    async with page.expect_response(lambda r: r.request.method == "POST") as posted:
+        await button.click()
+    response = await posted.value
+    await page.wait_for_load_state("domcontentloaded")
+    return response.status
+
+
+async def visit(world: ConsoleWorld, page: Page, path: str, *, follow: bool = True) -> None:
+    """Opens a page of the console; with ``follow``, until it follows the live feed."""
+    response = await page.goto(world.base + path)
+    assert response is not None
+    assert response.status == 200, (path, response.status)
+    if follow:
+        await live(page)
+
+
+# -- 1. every page, with real data, pictured -------------------------------------------------
+async def test_every_page_renders_the_daemons_data_and_is_pictured(
+    world: BrowserWorld, finished: None, waiting: str, tab: Tab
+) -> None:
+    page = tab.page
+    await visit(world, page, "/work")
+    projects = page.locator("#projects")
+    await expect(projects.locator("[data-project]")).to_have_count(3)
+    for chat in CHATS:
+        await expect(projects.locator(f'tr[data-session="{session(chat.id)}"]')).to_be_visible()
+    row = projects.locator(f'tr[data-session="{session(PICTURED)}"]')
+    await expect(row.locator(".outcome")).to_have_text("completed")
+    row = projects.locator(f'tr[data-session="{session(WAITING)}"]')
+    await expect(row.locator("[data-state]")).to_have_attribute("data-state", "waiting")
+    await expect(page.locator(f'[data-budget="binding:telegram:{PICTURED}"]')).to_be_visible()
+    await tab.screenshot("work")
+
+    await visit(world, page, f"/threads/{session(PICTURED)}")
+    run = page.locator("#runs article.run").first
+    await expect(run).to_have_attribute("data-outcome", "completed")
+    await expect(run.locator(f'[data-tool-call="{UNDECLARED}"]')).to_have_attribute(
+        "data-status", "refused"
+    )
+    await expect(run.locator(".refusals")).to_contain_text(UNDECLARED)
+    await expect(run.locator(f'[data-tool-call="{WRITE_NOTE}"]')).to_have_attribute(
+        "data-status", "ok"
+    )
+    await expect(run.locator('[data-approval-event="approval_decided"]')).to_be_visible()
+    target = page.locator("#target")
+    await expect(target.locator('[data-field="project"]')).to_have_text("ops")
+    await expect(target.locator('[data-field="route"]')).to_have_text(
+        f"telegram · channel {PICTURED}"
+    )
+    await expect(target.locator(f'[data-tool="{WRITE_NOTE}"]')).to_be_visible()
+    await expect(target.locator(f'[data-refused-tool="{UNDECLARED}"]')).to_be_visible()
+    await expect(run.locator("form.send select option")).to_have_text(
+        [session(WAITING), session(CLICKED)]
+    )
+    await tab.screenshot("thread")
+
+    # A job with history: run now, from its button.
+    await visit(world, page, "/jobs")
+    digest = page.locator(f'[data-job-id="{JOB}"]')
+    await expect(digest).to_contain_text("cron 0 3 * * *")
+    await expect(digest).to_contain_text("Never fired.")
+    assert await submit(page, digest.locator('button[data-action="run now"]')) == 303
+    await expect(page.locator("#flash")).to_contain_text(f"Run of job {JOB} requested")
+    await until(lambda: [f[:2] for f in world.fires()] == [("manual", "ok")])
+    await world.showing(TICKS, DIGEST_ANSWER, part=True)
+    # A fire that ends after its delivery tells no open page (the live feed hears of runs,
+    # not of a fire's end): the page is loaded again for the picture.
+    await visit(world, page, "/jobs")
+    await expect(digest.locator('tr[data-outcome="ok"]')).to_contain_text("manual")
+    tick = page.locator(f'[data-job-id="{TICK}"]')
+    await expect(tick).to_have_attribute("data-paused", "true")
+    await expect(tick.locator('[data-field="next-fire"]')).to_have_text("paused")
+    await expect(digest.locator('[data-field="next-fire"]')).not_to_have_text("paused")
+    await tab.screenshot("jobs")
+
+    await visit(world, page, "/receipts")
+    receipt = page.locator(f'[data-receipt-id="{RECEIPT}"]')
+    await expect(receipt).to_contain_text("geodebot restarted while the call ran")
+    await tab.screenshot("receipts")
+
+    await visit(world, page, "/approvals")
+    approval = page.locator(f'[data-approval-id="{waiting}"]')
+    await expect(approval.locator('[data-field="call"]')).to_contain_text("left waiting")
+    await expect(approval).to_have_attribute("data-session", session(WAITING))
+    await tab.screenshot("approvals")
+
+    # The switch, set from its form.
+    await visit(world, page, "/operator")
+    await expect(page.locator("#computer-use")).to_have_attribute("data-switch", "off")
+    form = page.locator("#computer-use-form")
+    await form.locator('input[name="state"][value="on"]').check()
+    await form.get_by_label("Reason").fill("a desktop task for the pictures")
+    await form.get_by_label("For").fill("1h")
+    assert await submit(page, form.locator('button[data-action="switch"]')) == 303
+    await expect(page.locator("#flash")).to_contain_text("Computer use switched on, until ")
+    await live(page)
+    await expect(page.locator("#computer-use")).to_have_attribute("data-switch", "on")
+    await expect(page.locator('tr[data-switch-set="on"]')).to_contain_text(
+        "a desktop task for the pictures"
+    )
+    await tab.screenshot("operator")
+
+    folder = Path(__file__).resolve().parents[2] / "docs" / "console"
+    for name in PAGES:
+        width, height = _png_size(folder / f"{name}.png")
+        assert width == VIEWPORT["width"]
+        assert height >= VIEWPORT["height"] // 2
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+# -- 2. an approval clicked in the page ------------------------------------------------------
+async def test_an_approval_clicked_in_the_page_runs_the_call_once(
+    world: BrowserWorld, tab: Tab
+) -> None:
+    prompt = ask_to_note(world, CLICKED, "clicked", "Noted from the page.")
+    card = await world.card(CLICKED)
+    approval = await world.until_pending(session(CLICKED))
+    page = tab.page
+    # Another tab on the approvals, live; and one whose live feed is down, which still shows
+    # the buttons after the decision.
+    watching = await tab.context.new_page()
+    stale = [await tab.context.new_page() for _ in ("approve", "deny")]
+    for opened in (page, watching):
+        await visit(world, opened, "/approvals")
+    item = f'[data-approval-id="{approval}"]'
+    for old in stale:
+        await old.route("**/events", lambda route: route.abort())
+        await old.goto(world.base + "/approvals")
+        await expect(old.locator(item)).to_be_visible()
+
+    assert await submit(page, page.locator(f'{item} button[data-action="approve"]')) == 303
+    assert page.url == world.base + "/approvals"
+    await expect(page.locator("#flash")).to_have_text(
+        f"Approved {WRITE_NOTE} for {session(CLICKED)}."
+    )
+    await expect(page.locator(item)).to_have_count(0)
+    await expect(watching.locator(item)).to_have_count(0)  # without a reload
+    assert world.approval(approval) == ("approved", "operator", "console")
+
+    await world.showing(CLICKED, "Noted from the page.")
+    outcome = await world.card_outcome(CLICKED, card.message_id)
+    assert outcome[3].startswith("Approved by operator, ")
+    assert world.notes_written("clicked") == 1
+    assert world.model.rounds(prompt) == [0, 1]
+
+    # The second decision, from the tabs that still show the buttons: refused, nothing runs.
+    for old, label in zip(stale, ("approve", "deny"), strict=True):
+        assert await submit(old, old.locator(f'{item} button[data-action="{label}"]')) == 409
+        await expect(old.locator("#error")).to_contain_text(
+            "Already decided: approved by operator (via console)"
+        )
+    assert world.approval(approval) == ("approved", "operator", "console")
+    await world.control(CLICKED)
+    assert world.notes_written("clicked") == 1
+
+    await visit(world, page, f"/threads/{session(CLICKED)}", follow=False)
+    run = page.locator("#runs article.run").filter(has_text="approval decided")
+    await expect(run.locator(f'[data-tool-call="{WRITE_NOTE}"]')).to_have_attribute(
+        "data-status", "ok"
+    )
+    await expect(run.locator('[data-approval-event="approval_decided"]')).to_contain_text(
+        "by operator via console"
+    )
+
+
+# -- 3. a job paused from the page -----------------------------------------------------------
+async def test_a_job_paused_from_the_page_does_not_fire_until_resumed(
+    world: BrowserWorld, tab: Tab
+) -> None:
+    page = tab.page
+    await visit(world, page, "/jobs")
+    job, witness = (page.locator(f'[data-job-id="{name}"]') for name in (TICK, TOCK))
+    # Both wait paused (see the world); tock, on the same period, is the witness that the
+    # scheduler goes on firing while tick is paused.
+    for locator, name in ((witness, TOCK), (job, TICK)):
+        assert await submit(page, locator.locator('button[data-action="resume"]')) == 303
+        await expect(page.locator("#flash")).to_have_text(f"Job {name} resumed.")
+        await live(page)
+    # Paused right after a fire is claimed, so that the pause is in long before the next one.
+    seen = len(world.job_fires(TICK))
+    await until(lambda: len(world.job_fires(TICK)) > seen, PERIOD_S + 20)
+    assert await submit(page, job.locator('button[data-action="pause"]')) == 303
+    await expect(page.locator("#flash")).to_have_text(f"Job {TICK} paused.")
+    await expect(job).to_have_attribute("data-paused", "true")
+    await expect(job.locator('[data-field="next-fire"]')).to_have_text("paused")
+    assert world.paused(TICK)
+    # The fire claimed before the pause ends as it would have.
+    await until(lambda: all(f[3] in FINAL_OUTCOMES for f in world.job_fires(TICK)))
+    fires = world.job_fires(TICK)
+    assert fires[-1][3] == "ok"
+    await world.showing(TICKS, TICK_ANSWER, part=True)
+    posts = world.posts(TICKS, TICK_ANSWER)
+    assert posts == world.ok_fires(TICK)
+    # Tick's next two fire times pass: tock fired (and finished) after both.
+    past = fires[-1][1] + 2 * PERIOD_S * 1000
+
+    def witnessed() -> bool:
+        return any(f[1] > past and f[3] == "ok" for f in world.job_fires(TOCK))
+
+    await until(witnessed, 3 * PERIOD_S + 20)
+    assert world.job_fires(TICK) == fires
+    await world.control(TICKS)  # whatever the daemon sent there has arrived by now
+    assert world.posts(TICKS, TICK_ANSWER) == posts
+    await expect(job).to_have_attribute("data-paused", "true")
+
+    assert await submit(page, job.locator('button[data-action="resume"]')) == 303
+    await expect(page.locator("#flash")).to_have_text(f"Job {TICK} resumed.")
+    await expect(job).to_have_attribute("data-paused", "false")
+    assert not world.paused(TICK)
+    await live(page)
+
+    def fired_again() -> list[tuple[int, int, str, str]]:
+        return [f for f in world.finished_fires(TICK) if f[0] > fires[-1][0]]
+
+    await until(lambda: bool(fired_again()), PERIOD_S + 20)
+    [(fire_id, _, cause, outcome), *_] = fired_again()
+    assert (cause, outcome) == ("schedule", "ok")
+    await until(lambda: world.posts(TICKS, TICK_ANSWER) > posts)
+    # The open page shows the new fire without a reload (its run's events refresh it).
+    await expect(job.locator(f'tr[data-fire-id="{fire_id}"]')).to_be_visible()
+
+    # Both paused again: the rest of the module is quiet.
+    for locator, name in ((job, TICK), (witness, TOCK)):
+        assert await submit(page, locator.locator('button[data-action="pause"]')) == 303
+        await expect(page.locator("#flash")).to_have_text(f"Job {name} paused.")
+        await live(page)
+
+
+# -- 4. a live run on an open page ------------------------------------------------------------
+async def test_a_run_appears_on_open_pages_as_it_goes_without_a_reload(
+    world: BrowserWorld, tab: Tab
+) -> None:
+    thread = tab.page
+    work = await tab.context.new_page()
+    await visit(world, thread, f"/threads/{session(LIVE)}")
+    await visit(world, work, "/work")
+    runs = thread.locator("#runs article.run")
+    await expect(runs).to_have_count(0)
+    row = work.locator(f'#projects tr[data-session="{session(LIVE)}"]')
+    await expect(row.locator("[data-state]")).to_have_attribute("data-state", "idle")
+    for page in (thread, work):
+        await page.evaluate("window.marker = 'loaded once'")
+    # A run of two rounds whose second model call takes a while: it shows while it is open
+    # (its first round is saved with its tool call), then finished.
+    world.model.script(
+        "live run:",
+        Reply(tool_calls=[Call("get_time", {}, id="toolu_live")]),
+        Delay(2, Reply("The live answer.")),
+    )
+    world.ask(LIVE, "live run: what time is it?")
+    await expect(runs).to_have_count(1)
+    await expect(runs.first).to_have_attribute("data-outcome", "open")
+    await expect(runs.first.locator('[data-tool-call="get_time"]')).to_have_attribute(
+        "data-status", "ok"
+    )
+    await expect(row.locator("[data-state]")).to_have_attribute("data-state", "running")
+    await expect(runs.first).to_have_attribute("data-outcome", "completed", timeout=20_000)
+    await expect(row.locator(".outcome")).to_have_text("completed")
+    await expect(row.locator("[data-state]")).to_have_attribute("data-state", "idle")
+    await world.showing(LIVE, "The live answer.")
+    for page, path in ((thread, f"/threads/{session(LIVE)}"), (work, "/work")):
+        assert page.url == world.base + path
+        assert await page.evaluate("window.marker") == "loaded once"
+        navigations = await page.evaluate(
+            "performance.getEntriesByType('navigation').map((n) => n.type)"
+        )
+        assert navigations == ["navigate"]
+
+
+# The same form as it is, the action made absolute, for a page of another origin.
+COPY = """(button) => {
+  const copy = button.form.cloneNode(true);
+  copy.setAttribute("action", button.form.action);
+  const reason = copy.querySelector("input[name=reason]");
+  if (reason) reason.setAttribute("value", "forged");
+  return copy.outerHTML;
+}"""
+
+
+# -- 5. refused actions -----------------------------------------------------------------------
+class Elsewhere:
+    """A site of another origin on 127.0.0.1 (another port): it serves the forms it is given,
+    posting to the console."""
+
+    def __init__(self) -> None:
+        self.forms: list[str] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/forged/{index}", self._page)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self._runner = runner
+        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def serve(self, form: str) -> str:
+        self.forms.append(form)
+        return f"{self.url}/forged/{len(self.forms) - 1}"
+
+    async def _page(self, request: web.Request) -> web.Response:
+        form = self.forms[int(request.match_info["index"])]
+        body = f"<!doctype html><html><head><title>Elsewhere</title></head><body>{form}</body>"
+        return web.Response(text=body + "</html>", content_type="text/html")
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def elsewhere() -> AsyncIterator[Elsewhere]:
+    site = Elsewhere()
+    await site.start()
+    try:
+        yield site
+    finally:
+        await site.close()
+
+
+async def test_actions_without_the_csrf_token_or_from_another_origin_change_nothing(
+    world: BrowserWorld, finished: None, waiting: str, tab: Tab, elsewhere: Elsewhere
+) -> None:
+    approval = f'[data-approval-id="{waiting}"]'
+    # Every action of the console, as the button of its page.
+    buttons = [
+        ("/approvals", f'{approval} button[data-action="approve"]'),
+        ("/approvals", f'{approval} button[data-action="deny"]'),
+        ("/jobs", f'[data-job-id="{JOB}"] button[data-action="pause"]'),
+        ("/jobs", f'[data-job-id="{JOB}"] button[data-action="run now"]'),
+        ("/receipts", f'[data-receipt-id="{RECEIPT}"] button[data-action="done"]'),
+        ("/receipts", f'[data-receipt-id="{RECEIPT}"] button[data-action="failed"]'),
+        ("/operator", 'button[data-action="switch"]'),
+        (f"/threads/{session(PICTURED)}", 'form.send button[data-action="send"]'),
+    ]
+    before = world.unchanged()
+
+    async def refused(path: str, selector: str) -> None:
+        page = await tab.context.new_page()
+        # Without its live feed: side by side, the pages' event streams would take all six
+        # connections chromium opens to one host, and the forms' posts would wait behind them.
+        await page.route("**/events", lambda route: route.abort())
+        await visit(world, page, path, follow=False)
+        button = page.locator(selector).first
+        # The page's own form, valid token and all, for a page of another origin.
+        copied = await button.evaluate(COPY)
+        assert 'name="csrf"' in copied
+        # Sent here without its token.
+        form = button.locator("xpath=ancestor::form")
+        if await form.locator('input[name="reason"]').count():
+            await form.locator('input[name="reason"]').fill("forged")
+        await form.locator('input[name="csrf"]').evaluate("(input) => input.remove()")
+        assert await submit(page, button) == 403, (path, selector)
+        await expect(page.locator("#error")).to_have_text(
+            "The form's security token is missing or out of date: reload the page."
+        )
+        await page.goto(elsewhere.serve(copied))
+        assert await submit(page, page.locator("button[type=submit]")) == 403, (path, selector)
+        assert page.url.startswith(world.base)
+        await expect(page.locator("#error")).to_have_text(
+            "The request did not come from a page of this console."
+        )
+        await page.close()
+
+    # Each action in a tab of its own, side by side.
+    await asyncio.gather(*(refused(path, selector) for path, selector in buttons))
+    assert world.unchanged() == before
+    assert world.approval(waiting) == ("pending", None, None)
+    assert world.notes_written("left waiting") == 0
+
+    # The page's own form is accepted: the turn goes on, the call refused.
+    page = tab.page
+    await visit(world, page, "/approvals", follow=False)
+    assert await submit(page, page.locator(f'{approval} button[data-action="deny"]')) == 303
+    assert world.approval(waiting) == ("denied", "operator", "console")
+    await world.showing(WAITING, "Not noted.", part=True)
+    assert world.notes_written("left waiting") == 0
+
+
+# -- the dead letters page --------------------------------------------------------------------
+# /deadletters is not part of the console yet. Its test goes here, on the module's daemon: an
+# outbox row the sender gave up on (the fake Bot API refusing a chat's sends, then taking them
+# again) is listed on the page, replayed by a click, and its reply arrives in the chat once;
+# a second click (from a tab still showing the button) is refused and sends nothing. Its
+# screenshot is docs/console/deadletters.png (add "deadletters" to PAGES).
+
+
+# -- with a bearer token ----------------------------------------------------------------------
+@pytest_asyncio.fixture(loop_scope="module")
+async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ConsoleWorld]:
+    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
+        root = tmp_path_factory.mktemp("console-browser-token")
+        world = ConsoleWorld(
+            telegram, llm, root, (Chat(TICKS, tools=()),), job_chat=TICKS, token=TOKEN
+        )
+        await world.start()
+        try:
+            yield world
+        finally:
+            assert world.daemon is not None
+            assert await world.daemon.stop() == 0
+            assert TOKEN not in world.logged()
+
+
+async def test_with_a_token_the_page_asks_for_it_once_and_no_action_works_without_it(
+    guarded: ConsoleWorld, tab: Tab
+) -> None:
+    world, page = guarded, tab.page
+    response = await page.goto(world.base + "/jobs")
+    assert response is not None
+    assert response.status == 401
+    await expect(page.locator("h1")).to_have_text("Console token")
+    await expect(page.locator(f'[data-job-id="{JOB}"]')).to_have_count(0)
+    await page.get_by_label("Token").fill("not the token")
+    assert await submit(page, page.get_by_role("button", name="Open the console")) == 403
+    await expect(page.get_by_role("alert")).to_have_text("That is not the token.")
+    await page.get_by_label("Token").fill(TOKEN)
+    assert await submit(page, page.get_by_role("button", name="Open the console")) == 303
+    assert page.url == world.base + "/jobs"
+    await live(page)
+    job = page.locator(f'[data-job-id="{JOB}"]')
+    await expect(job).to_be_visible()
+    # Asked once: every page opens now.
+    for path in ("/work", "/approvals", "/receipts", "/operator", "/jobs"):
+        await visit(world, page, path, follow=path == "/jobs")
+        await expect(page.locator("#login")).to_have_count(0)
+
+    cookies = {c["name"]: c for c in await tab.context.cookies(world.base)}
+    for name in ("geodebot_token", "geodebot_console"):
+        assert cookies[name]["httpOnly"] is True, name
+        assert cookies[name]["sameSite"] == "Strict", name
+        assert cookies[name]["path"] == "/", name
+    assert cookies["geodebot_token"]["value"] == TOKEN
+    assert await page.evaluate("document.cookie") == ""  # no script of the page reads them
+
+    assert await submit(page, job.locator('button[data-action="pause"]')) == 303
+    await expect(job).to_have_attribute("data-paused", "true")
+    assert world.job_paused()
+
+    # The token gone from the browser, the page's forms (their CSRF token intact) are refused.
+    before = (world.job_paused(), world.fires(), world.switches())
+    buttons = [
+        ("/jobs", f'[data-job-id="{JOB}"] button[data-action="resume"]'),
+        ("/jobs", f'[data-job-id="{JOB}"] button[data-action="run now"]'),
+        ("/operator", 'button[data-action="switch"]'),
+    ]
+    opened = []
+    for path, selector in buttons:
+        other = await tab.context.new_page()
+        # Nothing may swap the form while the test fills it (the live feed is not wanted here).
+        await other.route("**/events", lambda route: route.abort())
+        await visit(world, other, path, follow=False)
+        opened.append((other, other.locator(selector)))
+    await tab.context.clear_cookies(name="geodebot_token")
+    for other, button in opened:
+        reason = button.locator("xpath=ancestor::form").locator('input[name="reason"]')
+        if await reason.count():
+            await reason.fill("no token")
+        assert await submit(other, button) == 403
+        await expect(other.locator("#error")).to_have_text(
+            "The console's token is needed for this."
+        )
+    assert (world.job_paused(), world.fires(), world.switches()) == before
+    # And the next page asks for it again.
+    response = await page.goto(world.base + "/jobs")
+    assert response is not None
+    assert response.status == 401
+    await expect(page.locator("#login")).to_be_visible()

@@ -2,11 +2,12 @@
 tests/support/browser.py) against a real ``geodebot serve`` on the fake Telegram Bot API and
 the fake model server, as tests/support/console_world.py starts it.
 
-Each page renders the daemon's own data and is pictured into ``docs/console/`` (the README's
-"Console" section shows the pictures); an approval clicked in the page runs its call once;
-a job paused from the page does not fire until it is resumed; a run shows up on an open
-thread page without a reload; every action without the page's CSRF token, from a page of
-another origin, or without the bearer token where one is configured is refused and changes
+Each page renders the daemon's own data and is pictured (into ``docs/console/``, the
+README's "Console" pictures, with GEODEBOT_SCREENSHOTS=docs/console; see
+tests/support/browser.py); an approval clicked in the page runs its call once; a job paused
+from the page does not fire until it is resumed; a run shows up on an open thread page
+without a reload; every action without the page's CSRF token, from a page of another origin,
+or without the bearer token where one is configured is refused and changes
 nothing in the store.
 
 One daemon serves the module; a second one, with a bearer token configured, serves the token
@@ -28,7 +29,7 @@ from aiohttp import web
 from playwright.async_api import Locator, Page, expect
 
 from geodebot.store.records import FINAL_OUTCOMES, EffectReceipt
-from tests.support.browser import VIEWPORT, Tab
+from tests.support.browser import VIEWPORT, Tab, screenshot_folder
 from tests.support.chat_e2e_telegram import BOB, WRITE_NOTE, CardKillingTelegram, Chat
 from tests.support.config import TEST_KEY
 from tests.support.console_world import (
@@ -303,7 +304,7 @@ async def test_every_page_renders_the_daemons_data_and_is_pictured(
     )
     await tab.screenshot("operator")
 
-    folder = Path(__file__).resolve().parents[2] / "docs" / "console"
+    folder = screenshot_folder()
     for name in PAGES:
         width, height = _png_size(folder / f"{name}.png")
         assert width == VIEWPORT["width"]

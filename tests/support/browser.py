@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,7 +56,10 @@ DEFAULT_CHROMIUM = "/usr/bin/chromium"
 ALLOWED_HOST = "127.0.0.1"
 # Screenshots are compared across runs and machines: one size, one pixel ratio, one clock.
 VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+# Where the console's screenshots go: the README's pictures (docs/console) only when asked,
+# with GEODEBOT_SCREENSHOTS=docs/console, as they show times and temporary paths that change
+# with every run; otherwise a folder of the system's temporary directory.
+SCREENSHOTS_ENV = "GEODEBOT_SCREENSHOTS"
 TIMEOUT_MS = 10_000  # a page that takes longer than this in a test is broken, not slow
 LAUNCH_TIMEOUT_MS = 60_000  # a cold start on a busy 2-core machine
 
@@ -112,6 +116,13 @@ async def launched_chromium() -> AsyncIterator[Browser]:
             await browser.close()
 
 
+def screenshot_folder() -> Path:
+    given = os.environ.get(SCREENSHOTS_ENV)
+    if given:
+        return Path(given).resolve()
+    return Path(tempfile.gettempdir()) / "geodebot-screenshots"
+
+
 def allowed(url: str) -> bool:
     return urlsplit(url).hostname == ALLOWED_HOST
 
@@ -135,12 +146,13 @@ class Tab:
         assert not self.blocked, f"the page tried to reach beyond {ALLOWED_HOST}: {self.blocked}"
         assert not self.errors, f"uncaught script errors on the page: {self.errors}"
 
-    async def screenshot(self, name: str, folder: Path = SCREENSHOTS) -> Path:
-        """The whole page as ``folder/<name>.png`` (docs/console by default).
+    async def screenshot(self, name: str, folder: Path | None = None) -> Path:
+        """The whole page as ``folder/<name>.png`` (by default see SCREENSHOTS_ENV).
 
         The file is left alone when the picture is the same, so a re-run changes nothing.
         """
         assert _NAME.fullmatch(name), f"screenshot name {name!r}: lowercase, digits, - and _"
+        folder = folder if folder is not None else screenshot_folder()
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{name}.png"
         png = await self.page.screenshot(full_page=True, animations="disabled", caret="hide")

@@ -44,7 +44,9 @@
         ids.forEach(function (id) {
           var now = document.getElementById(id);
           var next = fresh.getElementById(id);
-          if (now && next) {
+          // An unchanged section stays as it is: replaced, it would take the button under
+          // the pointer and what was typed into its forms with it.
+          if (now && next && !now.isEqualNode(next)) {
             now.replaceWith(document.importNode(next, true));
           }
         });

@@ -185,6 +185,10 @@ class StreamedReply:
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._sending = None
+        # The platform counts a request when it arrives, which may be any time up to its
+        # answer (a busy loop or a slow link holds it on the way): the next one is paced
+        # from the answer, so two never arrive closer than the interval.
+        self._pacer.used(self._key, self._loop.time())
         if self._dirty and not self._closed:
             self._schedule()
 

@@ -145,6 +145,41 @@ async def test_a_resumed_turn_edits_the_preview_it_showed_before(store: SQLiteSt
     assert len(chat.sent) == 1
 
 
+class SlowLinkChannel(MemoryChannel):
+    """Every other request reaches the platform late, just before its answer comes back (a
+    busy loop or a slow link held it), the others at once: the time each arrives is what the
+    platform's limit counts."""
+
+    def __init__(self, transit_s: float) -> None:
+        super().__init__()
+        self.transit_s = transit_s
+        self.arrivals: list[float] = []
+
+    async def send(self, part: OutboundPart) -> SentPart:
+        if len(self.arrivals) % 2 == 0:
+            await asyncio.sleep(self.transit_s)
+        self.arrivals.append(asyncio.get_running_loop().time())
+        return await super().send(part)
+
+
+async def test_previews_arrive_an_interval_apart_however_long_each_took_to_arrive(
+    store: SQLiteStore,
+) -> None:
+    chat = SlowLinkChannel(transit_s=0.15)
+    interval = 0.2
+    row = await inbox_row(store)
+    reply = StreamedReply(chat, store, row, EditPacer(interval), first_after_s=0.0)
+    reply.round_started()
+    for i in range(30):
+        reply.text(f"w{i} ")
+        await asyncio.sleep(0.02)
+    await until(chat, lambda: len(chat.arrivals) >= 4)
+    await reply.close()
+    gaps = [b - a for a, b in zip(chat.arrivals, chat.arrivals[1:], strict=False)]
+    assert len(gaps) >= 2
+    assert min(gaps) >= interval, gaps
+
+
 class StuckChannel(MemoryChannel):
     """Its sends never return: an SDK waiting out rate limits on them, say."""
 

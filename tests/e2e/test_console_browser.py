@@ -6,7 +6,9 @@ Each page renders the daemon's own data and is pictured (into ``docs/console/``,
 README's "Console" pictures, with GEODEBOT_SCREENSHOTS=docs/console; see
 tests/support/browser.py); an approval clicked in the page runs its call once; a job paused
 from the page does not fire until it is resumed; a run shows up on an open thread page
-without a reload; every action without the page's CSRF token, from a page of another origin,
+without a reload; a reply the platform refused for good is listed as a dead letter, and a
+Replay clicked in the page sends it once (a second click, from a tab still showing the
+button, is refused); every action without the page's CSRF token, from a page of another origin,
 or without the bearer token where one is configured is refused and changes
 nothing in the store.
 
@@ -22,6 +24,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -29,7 +32,7 @@ from aiohttp import web
 from playwright.async_api import Locator, Page, expect
 
 from geodebot.store.records import FINAL_OUTCOMES, EffectReceipt
-from tests.support.browser import VIEWPORT, Tab, screenshot_folder
+from tests.support.browser import VIEWPORT, Tab
 from tests.support.chat_e2e_telegram import BOB, WRITE_NOTE, CardKillingTelegram, Chat
 from tests.support.config import TEST_KEY
 from tests.support.console_world import (
@@ -40,11 +43,15 @@ from tests.support.console_world import (
     until,
 )
 from tests.support.console_world import Browser as HttpClient
+from tests.support.control import CONTROL_ANSWER
 from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import ApiError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 PICTURED, WAITING, CLICKED, LIVE, TICKS, TOCKS = -7101, -7102, -7103, -7104, -7105, -7106
+# The chat whose reply the platform refuses for good while the dead letter test says so.
+REFUSING = -7107
 UNDECLARED = "mcp__fake__undeclared"  # listed on a binding; its MCP server declares no policy
 CHATS = (
     Chat(PICTURED, 'project = "ops"\ndaily_tokens = 50000\n', tools=(WRITE_NOTE, UNDECLARED)),
@@ -53,6 +60,8 @@ CHATS = (
     Chat(LIVE, 'project = "support"\n', tools=("get_time",)),
     Chat(TICKS, 'project = "reports"\n', tools=()),
     Chat(TOCKS, 'project = "reports"\n', tools=()),
+    # Not streamed: its reply is one message, refused whole.
+    Chat(REFUSING, 'project = "support"\n', stream=False, tools=()),
 )
 # Two jobs on the same short period: "tick" is paused and resumed from the page; "tock" keeps
 # firing meanwhile, the witness that the scheduler went on past tick's fire times.
@@ -63,11 +72,26 @@ DIGEST_ANSWER = "digest: nothing new"
 RECEIPT = "receipt-browser-1"
 TOKEN = "console-browser-token-0123456789"
 _POSITIVE = re.compile(r"[1-9][0-9]*")
-PAGES = ("work", "thread", "jobs", "receipts", "approvals", "operator")
+PAGES = ("work", "thread", "jobs", "receipts", "approvals", "operator", "deadletters")
+BLOCKED = "Forbidden: bot was blocked by the user"
 
 
 def session(chat: int) -> str:
     return f"chat{-chat}"
+
+
+class RefusingTelegram(CardKillingTelegram):
+    """The fake Bot API refusing every message to the chats in ``blocked`` for good, as
+    Telegram does once a user blocked the bot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocked: set[int] = set()
+
+    async def _m_sendmessage(self, params: dict[str, Any]) -> Any:
+        if int(params["chat_id"]) in self.blocked:
+            raise ApiError(403, BLOCKED)
+        return await super()._m_sendmessage(params)
 
 
 class BrowserWorld(ConsoleWorld):
@@ -105,6 +129,26 @@ class BrowserWorld(ConsoleWorld):
         """How many of the bot's messages in ``chat`` show ``text``."""
         return len([m for m in self.messages(chat) if text in m.shows[0]])
 
+    def given_up(self, chat: int) -> list[tuple[int, str]]:
+        """(id, error) of each reply to ``chat`` that the sender gave up on."""
+        rows = self.query(
+            "SELECT id, error FROM outbox WHERE channel = ? AND status = 'failed'", str(chat)
+        )
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def outbox_status(self, row_id: int) -> str:
+        [(status,)] = self.query("SELECT status FROM outbox WHERE id = ?", row_id)
+        return str(status)
+
+    def deadletter_decisions(self, row_id: int) -> list[tuple[str, str, str]]:
+        """(action, by, via) of every decision on the outbox row."""
+        rows = self.query(
+            "SELECT action, decided_by, via FROM deadletter_decisions "
+            "WHERE kind = 'outbox' AND row_id = ?",
+            row_id,
+        )
+        return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
     def unchanged(self) -> tuple[object, ...]:
         """What a refused action could have changed, as the store holds it now."""
         return (
@@ -119,7 +163,7 @@ class BrowserWorld(ConsoleWorld):
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[BrowserWorld]:
-    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
+    async with RefusingTelegram() as telegram, FakeLLMServer() as llm:
         root = tmp_path_factory.mktemp("console-browser")
         world = BrowserWorld(telegram, llm, root, CHATS, job_chat=TICKS)
         world.model.script(JOB_PROMPT, Reply(DIGEST_ANSWER))
@@ -233,7 +277,7 @@ async def test_every_page_renders_the_daemons_data_and_is_pictured(
     row = projects.locator(f'tr[data-session="{session(WAITING)}"]')
     await expect(row.locator("[data-state]")).to_have_attribute("data-state", "waiting")
     await expect(page.locator(f'[data-budget="binding:telegram:{PICTURED}"]')).to_be_visible()
-    await tab.screenshot("work")
+    await picture(tab, "work")
 
     await visit(world, page, f"/threads/{session(PICTURED)}")
     run = page.locator("#runs article.run").first
@@ -256,7 +300,7 @@ async def test_every_page_renders_the_daemons_data_and_is_pictured(
     await expect(run.locator("form.send select option")).to_have_text(
         [session(WAITING), session(CLICKED)]
     )
-    await tab.screenshot("thread")
+    await picture(tab, "thread")
 
     # A job with history: run now, from its button.
     await visit(world, page, "/jobs")
@@ -275,18 +319,18 @@ async def test_every_page_renders_the_daemons_data_and_is_pictured(
     await expect(tick).to_have_attribute("data-paused", "true")
     await expect(tick.locator('[data-field="next-fire"]')).to_have_text("paused")
     await expect(digest.locator('[data-field="next-fire"]')).not_to_have_text("paused")
-    await tab.screenshot("jobs")
+    await picture(tab, "jobs")
 
     await visit(world, page, "/receipts")
     receipt = page.locator(f'[data-receipt-id="{RECEIPT}"]')
     await expect(receipt).to_contain_text("geodebot restarted while the call ran")
-    await tab.screenshot("receipts")
+    await picture(tab, "receipts")
 
     await visit(world, page, "/approvals")
     approval = page.locator(f'[data-approval-id="{waiting}"]')
     await expect(approval.locator('[data-field="call"]')).to_contain_text("left waiting")
     await expect(approval).to_have_attribute("data-session", session(WAITING))
-    await tab.screenshot("approvals")
+    await picture(tab, "approvals")
 
     # The switch, set from its form.
     await visit(world, page, "/operator")
@@ -302,13 +346,16 @@ async def test_every_page_renders_the_daemons_data_and_is_pictured(
     await expect(page.locator('tr[data-switch-set="on"]')).to_contain_text(
         "a desktop task for the pictures"
     )
-    await tab.screenshot("operator")
+    await picture(tab, "operator")
 
-    folder = screenshot_folder()
-    for name in PAGES:
-        width, height = _png_size(folder / f"{name}.png")
-        assert width == VIEWPORT["width"]
-        assert height >= VIEWPORT["height"] // 2
+
+async def picture(tab: Tab, name: str) -> None:
+    """The page's screenshot, one of the README's PAGES: the viewport's width, and at least
+    half its height (a page that rendered)."""
+    assert name in PAGES, name
+    width, height = _png_size(await tab.screenshot(name))
+    assert width == VIEWPORT["width"]
+    assert height >= VIEWPORT["height"] // 2
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -588,12 +635,71 @@ async def test_actions_without_the_csrf_token_or_from_another_origin_change_noth
     assert world.notes_written("left waiting") == 0
 
 
-# -- the dead letters page --------------------------------------------------------------------
-# /deadletters is not part of the console yet. Its test goes here, on the module's daemon: an
-# outbox row the sender gave up on (the fake Bot API refusing a chat's sends, then taking them
-# again) is listed on the page, replayed by a click, and its reply arrives in the chat once;
-# a second click (from a tab still showing the button) is refused and sends nothing. Its
-# screenshot is docs/console/deadletters.png (add "deadletters" to PAGES).
+# -- 6. a dead letter replayed from the page --------------------------------------------------
+async def test_a_dead_letter_is_listed_and_replayed_from_the_page_once(
+    world: BrowserWorld, tab: Tab
+) -> None:
+    telegram = world.telegram
+    assert isinstance(telegram, RefusingTelegram)
+    # The platform refuses the chat's reply for good: the sender gives up on it.
+    answer = "Backups finished: 14 volumes, none failed."
+    prompt = "refused reply:"
+    world.model.script(prompt, Reply(answer))
+    telegram.blocked.add(REFUSING)
+    world.ask(REFUSING, f"{prompt} how did the backups go?")
+    await until(lambda: bool(world.given_up(REFUSING)))
+    [(row_id, error)] = world.given_up(REFUSING)
+    assert BLOCKED in error
+    letter = f"out-{row_id}"
+
+    page = tab.page
+    # A second tab on the list whose live feed is down: it still shows the buttons after the
+    # decision.
+    stale = await tab.context.new_page()
+    await stale.route("**/events", lambda route: route.abort())
+    await visit(world, page, "/deadletters")
+    await visit(world, stale, "/deadletters", follow=False)
+    item = f'[data-deadletter-id="{letter}"]'
+    listed = page.locator(item)
+    await expect(listed).to_have_attribute("data-kind", "outbox")
+    await expect(listed).to_have_attribute("data-session", session(REFUSING))
+    await expect(listed.locator("h2 small")).to_have_text("reply (outbox)")
+    await expect(listed.locator('[data-field="chat"]')).to_have_text(
+        f"telegram · channel {REFUSING} · {session(REFUSING)}"
+    )
+    await expect(listed.locator('[data-field="error"]')).to_contain_text(BLOCKED)
+    await expect(listed.locator('[data-field="text"]')).to_have_text(answer)
+    await expect(listed.locator('button[data-action="discard"]')).to_be_visible()
+    await expect(stale.locator(f'{item} button[data-action="replay"]')).to_be_visible()
+    await picture(tab, "deadletters")
+    assert world.posts(REFUSING, answer) == 0
+
+    # The platform takes the chat's messages again; the replay from the page sends it once.
+    telegram.blocked.discard(REFUSING)
+    assert await submit(page, listed.locator('button[data-action="replay"]')) == 303
+    assert page.url == world.base + "/deadletters"
+    await expect(page.locator("#flash")).to_have_text(f"{letter} replayed: it is sent again.")
+    await expect(listed).to_have_count(0)
+    decided = page.locator(f'tr[data-decision="{letter}"]')
+    await expect(decided).to_have_attribute("data-decided", "replay")
+    await expect(decided).to_have_attribute("data-via", "console")
+    await expect(decided).to_contain_text("operator via console")
+    await world.showing(REFUSING, answer)
+    assert world.deadletter_decisions(row_id) == [("replay", "operator", "console")]
+
+    # The second click, from the tab that still shows the button: refused, nothing sent.
+    button = stale.locator(f'{item} button[data-action="replay"]')
+    assert await submit(stale, button) == 409
+    await expect(stale.locator("#error")).to_have_text(
+        re.compile(rf"{letter} was already replayed by operator via console at [-\d: ]+ UTC\.")
+    )
+    messages = await world.control(REFUSING)
+    assert [m.shows[0] for m in messages] == [answer, CONTROL_ANSWER]
+    assert world.deadletter_decisions(row_id) == [("replay", "operator", "console")]
+    assert world.outbox_status(row_id) == "sent"
+    # What became of the row, as the list's decisions show it.
+    await visit(world, page, "/deadletters", follow=False)
+    await expect(decided.locator('[data-field="status"]')).to_have_text("sent")
 
 
 # -- with a bearer token ----------------------------------------------------------------------

@@ -24,7 +24,14 @@ import pytest
 import pytest_asyncio
 
 from geodebot.store.records import EffectReceipt
-from tests.support.chat_e2e_telegram import ALICE, WRITE_NOTE, CardKillingTelegram, Chat
+from tests.support.chat_e2e_telegram import (
+    ALICE,
+    BLOCKED,
+    WRITE_NOTE,
+    CardKillingTelegram,
+    Chat,
+    RefusingTelegram,
+)
 from tests.support.config import TEST_KEY
 from tests.support.console_world import (
     JOB,
@@ -36,14 +43,12 @@ from tests.support.console_world import (
 )
 from tests.support.control import CONTROL_ANSWER
 from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
-from tests.support.fakes.telegram_server import ApiError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 APPROVE, REFUSE, JOBS, LIVE, THREADS = -7001, -7002, -7003, -7004, -7005
 # Chats whose replies the platform refuses while a test says so: their dead letters.
 REPLAYED, DISCARDED = -7006, -7007
-BLOCKED = "Forbidden: bot was blocked by the user"
 # Listed on a binding, but the MCP server's config declares no policy for it.
 UNDECLARED = "mcp__fake__undeclared"
 CHATS = (
@@ -61,20 +66,6 @@ TOKEN = "console-bearer-token-0123456789"
 
 def session(chat: int) -> str:
     return f"chat{-chat}"
-
-
-class RefusingTelegram(CardKillingTelegram):
-    """The fake Bot API refusing every message to the chats in ``blocked`` for good, as
-    Telegram does once a user blocked the bot."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocked: set[int] = set()
-
-    async def _m_sendmessage(self, params: dict[str, Any]) -> Any:
-        if int(params["chat_id"]) in self.blocked:
-            raise ApiError(403, BLOCKED)
-        return await super()._m_sendmessage(params)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -24,7 +24,6 @@ import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -33,7 +32,14 @@ from playwright.async_api import Locator, Page, expect
 
 from geodebot.store.records import FINAL_OUTCOMES, EffectReceipt
 from tests.support.browser import VIEWPORT, Tab
-from tests.support.chat_e2e_telegram import BOB, WRITE_NOTE, CardKillingTelegram, Chat
+from tests.support.chat_e2e_telegram import (
+    BLOCKED,
+    BOB,
+    WRITE_NOTE,
+    CardKillingTelegram,
+    Chat,
+    RefusingTelegram,
+)
 from tests.support.config import TEST_KEY
 from tests.support.console_world import (
     JOB,
@@ -45,7 +51,6 @@ from tests.support.console_world import (
 from tests.support.console_world import Browser as HttpClient
 from tests.support.control import CONTROL_ANSWER
 from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
-from tests.support.fakes.telegram_server import ApiError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -73,25 +78,10 @@ RECEIPT = "receipt-browser-1"
 TOKEN = "console-browser-token-0123456789"
 _POSITIVE = re.compile(r"[1-9][0-9]*")
 PAGES = ("work", "thread", "jobs", "receipts", "approvals", "operator", "deadletters")
-BLOCKED = "Forbidden: bot was blocked by the user"
 
 
 def session(chat: int) -> str:
     return f"chat{-chat}"
-
-
-class RefusingTelegram(CardKillingTelegram):
-    """The fake Bot API refusing every message to the chats in ``blocked`` for good, as
-    Telegram does once a user blocked the bot."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocked: set[int] = set()
-
-    async def _m_sendmessage(self, params: dict[str, Any]) -> Any:
-        if int(params["chat_id"]) in self.blocked:
-            raise ApiError(403, BLOCKED)
-        return await super()._m_sendmessage(params)
 
 
 class BrowserWorld(ConsoleWorld):

@@ -33,6 +33,7 @@ from tests.support.control import CONTROL, CONTROL_ANSWER, answer_controls
 from tests.support.daemon import CONNECTED_MARK, DaemonProcess
 from tests.support.fakes.llm_server import FakeLLMServer, Item, last_prompt, user_texts
 from tests.support.fakes.telegram_server import (
+    ApiError,
     FakeTelegram,
     SentMessage,
     html_visible,
@@ -63,6 +64,24 @@ class CardKillingTelegram(FakeTelegram):
             os.kill(self.kill_at_card, signal.SIGKILL)
             self.kill_at_card = None
         return result
+
+
+# What Telegram answers a message to a user who blocked the bot.
+BLOCKED = "Forbidden: bot was blocked by the user"
+
+
+class RefusingTelegram(CardKillingTelegram):
+    """The fake Bot API refusing every message to the chats in ``blocked`` for good, as
+    Telegram does once a user blocked the bot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocked: set[int] = set()
+
+    async def _m_sendmessage(self, params: dict[str, Any]) -> Any:
+        if int(params["chat_id"]) in self.blocked:
+            raise ApiError(403, BLOCKED)
+        return await super()._m_sendmessage(params)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from tests.support.chat_e2e_telegram import (
     ALICE,
     BLOCKED,
     WRITE_NOTE,
-    CardKillingTelegram,
     Chat,
     RefusingTelegram,
 )
@@ -39,6 +38,7 @@ from tests.support.console_world import (
     Browser,
     ConsoleWorld,
     seed_admitted_receipt,
+    token_world,
     until,
 )
 from tests.support.control import CONTROL_ANSWER
@@ -643,18 +643,8 @@ def _error(page: str) -> str:
 # -- with a bearer token ----------------------------------------------------------------------
 @pytest_asyncio.fixture(loop_scope="module")
 async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ConsoleWorld]:
-    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
-        root = tmp_path_factory.mktemp("console-token")
-        world = ConsoleWorld(
-            telegram, llm, root, (Chat(JOBS, tools=()),), job_chat=JOBS, token=TOKEN
-        )
-        await world.start()
-        try:
-            yield world
-        finally:
-            assert world.daemon is not None
-            assert await world.daemon.stop() == 0
-            assert TOKEN not in world.logged()
+    async with token_world(tmp_path_factory.mktemp("console-token"), JOBS, TOKEN) as world:
+        yield world
 
 
 async def test_with_a_token_the_console_asks_for_it_once_and_refuses_without_it(

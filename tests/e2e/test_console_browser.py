@@ -36,7 +36,6 @@ from tests.support.chat_e2e_telegram import (
     BLOCKED,
     BOB,
     WRITE_NOTE,
-    CardKillingTelegram,
     Chat,
     RefusingTelegram,
 )
@@ -46,6 +45,7 @@ from tests.support.console_world import (
     JOB_PROMPT,
     ConsoleWorld,
     seed_admitted_receipt,
+    token_world,
     until,
 )
 from tests.support.console_world import Browser as HttpClient
@@ -695,18 +695,8 @@ async def test_a_dead_letter_is_listed_and_replayed_from_the_page_once(
 # -- with a bearer token ----------------------------------------------------------------------
 @pytest_asyncio.fixture(loop_scope="module")
 async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ConsoleWorld]:
-    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
-        root = tmp_path_factory.mktemp("console-browser-token")
-        world = ConsoleWorld(
-            telegram, llm, root, (Chat(TICKS, tools=()),), job_chat=TICKS, token=TOKEN
-        )
-        await world.start()
-        try:
-            yield world
-        finally:
-            assert world.daemon is not None
-            assert await world.daemon.stop() == 0
-            assert TOKEN not in world.logged()
+    async with token_world(tmp_path_factory.mktemp("console-browser-token"), TICKS, TOKEN) as world:
+        yield world
 
 
 async def test_with_a_token_the_page_asks_for_it_once_and_no_action_works_without_it(

@@ -12,7 +12,7 @@ import contextlib
 import re
 import socket
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,9 @@ import aiohttp
 from geodebot.config.schema import DB_FILE
 from geodebot.store.records import EffectReceipt
 from geodebot.store.sqlite import SQLiteStore
-from tests.support.chat_e2e_telegram import ChatWorld
+from tests.support.chat_e2e_telegram import CardKillingTelegram, Chat, ChatWorld
 from tests.support.daemon import DaemonProcess
+from tests.support.fakes.llm_server import FakeLLMServer
 
 
 def free_port() -> int:
@@ -120,6 +121,23 @@ class ConsoleWorld(ChatWorld):
             "SELECT resolution FROM effect_receipts WHERE id = ?", receipt_id
         )
         return str(resolution) if resolution is not None else None
+
+
+@contextlib.asynccontextmanager
+async def token_world(root: Path, chat: int, token: str) -> AsyncIterator[ConsoleWorld]:
+    """A console daemon with a bearer token configured and one chat, which also runs its
+    jobs; stopped cleanly afterwards, with the token never in its log."""
+    async with CardKillingTelegram() as telegram, FakeLLMServer() as llm:
+        world = ConsoleWorld(
+            telegram, llm, root, (Chat(chat, tools=()),), job_chat=chat, token=token
+        )
+        await world.start()
+        try:
+            yield world
+        finally:
+            assert world.daemon is not None
+            assert await world.daemon.stop() == 0
+            assert token not in world.logged()
 
 
 async def until(done: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -275,6 +275,9 @@ class JobScheduler:
         except StoreError:
             log.exception("job %s: cannot claim fire %s", job_id, scheduled_ms)
             return
+        if fire is None:
+            log.info("job %s: paused; fire %s not run", job_id, scheduled_ms)
+            return
         if not won:
             if fire.outcome == "skipped-overlap":
                 log.warning("job %s: fire skipped, %s", job_id, fire.reason)

@@ -61,9 +61,10 @@ class JobStore(Protocol):
     # -- fires ----------------------------------------------------------------------------
     async def fire_claim(
         self, job_id: str, scheduled_ms: int, cause: FireCause
-    ) -> tuple[FireRecord, bool]:
-        """Claim a fire. Writes nothing and returns ``(existing, False)`` if it was claimed
-        before (also when two claims race). Otherwise the new row is ``running`` and
+    ) -> tuple[FireRecord | None, bool]:
+        """Claim a fire. Writes nothing and returns ``(None, False)`` while the job is
+        paused, and ``(existing, False)`` if it was claimed before (also when two claims
+        race). Otherwise the new row is ``running`` and
         ``(row, True)`` is returned, or, when another fire of the job is still ``running``,
         it is written ``skipped-overlap`` and ``(row, False)`` is returned."""
 

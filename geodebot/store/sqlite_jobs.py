@@ -46,6 +46,10 @@ from geodebot.store.sqlite_rows import Transactions
 
 __all__ = ["JobsAndFires"]
 
+# Read in the claim's transaction: a pause committed before it stops the fire, even when the
+# scheduler has not yet seen the pause (it reloads jobs at its next store poll).
+PAUSED = "SELECT paused FROM scheduled_jobs WHERE id = ?"
+
 
 class JobsAndFires:
     # -- definitions ----------------------------------------------------------------------
@@ -174,8 +178,11 @@ class JobsAndFires:
     # -- fires ----------------------------------------------------------------------------
     async def fire_claim(
         self: Transactions, job_id: str, scheduled_ms: int, cause: FireCause
-    ) -> tuple[FireRecord, bool]:
-        def claim(db: sqlite3.Connection) -> tuple[FireRecord, bool]:
+    ) -> tuple[FireRecord | None, bool]:
+        def claim(db: sqlite3.Connection) -> tuple[FireRecord | None, bool]:
+            paused = db.execute(PAUSED, (job_id,)).fetchone()
+            if paused is not None and paused[0]:
+                return None, False
             params = (job_id, scheduled_ms, cause, "requested", "", time.time(), None)
             row = db.execute(INSERT_FIRE, params).fetchone()
             if row is None:

@@ -46,14 +46,14 @@ class World:
     def store(self) -> Any:
         return self.app.services.store
 
-    async def start_scheduler(self) -> JobScheduler:
+    async def start_scheduler(self, *, poll_s: float = 0.05) -> JobScheduler:
         scheduler = JobScheduler(
             self.app.run_turn,
             self.store,
             self.config.bindings,
             self.outbox.kick,
             config_jobs=functools.partial(config_jobs, self.config),
-            poll_s=0.05,
+            poll_s=poll_s,
         )
         await scheduler.start()
         self.schedulers.append(scheduler)

@@ -244,6 +244,31 @@ async def test_pause_stops_fires_and_resume_owes_nothing_for_the_pause(
     assert not any(r.cause == "catch-up" for r in rows)
 
 
+async def test_a_pause_stops_a_fire_due_before_the_scheduler_reloads_its_jobs(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("must not run")
+    fire_s = int(time.time()) + 2
+    at = datetime.fromtimestamp(fire_s, UTC).isoformat()
+    async with scheduler_world(tmp_path, llm_server, [job(at=at)]) as world:
+        # The store is polled once a minute: the scheduler still holds the job as unpaused
+        # when its fire comes, so only the claim can see the pause.
+        scheduler = await world.start_scheduler(poll_s=60)
+        await scheduler.wait_idle()
+        assert scheduler.registered() == 1
+        await world.store.job_set_paused("digest", True, since_ms=int(time.time() * 1000))
+        async with asyncio.timeout(5):
+            # APScheduler drops a one-shot job once it has fired.
+            while True:
+                if not scheduler.registered():
+                    break
+                await asyncio.sleep(0.02)
+        await scheduler.wait_idle()
+        rows = await world.history()
+    assert llm_server.requests == []
+    assert rows == []
+
+
 async def test_a_chat_made_job_loses_tools_its_binding_no_longer_has(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:

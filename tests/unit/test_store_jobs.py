@@ -143,6 +143,18 @@ async def test_fire_rows_move_forward_only(store: SQLiteStore) -> None:
     assert await store.fires_latest_scheduled() == {"a": 120_000}
 
 
+async def test_a_paused_job_claims_nothing_until_resumed(store: SQLiteStore) -> None:
+    await store.jobs_sync_config([record("a")])
+    await store.job_set_paused("a", True, since_ms=5_000)
+    assert await store.fire_claim("a", 60_000, "schedule") == (None, False)
+    assert await store.fire_history("a") == []
+    await store.job_set_paused("a", False, since_ms=70_000)
+    fire, won = await store.fire_claim("a", 80_000, "schedule")
+    assert won
+    assert fire is not None
+    assert [f.id for f in await store.fire_history("a")] == [fire.id]
+
+
 async def test_failure_notice_and_delivery_failure_are_settled(store: SQLiteStore) -> None:
     failed, _ = await store.fire_claim("a", 1_000, "schedule")
     failed = await store.fire_finish(

@@ -38,7 +38,7 @@ from geodebot.scheduler.schedule import (
     format_fire,
 )
 from geodebot.scheduler.schedule import upcoming as upcoming_fires
-from geodebot.scheduler.status import job_lines, next_fire_text
+from geodebot.scheduler.status import job_lines, next_fire_text, took_text
 from geodebot.store.records import FireRecord, JobRecord
 from geodebot.store.sqlite import SQLiteStore
 
@@ -301,11 +301,7 @@ async def _history(store: SQLiteStore, job_id: str, timezone: str, limit: int) -
     fires = await store.fire_history(job_id, limit=limit)
     print(f"{'SCHEDULED':<26} {'CAUSE':<9} {'OUTCOME':<16} {'TOOK':>7}  REASON")
     for fire in fires:
-        took = (
-            f"{fire.ended_at - fire.started_at:.1f}s"
-            if fire.started_at is not None and fire.ended_at is not None
-            else "-"
-        )
+        took = took_text(fire)
         outcome: str = fire.outcome
         if fire.notice:
             outcome += "+notice"

@@ -27,6 +27,15 @@ class JobLine:
         return f"{outcome} at {format_fire(self.last.scheduled_ms, self.job.timezone)}"
 
 
+def took_text(fire: FireRecord) -> str:
+    """How long a fire's run took, "-" while it has not ended. A run on a fast model ends in
+    milliseconds, which a tenth of a second would show as 0."""
+    if fire.started_at is None or fire.ended_at is None:
+        return "-"
+    took = max(0.0, fire.ended_at - fire.started_at)
+    return f"{took * 1000:.0f} ms" if took < 1 else f"{took:.1f} s"
+
+
 def next_fire_text(job: JobRecord, now_ms: int) -> str:
     if job.paused:
         return "paused"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from geodebot.scheduler.status import took_text
 from geodebot.store.records import JobRecord, NewOutbound, StoreError
 from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
 
@@ -172,6 +173,16 @@ async def test_failure_notice_and_delivery_failure_are_settled(store: SQLiteStor
     assert settled[failed.id].outcome == "budget"
     assert settled[undelivered.id].outcome == "delivery-failed"
     assert settled[undelivered.id].reason == "chat not found"
+
+
+async def test_a_fire_shows_how_long_its_run_took(store: SQLiteStore) -> None:
+    fire, _ = await store.fire_claim("a", 1_000, "schedule")
+    assert fire is not None
+    assert took_text(fire) == "-"
+    done = await store.fire_finish(fire.id, started_at=fire.claimed_at, failure=("failed", "x"))
+    assert took_text(done).endswith(" ms")
+    assert took_text(dataclasses.replace(done, started_at=10.0, ended_at=10.012)) == "12 ms"
+    assert took_text(dataclasses.replace(done, started_at=10.0, ended_at=12.54)) == "2.5 s"
 
 
 async def test_interrupted_fires_stay_claimed(store: SQLiteStore) -> None:

@@ -9,7 +9,7 @@ from geodebot.engine.session import COMPUTER_USE_SWITCH
 from geodebot.ops.console.parts import ConsoleParts
 from geodebot.scheduler.definitions import schedule_of
 from geodebot.scheduler.schedule import ScheduleError, format_fire, upcoming
-from geodebot.scheduler.status import JobLine, job_lines
+from geodebot.scheduler.status import JobLine, job_lines, took_text
 from geodebot.store.records import (
     ApprovalRecord,
     EffectReceipt,
@@ -61,12 +61,7 @@ async def jobs_view(parts: ConsoleParts) -> list[JobView]:
 
 
 def _fire_line(fire: FireRecord, timezone: str) -> FireLine:
-    took = (
-        f"{fire.ended_at - fire.started_at:.1f} s"
-        if fire.started_at is not None and fire.ended_at is not None
-        else "-"
-    )
-    return FireLine(fire, format_fire(fire.scheduled_ms, timezone), took)
+    return FireLine(fire, format_fire(fire.scheduled_ms, timezone), took_text(fire))
 
 
 async def receipts_view(parts: ConsoleParts) -> list[EffectReceipt]:

@@ -331,6 +331,7 @@ def _health_server(
         ),
         token=token,
         bound_host=split_host_port(config.daemon.http)[0],
+        public_origin=config.daemon.console_url,
     )
     return HealthServer(config.daemon.http, probe, metrics, token=token, console=console)
 

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import tomli as tomllib
 from pydantic import (
@@ -101,6 +102,25 @@ class DaemonConfig(_Strict):
     allow_remote: bool = False
     http_token_env: str | None = None
     http: str | None = None
+    # The console's address as browsers see it, when a reverse proxy serves it (and ends TLS
+    # there): "https://ops.example.com". Forms must then come from that origin rather than
+    # from the plain-http one the proxy calls, and cookies are marked Secure.
+    console_url: str | None = None
+
+    @field_validator("console_url")
+    @classmethod
+    def _console_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// address, e.g. https://ops.example.com")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+            raise ValueError(
+                "must be the console's origin only (scheme, host and port): the console "
+                "is served at the root of its address"
+            )
+        return f"{parts.scheme}://{parts.netloc.lower()}"
 
     @field_validator("http")
     @classmethod

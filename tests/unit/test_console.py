@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.deadletters import DeadLetters
-from geodebot.config.schema import BindingConfig, parse_config
+from geodebot.config.schema import BindingConfig, ConfigError, parse_config
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.ops.console import deadletters as console_deadletters
 from geodebot.ops.console.actions import Refused, duration_s
@@ -145,6 +145,64 @@ def post(headers: dict[str, str]) -> web.Request:
 )
 def test_same_origin(headers: dict[str, str], ok: bool) -> None:
     assert same_origin(post(headers)) is ok
+
+
+@pytest.mark.parametrize(
+    ("headers", "ok"),
+    [
+        # Behind a proxy that ends TLS: the browser's origin is the public one, the request
+        # reaches the daemon over plain http.
+        ({"Origin": "https://ops.example.com"}, True),
+        ({"Referer": "https://ops.example.com/jobs"}, True),
+        ({"Origin": "http://127.0.0.1:8787"}, True),  # straight to the daemon, e.g. a tunnel
+        ({"Origin": "http://ops.example.com"}, False),
+        ({"Origin": "https://ops.example.com.evil.example"}, False),
+        ({"Origin": "https://evil.example", "Referer": "https://ops.example.com/"}, False),
+    ],
+)
+def test_same_origin_behind_a_proxy_with_a_console_url(headers: dict[str, str], ok: bool) -> None:
+    guard = Guard("t", public_origin="https://ops.example.com")
+    assert guard.same_origin(post(headers)) is ok
+    assert same_origin(post(headers)) is (headers.get("Origin") == "http://127.0.0.1:8787")
+
+
+def test_cookies_are_secure_when_browsers_reach_the_console_over_tls() -> None:
+    def cookie_secure(guard: Guard) -> bool:
+        response = web.Response()
+        guard.set_session_cookie(post({}), response, guard.new_session())
+        return bool(response.cookies["geodebot_console"]["secure"])
+
+    assert not cookie_secure(Guard(None))
+    assert not cookie_secure(Guard(None, public_origin="http://ops.internal:8080"))
+    assert cookie_secure(Guard(None, public_origin="https://ops.example.com"))
+
+
+def test_a_console_url_answers_to_its_own_name_without_a_token() -> None:
+    guard = Guard(None, public_origin="https://ops.example.com")
+    for host, ok in (("ops.example.com", True), ("127.0.0.1:8787", True), ("evil.example", False)):
+        request = make_mocked_request("GET", "/work", headers={"Host": host})
+        assert guard.host_ok(request) is ok, host
+
+
+@pytest.mark.parametrize(
+    ("url", "stored"),
+    [
+        ("https://Ops.Example.com", "https://ops.example.com"),
+        ("https://ops.example.com/", "https://ops.example.com"),
+        ("http://10.0.0.5:8080", "http://10.0.0.5:8080"),
+        ("ops.example.com", None),
+        ("ftp://ops.example.com", None),
+        ("https://ops.example.com/console", None),
+        ("https://user@ops.example.com", None),
+    ],
+)
+def test_console_url_is_an_origin(url: str, stored: str | None) -> None:
+    data = {"daemon": {"console_url": url}}
+    if stored is None:
+        with pytest.raises(ConfigError, match="console_url"):
+            parse_config(data)
+    else:
+        assert parse_config(data).daemon.console_url == stored
 
 
 def test_a_csrf_token_belongs_to_its_console_session_and_this_run_of_the_daemon() -> None:

@@ -34,28 +34,39 @@ def own_origin(request: web.Request) -> str:
     return f"{request.scheme}://{request.host}"
 
 
-def same_origin(request: web.Request) -> bool:
+def same_origin(request: web.Request, public_origin: str | None = None) -> bool:
     """The request comes from a page of this console: its Origin is this server's own
-    scheme://host or, without an Origin header, its Referer is a page of it. Neither: no."""
-    expected = own_origin(request)
+    scheme://host or ``public_origin`` (the address a proxy serves it at) or, without an
+    Origin header, its Referer is a page of either. Neither: no."""
     origin = request.headers.get("Origin")
-    if origin is not None:
-        return _same(origin, expected)
-    referer = request.headers.get("Referer")
-    if not referer:
-        return False
-    parts = urlsplit(referer)
-    return _same(f"{parts.scheme}://{parts.netloc}", expected)
+    if origin is None:
+        referer = request.headers.get("Referer")
+        if not referer:
+            return False
+        parts = urlsplit(referer)
+        origin = f"{parts.scheme}://{parts.netloc}"
+    if _same(origin, own_origin(request)):
+        return True
+    return public_origin is not None and _same(origin, public_origin)
 
 
 class Guard:
     """The bearer token (None: none configured), the names this server answers to, and the
-    CSRF key of this daemon's run."""
+    CSRF key of this daemon's run; ``public_origin``: ``[daemon] console_url`` when a proxy
+    serves the console under an origin of its own."""
 
-    def __init__(self, token: str | None, *, bound_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        token: str | None,
+        *,
+        bound_host: str = "127.0.0.1",
+        public_origin: str | None = None,
+    ) -> None:
         self._token = token
         self._key = secrets.token_bytes(32)
-        self._hosts = frozenset({bound_host.lower(), *LOOPBACK_NAMES})
+        self._origin = public_origin
+        public_host = urlsplit(public_origin).hostname if public_origin else None
+        self._hosts = frozenset({bound_host.lower(), *LOOPBACK_NAMES, *filter(None, [public_host])})
 
     def host_ok(self, request: web.Request) -> bool:
         """Without a token, the console answers only to the loopback names and the address it
@@ -67,6 +78,14 @@ class Guard:
             return True
         host = request.url.host
         return host is not None and host.lower() in self._hosts
+
+    def same_origin(self, request: web.Request) -> bool:
+        return same_origin(request, self._origin)
+
+    def secure(self, request: web.Request) -> bool:
+        """Cookies are Secure when the browser reaches the console over TLS: directly, or
+        through the proxy of an https ``console_url``."""
+        return request.secure or (self._origin or "").startswith("https://")
 
     @property
     def needs_token(self) -> bool:
@@ -88,7 +107,7 @@ class Guard:
 
     def set_token_cookie(self, request: web.Request, response: web.StreamResponse) -> None:
         assert self._token is not None
-        _set_cookie(request, response, TOKEN_COOKIE, self._token)
+        set_cookie(response, TOKEN_COOKIE, self._token, secure=self.secure(request))
 
     # -- console session and CSRF ---------------------------------------------------------
     @staticmethod
@@ -103,9 +122,10 @@ class Guard:
     def new_session() -> str:
         return secrets.token_hex(_SESSION_BYTES)
 
-    @staticmethod
-    def set_session_cookie(request: web.Request, response: web.StreamResponse, sid: str) -> None:
-        _set_cookie(request, response, SESSION_COOKIE, sid)
+    def set_session_cookie(
+        self, request: web.Request, response: web.StreamResponse, sid: str
+    ) -> None:
+        set_cookie(response, SESSION_COOKIE, sid, secure=self.secure(request))
 
     def csrf_token(self, sid: str) -> str:
         return hmac.new(self._key, sid.encode(), hashlib.sha256).hexdigest()
@@ -120,7 +140,7 @@ def _is_hex(text: str) -> bool:
     return all(c in "0123456789abcdef" for c in text)
 
 
-def _set_cookie(request: web.Request, response: web.StreamResponse, name: str, value: str) -> None:
+def set_cookie(response: web.StreamResponse, name: str, value: str, *, secure: bool) -> None:
     response.set_cookie(
         name,
         value,
@@ -129,5 +149,5 @@ def _set_cookie(request: web.Request, response: web.StreamResponse, name: str, v
         samesite="Strict",
         # Sent back over plain http too: the console is on loopback unless the operator put
         # it behind TLS, and then the cookie must not leave it.
-        secure=request.secure,
+        secure=secure,
     )

@@ -21,7 +21,7 @@ from aiohttp import web
 from geodebot.ops.console.actions import Refused
 from geodebot.ops.console.parts import ConsoleParts, when
 from geodebot.ops.console.routes import ACTIONS, PAGES, Action, NotFound, Page
-from geodebot.ops.console.security import CSRF_FIELD, Guard, same_origin
+from geodebot.ops.console.security import CSRF_FIELD, Guard, set_cookie
 from geodebot.store.records import StoreError
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,15 @@ class Console:
     token, None when none is configured; ``bound_host``: the host of ``[daemon] http``."""
 
     def __init__(
-        self, parts: ConsoleParts, *, token: str | None = None, bound_host: str = "127.0.0.1"
+        self,
+        parts: ConsoleParts,
+        *,
+        token: str | None = None,
+        bound_host: str = "127.0.0.1",
+        public_origin: str | None = None,
     ) -> None:
         self._parts = parts
-        self._guard = Guard(token, bound_host=bound_host)
+        self._guard = Guard(token, bound_host=bound_host, public_origin=public_origin)
         self._env = jinja2.Environment(
             loader=jinja2.PackageLoader("geodebot.ops.console", "templates"),
             autoescape=True,
@@ -121,7 +126,7 @@ class Console:
     async def _post_checks(
         self, request: web.Request, handler: Handler, sid: str | None
     ) -> web.StreamResponse:
-        if not same_origin(request):
+        if not self._guard.same_origin(request):
             return self._refusal(request, "The request did not come from a page of this console.")
         if request.path == "/login":
             return await handler(request)
@@ -207,14 +212,7 @@ class Console:
                 )
             log.info("console: %s: %s", request.path, message)
             response = _redirect(back)
-            response.set_cookie(
-                FLASH_COOKIE,
-                quote(message),
-                path="/",
-                httponly=True,
-                samesite="Strict",
-                secure=request.secure,
-            )
+            set_cookie(response, FLASH_COOKIE, quote(message), secure=self._guard.secure(request))
             return response
 
         return handle

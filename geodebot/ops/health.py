@@ -1,5 +1,10 @@
-"""Health and metrics over HTTP: ``/healthz`` (JSON per component) and ``/metrics``
-(Prometheus text format), on ``[daemon] http``.
+"""Health and metrics over HTTP: ``/healthz`` (JSON per component), ``/livez`` and
+``/metrics`` (Prometheus text format), on ``[daemon] http``.
+
+``/healthz`` is for alerts and readiness: it is unhealthy while anything needs an operator (a
+platform down, a message unanswered, a daemon-wide budget spent), none of which a restart
+mends. ``/livez`` is for liveness probes: it answers while the daemon's event loop runs and
+the store can be read, which is what a restart can bring back.
 
 Metrics live in a registry of the daemon's own, never the process-global default one. Engine
 events (turns, model calls, tool calls) arrive through the engine's observer hook; the
@@ -37,11 +42,12 @@ from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConsoleRoutes", "EngineMetrics", "HealthServer", "Probe"]
+__all__ = ["HEALTH_PATHS", "ConsoleRoutes", "EngineMetrics", "HealthServer", "Probe"]
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 _STORE_TIMEOUT_S = 2.0
-_OWN_PATHS = frozenset({"/healthz", "/metrics"})
+# The health server's own routes: with the console on they keep their bearer-header check.
+HEALTH_PATHS = frozenset({"/healthz", "/livez", "/metrics"})
 
 
 # Label values come only from closed sets: a model chooses the tool names it proposes (and a
@@ -236,6 +242,7 @@ class HealthServer:
     async def start(self) -> None:
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/livez", self._livez)
         app.router.add_get("/metrics", self._scrape)
         if self._console is not None:
             self._console.install(app)
@@ -259,7 +266,7 @@ class HealthServer:
     ) -> web.StreamResponse:
         # With the console on, its own checks guard every other path (a token cookie counts
         # there, and a browser is asked for the token); these two keep the bearer header.
-        guarded = self._console is None or request.path in _OWN_PATHS
+        guarded = self._console is None or request.path in HEALTH_PATHS
         if self._token is not None and guarded:
             given = request.headers.get("Authorization", "").removeprefix("Bearer ")
             # aiohttp keeps undecodable header bytes as surrogates; they must compare (and
@@ -308,6 +315,14 @@ class HealthServer:
         healthy, components = await self.health()
         body = {"status": "ok" if healthy else "unhealthy", "components": components}
         return web.json_response(body, status=200 if healthy else 503)
+
+    async def _livez(self, request: web.Request) -> web.StreamResponse:
+        try:
+            async with asyncio.timeout(_STORE_TIMEOUT_S):
+                await self._probe.store.schema_version()
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer: not alive
+            return web.json_response({"status": "dead", "store": str(exc)[:300]}, status=503)
+        return web.json_response({"status": "ok"})
 
     async def _scrape(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import closing, contextmanager
@@ -31,6 +30,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import DaemonProcess, geodebot_status
 from tests.support.fakes.llm_server import Dialect, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -55,12 +55,6 @@ class HeldModel(FakeLLMServer):
             self.held += 1
             await gate.wait()
         return await super()._handle(request, dialect)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -296,6 +290,8 @@ async def test_a_message_left_unanswered_shows_on_health_and_metrics_until_answe
         assert unanswered["oldest_age_s"] >= ALERT_S
         code, _ = await world.health()
         assert code == 503
+        async with world.http.get(world.base + "/livez") as response:
+            assert response.status == 200
         assert "geodebot_unanswered_messages 1.0" in (await world.metrics()).splitlines()
         code, out, err = await geodebot_status(world.config, "--json")
         assert code == 0, err

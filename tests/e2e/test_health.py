@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +20,10 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import DaemonProcess, geodebot_status
 from tests.support.fakes.llm_server import FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.ports import free_port
 
 GROUP, UNBOUND, ALICE = -1001, -1999, 4242
 TOKEN = "health-bearer-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize(
@@ -129,6 +123,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 async def test_health_and_metrics_follow_traffic(served: Served) -> None:
     assert (await served.get("/healthz", token=None))[0] == 401
     assert (await served.get("/metrics", token="wrong"))[0] == 401
+    assert (await served.get("/livez", token=None))[0] == 401
 
     body = await served.until_health(200)
     components = body["components"]
@@ -177,6 +172,8 @@ async def test_a_lost_platform_connection_turns_health_503_until_it_is_back(
     telegram = down["components"]["channels"]["telegram"]
     assert telegram["ok"] is False
     assert "Bad Gateway" in telegram["detail"]
+    # Nothing a restart would mend: the liveness probe stays green.
+    assert await served.get("/livez") == (200, '{"status": "ok"}')
     await served.until_health(200)
 
 

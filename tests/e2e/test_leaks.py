@@ -6,7 +6,6 @@ timeline and the evidence ledger are searched for each secret value."""
 from __future__ import annotations
 
 import os
-import socket
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -18,15 +17,10 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.llm_server import Error, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.ports import free_port
 
 GROUP, ALICE = -1001, 4242
 HTTP_TOKEN = "leak-test-bearer-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_no_secret_reaches_logs_timeline_or_ledger(

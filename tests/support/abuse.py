@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from pathlib import Path
 
 import aiohttp
+
+from tests.support.ports import free_port
+
+__all__ = ["daemon_and_model", "free_port", "metric", "scrape", "scrape_until"]
 
 
 def daemon_and_model(
@@ -21,13 +24,6 @@ def daemon_and_model(
         f'api_key_env = "{key_env}"\nmax_retries = 0\n'
         '[tools]\nipc_tools = ["get_time"]\n'
     )
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now, for the daemon's health and metrics endpoint."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def scrape(port: int) -> str:

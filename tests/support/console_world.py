@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,13 +24,7 @@ from geodebot.store.sqlite import SQLiteStore
 from tests.support.chat_e2e_telegram import CardKillingTelegram, Chat, ChatWorld
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.llm_server import FakeLLMServer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
+from tests.support.ports import free_port
 
 JOB = "digest"
 JOB_PROMPT = "job digest prompt"

@@ -21,6 +21,7 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.tools import Effect, Safety, ToolCallContext, ToolError, ToolSpec
 from tests.support.config import TEST_KEY_ENV
 from tests.support.mcp import FAKE, ROOT, alive, children, wait_for_state
+from tests.support.ports import free_port
 
 CTX = ToolCallContext(session_id="s1", turn_id="t1", mode=Mode.DAEMON)
 
@@ -286,13 +287,6 @@ async def test_a_server_that_keeps_failing_backs_off() -> None:
 def test_a_server_name_may_be_configured_only_once() -> None:
     with pytest.raises(ValueError, match="configured twice"):
         make_pool(fake_server({}), fake_server({}))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture

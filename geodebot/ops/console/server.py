@@ -22,6 +22,7 @@ from geodebot.ops.console.actions import Refused
 from geodebot.ops.console.parts import ConsoleParts, when
 from geodebot.ops.console.routes import ACTIONS, PAGES, Action, NotFound, Page
 from geodebot.ops.console.security import CSRF_FIELD, Guard, set_cookie
+from geodebot.ops.health import HEALTH_PATHS
 from geodebot.store.records import StoreError
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,6 @@ log = logging.getLogger(__name__)
 CONSOLE_SESSION = web.RequestKey("console_session", str)
 
 FLASH_COOKIE = "geodebot_flash"
-# The health server's own routes: they keep their bearer-header check and their answers.
-HEALTH_PATHS = frozenset({"/healthz", "/metrics"})
 _STATIC_TYPES = {".css": "text/css", ".js": "text/javascript"}
 _HEADERS = {
     # Every asset comes from this server; no inline script, no framing, forms post here only.

@@ -113,6 +113,9 @@ class ChatRouter:
             store, self._queues, model=model, budgets=budgets, daemon=daemon, job_status=job_status
         )
         self.counters: collections.Counter[str] = collections.Counter()
+        # Inbox rows queued or running here: a row handed over twice (the dead-letter feed
+        # and recover() can both find a row replayed while the daemon starts) runs once.
+        self._held: set[int] = set()
 
     async def __aenter__(self) -> ChatRouter:
         return self
@@ -190,11 +193,13 @@ class ChatRouter:
 
     def take(self, row: InboxRow) -> bool:
         """Queue a row committed elsewhere: one a previous run left, or a message another
-        thread relayed (the sender's commit wrote it). False: no binding has its chat."""
+        thread relayed (the sender's commit wrote it). False: no binding has its chat. A row
+        already queued or running here is left to that turn."""
         binding = self._index.find(row.platform, row.channel)
         if binding is None:
             return False
-        self._enqueue(row, binding)
+        if row.id not in self._held:
+            self._enqueue(row, binding)
         return True
 
     def load(self) -> tuple[int, int]:
@@ -214,6 +219,7 @@ class ChatRouter:
     # -- queued turns -----------------------------------------------------------------------
     def _enqueue(self, row: InboxRow, binding: BindingConfig) -> None:
         if self._queues.offer(row.session_id, (row, binding)):
+            self._held.add(row.id)
             return
         self.counters["busy"] += 1
         task = asyncio.create_task(self._answer(row, "dropped", BUSY_TEXT, detail="busy"))
@@ -221,14 +227,19 @@ class ChatRouter:
 
     async def _work(self, item: _Queued) -> None:
         row, binding = item
-        with log_context(platform=row.platform, session=row.session_id, inbox=str(row.id)):
-            await self._turn(row, binding)
+        try:
+            with log_context(platform=row.platform, session=row.session_id, inbox=str(row.id)):
+                await self._turn(row, binding)
+        finally:
+            self._held.discard(row.id)
 
     async def _stopped(self, item: _Queued) -> None:
+        self._held.discard(item[0].id)
         await self._record(item[0], "failed", STOPPED_TEXT, detail="stopped")
 
     async def _failed(self, item: _Queued, exc: Exception) -> None:
         row = item[0]
+        self._held.discard(row.id)
         if isinstance(exc, StoreError):
             log.error("turn for inbox row %s: store failure: %s", row.id, exc)
             await self._record(row, "failed", STORE_FAILURE_TEXT, detail="store_error")

@@ -594,6 +594,26 @@ async def test_unanswered_messages_are_answered_after_a_restart(
         assert await h.replies(1) == ["answered after restart"]
 
 
+async def test_a_row_handed_over_twice_runs_one_turn(
+    tmp_path: Path, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The dead-letter feed and recover() both find a row replayed while the daemon starts.
+    llm_server.default = Reply("answered once")
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        row, _ = await store.inbox_add(
+            platform="telegram", event_id="twice-1", session_id="s1", channel="c1",
+            thread=None, user="u1", text="hello?", message_id="m-twice",
+        )  # fmt: skip
+        assert await h.router.recover() == 1
+        assert h.router.take(row)
+        assert await h.replies(1) == ["answered once"]
+        await h.router.drain(5)
+        assert await store.inbox_unfinished() == []
+    assert len(llm_server.requests) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 async def test_a_command_after_a_mention_is_still_a_command(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -49,14 +50,18 @@ class Desktop:
             await writer.wait_closed()
 
 
-def free_display() -> int:
-    for number in range(90, 200):
-        if (
-            not Path(f"/tmp/.X11-unix/X{number}").exists()
-            and not Path(f"/tmp/.X{number}-lock").exists()
-        ):
-            return number
-    raise RuntimeError("no free X display number")
+async def display_number(read_fd: int, proc: asyncio.subprocess.Process) -> int:
+    """The display Xvfb chose (``-displayfd``): it writes the number once it accepts clients.
+    Xvfb picks a free one itself, so test processes running side by side never race for
+    one."""
+    loop = asyncio.get_running_loop()
+    with os.fdopen(read_fd, "rb") as pipe:
+        async with asyncio.timeout(20):
+            line = await loop.run_in_executor(None, pipe.readline)
+    if not line.strip():
+        await proc.wait()
+        raise RuntimeError(f"Xvfb exited with {proc.returncode}")
+    return int(line)
 
 
 async def wait_for(path: Path, proc: asyncio.subprocess.Process, what: str) -> None:
@@ -72,10 +77,11 @@ async def running_desktop() -> AsyncIterator[Desktop]:
     xvfb = shutil.which("Xvfb")
     assert xvfb is not None, "Xvfb is needed (Debian package xvfb)"
     assert shutil.which("xdotool") is not None, "xdotool is needed (Debian package xdotool)"
-    number = free_display()
+    read_fd, write_fd = os.pipe()
     screen = await asyncio.create_subprocess_exec(
         xvfb,
-        f":{number}",
+        "-displayfd",
+        str(write_fd),
         "-screen",
         "0",
         f"{WIDTH}x{HEIGHT}x24",
@@ -85,12 +91,14 @@ async def running_desktop() -> AsyncIterator[Desktop]:
         "-noreset",
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
+        pass_fds=(write_fd,),
     )
+    os.close(write_fd)
     agent = None
     with tempfile.TemporaryDirectory(prefix="gb-desk-") as directory:
         socket = Path(directory) / "agent.sock"
         try:
-            await wait_for(Path(f"/tmp/.X11-unix/X{number}"), screen, "Xvfb")
+            number = await display_number(read_fd, screen)
             agent = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from geodebot.config.schema import DB_FILE
+from geodebot.scheduler.job_scheduler import SCHEDULED_MARK
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.daemon import CONNECTED_MARK, MODELS_MARK, DaemonProcess
 from tests.support.fakes.llm_server import FakeLLMServer, Reply
@@ -165,6 +166,8 @@ async def run(args: argparse.Namespace) -> bool:
             try:
                 # Idle means after the model SDK loaded too, which it does right after READY.
                 await daemon.wait_for_line(MODELS_MARK, args.startup)
+                # And after the jobs were scheduled, which goes on after READY in batches.
+                await daemon.wait_for_line(SCHEDULED_MARK, args.startup)
                 await asyncio.sleep(1.0)
                 cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
                 await asyncio.sleep(args.idle)

@@ -47,6 +47,9 @@ POLL_S = 1.0
 # Jobs scheduled between two turns of the event loop when the store's jobs are (re)read:
 # 10,000 of them take about a second, which chat messages and due fires must not wait for.
 BATCH = 200
+# Logged once every job of the store has been scheduled after a start (benchmarks wait for it
+# before they call the daemon idle).
+SCHEDULED_MARK = "scheduler: scheduled"
 
 
 class _FireExecutor(BaseExecutor):  # type: ignore[misc]  # APScheduler ships no types
@@ -180,6 +183,10 @@ class JobScheduler:
         while True:
             try:
                 await self._refresh(first)
+                if first is not None:
+                    log.info(
+                        "%s: %d of %d jobs", SCHEDULED_MARK, self.registered(), len(self._jobs)
+                    )
                 first = None
                 self._scheduled.set()
                 for fire in await self._store.fires_settle():

@@ -28,8 +28,11 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
+# Two test files at a time, each whole on one worker (its module-scoped daemons start once).
+PYTEST_WORKERS ?= 2
+
 pytest: $(VENV)/.installed-test
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck pytest
 

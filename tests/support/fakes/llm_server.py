@@ -206,6 +206,9 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-cased names
     json: Any  # None when the body was not JSON
     raw: bytes = b""
+    # time.monotonic() when it arrived: the time between two requests is how long the
+    # client spent between them (a tool call, say), whatever its process cost to start.
+    at: float = field(default_factory=time.monotonic)
 
     @property
     def streamed(self) -> bool:

@@ -330,6 +330,7 @@ def _health_server(
         fire_counts=store.fire_counts,
         extra={"computer_use": computer_use, "scheduler": jobs, "unanswered": unanswered},
         unanswered=unanswered_count,
+        live_clients=lambda: live.clients,
     )
     spend = app.services.spend
     if spend is not None:

@@ -126,6 +126,8 @@ async def test_the_root_leads_to_work_and_health_and_metrics_answer_as_before(
     code, text = await browser.get("/metrics")
     assert code == 200
     assert "geodebot_turns_running" in text
+    # No page follows the live updates yet (all tabs of a browser would share one stream).
+    assert "\ngeodebot_console_live_clients 0.0\n" in text
 
 
 async def test_work_shows_projects_their_threads_and_their_state(

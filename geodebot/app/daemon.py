@@ -33,6 +33,7 @@ from geodebot.ops.heap import HeapKeeper
 from geodebot.ops.procstat import process_figures
 from geodebot.ops.sdnotify import SystemdNotifier
 from geodebot.scheduler.definitions import config_jobs
+from geodebot.scheduler.fire_runner import ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
 from geodebot.store.protocol import Store
@@ -145,7 +146,20 @@ async def _enter_daemon(
         await channels[destination.platform].typing(destination)
 
     # The outbox's window is its own: replies of turns that used the whole grace still go.
-    outbox = OutboxSender(store, channels, grace=Grace(turns_grace.seconds), files=app.files)
+    outbox = OutboxSender(
+        store,
+        channels,
+        grace=Grace(turns_grace.seconds),
+        files=app.files,
+        # A reply given up on is a new dead letter; a replayed one sent at last changes what
+        # the decisions show (and a row sent like any other costs one check while no page
+        # follows).
+        on_finished=(
+            None
+            if live is None
+            else lambda row: live.publish("deadletters", session=row.session_id)
+        ),
+    )
     approvals = ChatApprovals(
         store,
         channels,
@@ -179,6 +193,10 @@ async def _enter_daemon(
         outbox.kick,
         config_jobs=functools.partial(config_jobs, config),
         grace=turns_grace,
+        # A fire's start, end and delivery's outcome, shown on open /jobs pages at once.
+        on_fire=(
+            ignore_fire if live is None else lambda fire: live.publish("jobs", job=fire.job_id)
+        ),
     )
     if app.relay is not None:
 
@@ -312,6 +330,7 @@ def _health_server(
         fire_counts=store.fire_counts,
         extra={"computer_use": computer_use, "scheduler": jobs, "unanswered": unanswered},
         unanswered=unanswered_count,
+        live_clients=lambda: live.clients,
     )
     spend = app.services.spend
     if spend is not None:

@@ -48,6 +48,8 @@ STORE_RETRY_MAX_S = 30.0
 
 
 ChatKey = tuple[str, str, str | None]
+# Told of each row this sender finished (sent, or failed: given up on), after its commit.
+OnFinished = Callable[[OutboxRow], None]
 
 
 def part_key(outbox_id: int, index: int) -> str:
@@ -63,8 +65,12 @@ class OutboxSender:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         grace: Grace | None = None,
         files: FileStore | None = None,
+        on_finished: OnFinished | None = None,
     ) -> None:
         self._store = store
+        # Whoever shows what became of replies (the console's open pages); it must return at
+        # once and not raise.
+        self._on_finished = on_finished
         # Where the files that rows upload are kept (send_file).
         self._files = files
         self._grace = grace if grace is not None else Grace(0.0)
@@ -231,14 +237,24 @@ class OutboxSender:
             for done in self._scans:
                 done.add(row.id)
 
-    async def deliver(self, row: OutboxRow) -> None:
+    async def deliver(self, row: OutboxRow) -> OutboxRow:
+        """Send what is left of ``row``; the row as it ends up (still ``pending`` when the
+        chat is to be tried again later, by :class:`_Later`, raised)."""
+        done = await self._deliver(row)
+        if done.status != "pending" and self._on_finished is not None:
+            try:
+                self._on_finished(done)
+            except Exception:
+                log.exception("outbox %s: telling of its end failed", done.id)
+        return done
+
+    async def _deliver(self, row: OutboxRow) -> OutboxRow:
         channel = self._channels[row.platform]
         dest = Destination(cast(Platform, row.platform), row.channel, row.thread, row.reply_to)
         upload = self._upload(row)
         if isinstance(upload, str):
             log.error("outbox %s: %s", row.id, upload)
-            await self._store.outbox_finish(row.id, "failed", error=upload)
-            return
+            return await self._store.outbox_finish(row.id, "failed", error=upload)
         if upload is not None:
             # A file goes as one message, its caption one part at most (send_file keeps
             # captions short).
@@ -267,9 +283,9 @@ class OutboxSender:
                 channel, row, part, last=index == len(texts) - 1, begun=begun and index == 0
             )
             if row.status != "pending":
-                return
+                return row
         # Reached only when every part was recorded as sent before this pass.
-        await self._store.outbox_finish(row.id, "sent")
+        return await self._store.outbox_finish(row.id, "sent")
 
     def _upload(self, row: OutboxRow) -> OutboundFile | str | None:
         """The file a row uploads (None for text), or why it cannot be sent."""

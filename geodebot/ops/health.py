@@ -143,6 +143,8 @@ class Probe:
     fire_counts: Callable[[], Awaitable[Mapping[str, int]]] | None = None
     # Accepted messages without a reply for longer than the alert, when the daemon says.
     unanswered: Callable[[], Awaitable[int]] | None = None
+    # Streams of live updates open now (the console's /events: one per browser).
+    live_clients: Callable[[], int] | None = None
     # name -> (ok, detail) for further components (scheduler, computer use, ...).
     extra: dict[str, Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]] = field(
         default_factory=dict
@@ -207,6 +209,12 @@ class _LiveCollector(Collector):
                 "geodebot_unanswered_messages",
                 "Accepted messages still without a reply after [daemon] unanswered_alert_s.",
                 value=self.unanswered,
+            )
+        if self._probe.live_clients is not None:
+            yield GaugeMetricFamily(
+                "geodebot_console_live_clients",
+                "Streams of the console's live updates open now (all tabs of a browser share one).",
+                value=self._probe.live_clients(),
             )
 
 

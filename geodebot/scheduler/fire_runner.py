@@ -29,6 +29,28 @@ log = logging.getLogger(__name__)
 
 MAX_REASON = 300
 
+# Told of a fire whose row just changed (claimed, finished, settled), after the commit.
+OnFire = Callable[[FireRecord], None]
+
+
+def ignore_fire(fire: FireRecord) -> None:
+    """The default :data:`OnFire`: nobody follows the fires."""
+
+
+def guarded(on_fire: OnFire) -> OnFire:
+    """``on_fire`` whose failure is logged, never the scheduler's: a fire's record is what
+    counts, telling of it is a courtesy."""
+    if on_fire is ignore_fire:
+        return on_fire
+
+    def tell(fire: FireRecord) -> None:
+        try:
+            on_fire(fire)
+        except Exception:
+            log.exception("job %s: telling of fire %s failed", fire.job_id, fire.id)
+
+    return tell
+
 
 def _tools(job: JobRecord, binding: BindingConfig) -> tuple[str, ...]:
     """A job made from chat never has a tool its chat's binding lacks, now or later."""
@@ -60,11 +82,14 @@ class FireRunner:
         store: Store,
         bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
+        *,
+        on_fire: OnFire = ignore_fire,
     ) -> None:
         self._run_turn = run_turn
         self._store = store
         self._index = BindingIndex.of(bindings)
         self._kick = kick
+        self._on_fire = guarded(on_fire)
 
     async def run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
         """Run a claimed (``running``) fire to its end; never raises but for cancellation."""
@@ -159,6 +184,7 @@ class FireRunner:
             return fire
         if message is not None:
             self._kick()
+        self._on_fire(done)
         level = logging.INFO if failure is None else logging.WARNING
         log.log(
             level, "job %s fire %s (%s): %s %s", job.id, fire.id, when, done.outcome, done.reason

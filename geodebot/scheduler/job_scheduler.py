@@ -29,7 +29,7 @@ from geodebot.engine.lanes import Grace
 from geodebot.engine.session import TurnRunner
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
 from geodebot.scheduler.definitions import name_delivery_bindings, schedule_of
-from geodebot.scheduler.fire_runner import FireRunner
+from geodebot.scheduler.fire_runner import FireRunner, OnFire, guarded, ignore_fire
 from geodebot.scheduler.schedule import (
     CronFields,
     ScheduleError,
@@ -88,13 +88,17 @@ class JobScheduler:
         config_jobs: Callable[[], Sequence[JobRecord]] = tuple,
         grace: Grace | None = None,
         poll_s: float = POLL_S,
+        on_fire: OnFire = ignore_fire,
     ) -> None:
         self._store = store
+        # Told of each fire whose row this scheduler wrote: claimed (or skipped), finished,
+        # settled (its delivery's outcome known); what shows fires (the console) follows it.
+        self._on_fire = guarded(on_fire)
         self._index = BindingIndex.of(bindings)
         # Asked at start, not before: a new job owes fires only from the moment it is synced.
         self._config_jobs = config_jobs
         self._grace = grace if grace is not None else Grace(0.0)
-        self._runner = FireRunner(run_turn, store, self._index, kick)
+        self._runner = FireRunner(run_turn, store, self._index, kick, on_fire=self._on_fire)
         self._poll_s = poll_s
         self._jobs: dict[str, JobRecord] = {}
         self._revision: str | None = None
@@ -131,7 +135,9 @@ class JobScheduler:
         # Nothing of a previous process can still run: its claimed fires are not re-run.
         for fire in await self._store.fires_interrupted("the daemon stopped during the run"):
             log.warning("job %s: fire %s was cut short by a restart", fire.job_id, fire.id)
-        await self._store.fires_settle()
+            self._on_fire(fire)
+        for fire in await self._store.fires_settle():
+            self._on_fire(fire)
         cut_ms = int(time.time() * 1000)
         self._aps = AsyncIOScheduler(
             timezone=UTC,
@@ -191,6 +197,7 @@ class JobScheduler:
                 self._scheduled.set()
                 for fire in await self._store.fires_settle():
                     log.info("job %s: fire %s is %s", fire.job_id, fire.id, fire.outcome)
+                    self._on_fire(fire)
             except StoreError:
                 log.exception("scheduler: cannot read the store; trying again")
             await asyncio.sleep(self._poll_s)
@@ -288,13 +295,17 @@ class JobScheduler:
         if not won:
             if fire.outcome == "skipped-overlap":
                 log.warning("job %s: fire skipped, %s", job_id, fire.reason)
+                self._on_fire(fire)
             return
+        self._on_fire(fire)
         await self._runner.run(job, fire)
 
     async def _catch_up(self, job: JobRecord, plan: CatchUpPlan) -> None:
         if plan.skipped_ms is not None:
-            await self._store.fire_skip(job.id, plan.skipped_ms, "catch-up", plan.reason)
+            skipped = await self._store.fire_skip(job.id, plan.skipped_ms, "catch-up", plan.reason)
             log.warning("job %s: %s", job.id, plan.reason)
+            if skipped is not None:
+                self._on_fire(skipped)
         for scheduled_ms in plan.run_ms:
             await self._fire(job.id, scheduled_ms, "catch-up")
 
@@ -303,10 +314,12 @@ class JobScheduler:
         fire, won = await self._store.fire_start_requested(requested.id)
         if not won:
             return
+        self._on_fire(fire)
         if job is None:
-            await self._store.fire_finish(
+            done = await self._store.fire_finish(
                 fire.id, started_at=time.time(), failure=("failed", "no such job any more")
             )
+            self._on_fire(done)
             return
         await self._runner.run(job, fire)
 

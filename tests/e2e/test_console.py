@@ -126,6 +126,8 @@ async def test_the_root_leads_to_work_and_health_and_metrics_answer_as_before(
     code, text = await browser.get("/metrics")
     assert code == 200
     assert "geodebot_turns_running" in text
+    # No page follows the live updates yet (all tabs of a browser would share one stream).
+    assert "\ngeodebot_console_live_clients 0.0\n" in text
 
 
 async def test_work_shows_projects_their_threads_and_their_state(
@@ -377,12 +379,28 @@ async def test_a_job_is_paused_resumed_and_run_once(world: ConsoleWorld, browser
     assert code == 303
     assert not world.job_paused()
 
-    code, _, _ = await browser.post(f"/jobs/{JOB}/run")
-    assert code == 303
-    code, page, _ = await browser.post(f"/jobs/{JOB}/run")
-    assert code == 409
-    assert f"Job {JOB} has a run" in page
-    await until(lambda: world.fires()[-1][1] in ("ok", "failed", "delivery-failed"), 60)
+    async with browser.session.get(world.base + "/events") as stream:
+        assert await stream.content.readline() == b"retry: 3000\n"
+        code, _, _ = await browser.post(f"/jobs/{JOB}/run")
+        assert code == 303
+        code, page, _ = await browser.post(f"/jobs/{JOB}/run")
+        assert code == 409
+        assert f"Job {JOB} has a run" in page
+        # An open /jobs page hears of the fire as it starts, ends and is settled by its
+        # delivery, each time after the store has it.
+        seen: list[str] = []
+
+        def heard(topic: str, data: dict[str, Any]) -> bool:
+            if topic == "jobs" and data == {"job": JOB}:
+                seen.append(world.fires()[-1][1])
+            return bool(seen) and seen[-1] == "ok"
+
+        await _read_events(stream, heard, timeout=60)
+    # The button's own (requested), the run's start (it runs for 5 s), its end (delivering)
+    # and the settling (ok, heard only once the store has it).
+    assert len(seen) >= 4, seen
+    assert "running" in seen
+    assert seen[-1] == "ok"
     assert [(cause, outcome) for cause, outcome, _ in world.fires()] == [("manual", "ok")]
     await world.showing(JOBS, "digest: all quiet", part=True)
     code, page = await browser.get("/jobs")
@@ -466,7 +484,12 @@ async def forged_decisions_are_refused(browser: Browser, letter: str) -> None:
 async def test_a_reply_given_up_on_is_listed_and_replayed_from_the_console_once(
     world: ConsoleWorld, browser: Browser
 ) -> None:
-    letter, row_id = await given_up(world, REPLAYED, "the late <answer>")
+    async with browser.session.get(world.base + "/events") as stream:
+        assert await stream.content.readline() == b"retry: 3000\n"
+        letter, row_id = await given_up(world, REPLAYED, "the late <answer>")
+        # Open pages hear of the new dead letter from the sender that gave up on it.
+        events = await _read_events(stream, lambda topic, data: topic == "deadletters")
+        assert events[-1][1] == {"session": session(REPLAYED)}
     code, page = await browser.get("/deadletters")
     assert code == 200
     assert 'href="/deadletters" data-nav="dead letters" aria-current="page"' in page
@@ -504,6 +527,12 @@ async def test_a_reply_given_up_on_is_listed_and_replayed_from_the_console_once(
         assert code == 303
         assert response.headers["Location"] == "/deadletters"
         events = await _read_events(stream, lambda topic, data: topic == "deadletters")
+        assert events[-1][1] == {"session": session(REPLAYED)}
+        # And of the replayed row sent at last: what the decisions show of it changed.
+        events = await _read_events(
+            stream,
+            lambda topic, data: topic == "deadletters" and outbox_status(world, row_id) == "sent",
+        )
         assert events[-1][1] == {"session": session(REPLAYED)}
     sent = await world.telegram.wait_for_sent(REPLAYED, 1, timeout=30)
     assert [m.shows[0] for m in sent] == ["the late <answer>"]
@@ -613,6 +642,43 @@ async def test_open_pages_hear_of_runs_as_they_happen(
         assert ("approvals", session(LIVE)) in [(t, d.get("session")) for t, d in events]
     await world.showing(LIVE, "Live note done.")
     assert world.notes_written("live note") == 1
+
+
+async def test_a_run_without_tool_calls_shows_while_it_runs_and_is_gone_once_committed(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    """Such a turn commits its timeline only at its end: its thread shows the message it
+    answers as running now, from the turn's start, and /work shows the thread running."""
+    thread = f"/threads/{session(LIVE)}"
+    async with browser.session.get(world.base + "/events") as stream:
+        assert await stream.content.readline() == b"retry: 3000\n"
+        world.model.script("slow run:", Delay(4, Reply("slow answer")))
+        world.ask(LIVE, "slow run: take your time")
+        # What an open page fetches when it hears the turn start shows it running.
+        await _read_events(stream, lambda topic, data: data.get("kind") == "turn_started")
+        code, page = await browser.get(thread)
+        assert code == 200
+        [(inbox_id, entry)] = re.findall(
+            r'<article class="run-now" data-running="(\d+)">(.*?)</article>', page, re.S
+        )
+        [(received,)] = world.query("SELECT received_at FROM inbox WHERE id = ?", int(inbox_id))
+        assert "Running now" in entry
+        assert time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(received)) in entry
+        runs = page.split('id="runs"')[1]
+        assert '<article class="run"' not in runs.split('class="run-now"')[0]  # first
+        code, work = await browser.get("/work")
+        [row] = re.findall(rf'<tr data-session="{session(LIVE)}".*?</tr>', work, re.S)
+        assert 'data-state="running"' in row
+        await _read_events(stream, lambda topic, data: data.get("kind") == "turn_finished")
+        # Fetched on its end: the run, committed, and nothing running.
+        code, page = await browser.get(thread)
+    assert 'class="run-now"' not in page
+    newest = page.split('<article class="run"')[1]
+    assert 'data-outcome="completed"' in newest.split(">")[0]
+    code, work = await browser.get("/work")
+    [row] = re.findall(rf'<tr data-session="{session(LIVE)}".*?</tr>', work, re.S)
+    assert 'data-state="idle"' in row
+    await world.showing(LIVE, "slow answer")
 
 
 async def _read_events(

@@ -10,7 +10,8 @@ without a reload; a reply the platform refused for good is listed as a dead lett
 Replay clicked in the page sends it once (a second click, from a tab still showing the
 button, is refused); every action without the page's CSRF token, from a page of another origin,
 or without the bearer token where one is configured is refused and changes
-nothing in the store.
+nothing in the store; every tab of one browser follows the live updates on one stream, which
+another tab takes over when the tab holding it closes.
 
 One daemon serves the module; a second one, with a bearer token configured, serves the token
 test alone. The store is read beside the running daemon (read-only; WAL) to see what an
@@ -234,6 +235,12 @@ async def live(page: Page) -> None:
     await expect(page.locator("body")).to_have_attribute("data-refreshed", _POSITIVE)
 
 
+async def without_live(page: Page) -> None:
+    """The page without its script, so without live updates: a tab left as it was loaded
+    (with the script it would follow the stream another tab of the browser shares)."""
+    await page.route("**/static/console.js", lambda route: route.abort())
+
+
 async def submit(page: Page, button: Locator) -> int:
     """Clicks a form's button; the status the POST was answered with."""
     async with page.expect_response(lambda r: r.request.method == "POST") as posted:
@@ -301,9 +308,7 @@ async def test_every_page_renders_the_daemons_data_and_is_pictured(
     await expect(page.locator("#flash")).to_contain_text(f"Run of job {JOB} requested")
     await until(lambda: [f[:2] for f in world.fires()] == [("manual", "ok")])
     await world.showing(TICKS, DIGEST_ANSWER, part=True)
-    # A fire that ends after its delivery tells no open page (the live feed hears of runs,
-    # not of a fire's end): the page is loaded again for the picture.
-    await visit(world, page, "/jobs")
+    # The fire's end, settled once its delivery went out, shows on the open page.
     await expect(digest.locator('tr[data-outcome="ok"]')).to_contain_text("manual")
     tick = page.locator(f'[data-job-id="{TICK}"]')
     await expect(tick).to_have_attribute("data-paused", "true")
@@ -370,7 +375,7 @@ async def test_an_approval_clicked_in_the_page_runs_the_call_once(
         await visit(world, opened, "/approvals")
     item = f'[data-approval-id="{approval}"]'
     for old in stale:
-        await old.route("**/events", lambda route: route.abort())
+        await without_live(old)
         await old.goto(world.base + "/approvals")
         await expect(old.locator(item)).to_be_visible()
 
@@ -462,8 +467,11 @@ async def test_a_job_paused_from_the_page_does_not_fire_until_resumed(
     [(fire_id, _, cause, outcome), *_] = fired_again()
     assert (cause, outcome) == ("schedule", "ok")
     await until(lambda: world.posts(TICKS, TICK_ANSWER) > posts)
-    # The open page shows the new fire without a reload (its run's events refresh it).
-    await expect(job.locator(f'tr[data-fire-id="{fire_id}"]')).to_be_visible()
+    # The open page shows the new fire and its outcome, settled by its delivery, without a
+    # reload.
+    await expect(job.locator(f'tr[data-fire-id="{fire_id}"]')).to_have_attribute(
+        "data-outcome", "ok"
+    )
 
     # Both paused again: the rest of the module is quiet.
     for locator, name in ((job, TICK), (witness, TOCK)):
@@ -486,6 +494,20 @@ async def test_a_run_appears_on_open_pages_as_it_goes_without_a_reload(
     await expect(row.locator("[data-state]")).to_have_attribute("data-state", "idle")
     for page in (thread, work):
         await page.evaluate("window.marker = 'loaded once'")
+    # A run without tool calls saves its events only at its end: until then the thread shows
+    # the message it answers as running now, and /work the thread running.
+    world.model.script("quiet run:", Delay(3, Reply("The quiet answer.")))
+    world.ask(LIVE, "quiet run: no tool needed")
+    running = thread.locator("#runs article.run-now")
+    await expect(running).to_have_count(1)
+    await expect(running).to_contain_text("Running now")
+    await expect(row.locator("[data-state]")).to_have_attribute("data-state", "running")
+    await expect(runs).to_have_count(0)
+    await expect(running).to_have_count(0, timeout=20_000)
+    await expect(runs).to_have_count(1)
+    await expect(runs.first).to_have_attribute("data-outcome", "completed")
+    await expect(row.locator("[data-state]")).to_have_attribute("data-state", "idle")
+    await world.showing(LIVE, "The quiet answer.")
     # A run of two rounds whose second model call takes a while: it shows while it is open
     # (its first round is saved with its tool call), then finished.
     world.model.script(
@@ -494,8 +516,10 @@ async def test_a_run_appears_on_open_pages_as_it_goes_without_a_reload(
         Delay(2, Reply("The live answer.")),
     )
     world.ask(LIVE, "live run: what time is it?")
-    await expect(runs).to_have_count(1)
+    await expect(runs).to_have_count(2)
     await expect(runs.first).to_have_attribute("data-outcome", "open")
+    # Its steps on the timeline are the running turn: shown once.
+    await expect(running).to_have_count(0)
     await expect(runs.first.locator('[data-tool-call="get_time"]')).to_have_attribute(
         "data-status", "ok"
     )
@@ -585,9 +609,9 @@ async def test_actions_without_the_csrf_token_or_from_another_origin_change_noth
 
     async def refused(path: str, selector: str) -> None:
         page = await tab.context.new_page()
-        # Without its live feed: side by side, the pages' event streams would take all six
-        # connections chromium opens to one host, and the forms' posts would wait behind them.
-        await page.route("**/events", lambda route: route.abort())
+        # Without live updates: a section fetched again would bring back the token removed
+        # below.
+        await without_live(page)
         await visit(world, page, path, follow=False)
         button = page.locator(selector).first
         # The page's own form, valid token and all, for a page of another origin.
@@ -646,7 +670,7 @@ async def test_a_dead_letter_is_listed_and_replayed_from_the_page_once(
     # A second tab on the list whose live feed is down: it still shows the buttons after the
     # decision.
     stale = await tab.context.new_page()
-    await stale.route("**/events", lambda route: route.abort())
+    await without_live(stale)
     await visit(world, page, "/deadletters")
     await visit(world, stale, "/deadletters", follow=False)
     item = f'[data-deadletter-id="{letter}"]'
@@ -676,6 +700,9 @@ async def test_a_dead_letter_is_listed_and_replayed_from_the_page_once(
     await expect(decided).to_contain_text("operator via console")
     await world.showing(REFUSING, answer)
     assert world.deadletter_decisions(row_id) == [("replay", "operator", "console")]
+    # What became of the row, as the list's decisions show it: the open page hears of the
+    # row sent at last.
+    await expect(decided.locator('[data-field="status"]')).to_have_text("sent")
 
     # The second click, from the tab that still shows the button: refused, nothing sent.
     button = stale.locator(f'{item} button[data-action="replay"]')
@@ -687,9 +714,118 @@ async def test_a_dead_letter_is_listed_and_replayed_from_the_page_once(
     assert [m.shows[0] for m in messages] == [answer, CONTROL_ANSWER]
     assert world.deadletter_decisions(row_id) == [("replay", "operator", "console")]
     assert world.outbox_status(row_id) == "sent"
-    # What became of the row, as the list's decisions show it.
-    await visit(world, page, "/deadletters", follow=False)
-    await expect(decided.locator('[data-field="status"]')).to_have_text("sent")
+
+
+# -- 7. every tab of a browser on one stream --------------------------------------------------
+TABS = 8  # more than the six connections chromium opens to one host
+
+
+async def live_clients(client: HttpClient) -> int:
+    """The daemon's open live streams, as /metrics says."""
+    code, text = await client.get("/metrics")
+    assert code == 200
+    [value] = re.findall(r"^geodebot_console_live_clients ([0-9.]+)$", text, re.M)
+    return int(float(value))
+
+
+async def roles(pages: list[Page]) -> list[str | None]:
+    """What each page does for the live updates: lead (follows the stream for all), follow
+    (hears it from the lead), own (follows a stream of its own)."""
+    return [await page.locator("body").get_attribute("data-live-role") for page in pages]
+
+
+async def until_clients(client: HttpClient, count: int, timeout: float = 40.0) -> None:
+    """Until the daemon has ``count`` live streams (one cut off is noticed at its next
+    keep-alive, within 15 s)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if await live_clients(client) == count:
+                return
+            await asyncio.sleep(0.2)
+
+
+async def test_every_tab_of_a_browser_shares_one_stream_and_another_takes_it_over(
+    world: BrowserWorld, tab: Tab
+) -> None:
+    pages = [tab.page, *[await tab.context.new_page() for _ in range(TABS - 1)]]
+    paths = ["/jobs", "/work", "/jobs", "/approvals", "/jobs", "/deadletters", "/jobs", "/jobs"]
+    jobs = [page for page, path in zip(pages, paths, strict=True) if path == "/jobs"]
+    async with HttpClient.open(world.base) as client:
+        await until_clients(client, 0)  # the streams of the pages of earlier tests are gone
+        # A stream per tab would leave the seventh no connection to load with.
+        for page, path in zip(pages, paths, strict=True):
+            await visit(world, page, path)
+        assert sorted(map(str, await roles(pages))) == ["follow"] * (TABS - 1) + ["lead"]
+        assert await live_clients(client) == 1
+        for page in pages:
+            await page.evaluate("window.marker = 'loaded once'")
+        await expect(jobs[0].locator(f'[data-job-id="{JOB}"]')).to_have_attribute(
+            "data-paused", "false"
+        )
+
+        # A change made elsewhere (another client of the console) shows in every tab.
+        await client.get("/jobs")
+        assert (await client.post(f"/jobs/{JOB}/pause"))[0] == 303
+        for page in jobs:
+            await expect(page.locator(f'[data-job-id="{JOB}"]')).to_have_attribute(
+                "data-paused", "true"
+            )
+
+        rest = await lead_leaves(pages)
+        await until_clients(client, 1)
+        assert (await client.post(f"/jobs/{JOB}/resume"))[0] == 303
+        jobs = [page for page in jobs if page in rest]
+        for page in jobs:
+            await expect(page.locator(f'[data-job-id="{JOB}"]')).to_have_attribute(
+                "data-paused", "false"
+            )
+
+        # Without Web Locks or BroadcastChannel a tab follows a stream of its own, as before.
+        alone = await tab.context.new_page()
+        await alone.add_init_script("delete window.BroadcastChannel;")
+        await visit(world, alone, "/jobs")
+        assert await roles([alone]) == ["own"]
+        assert await live_clients(client) == 2
+        assert (await client.post(f"/jobs/{JOB}/pause"))[0] == 303
+        for page in (alone, *jobs):
+            await expect(page.locator(f'[data-job-id="{JOB}"]')).to_have_attribute(
+                "data-paused", "true"
+            )
+        assert (await client.post(f"/jobs/{JOB}/resume"))[0] == 303
+        await expect(alone.locator(f'[data-job-id="{JOB}"]')).to_have_attribute(
+            "data-paused", "false"
+        )
+        await alone.close()
+        for page in rest:
+            assert await page.evaluate("window.marker") == "loaded once"
+            navigations = await page.evaluate(
+                "performance.getEntriesByType('navigation').map((n) => n.type)"
+            )
+            assert navigations == ["navigate"]
+            await page.close()
+        await until_clients(client, 0)
+
+
+async def lead_leaves(pages: list[Page]) -> list[Page]:
+    """Closes the tab that follows the stream for the others: the next in line takes it
+    over, and every tab fetches what it shows once (what changed meanwhile told nobody).
+    The tabs left."""
+    lead = pages[(await roles(pages)).index("lead")]
+    rest = [page for page in pages if page is not lead]
+    fetched = [int(await page.evaluate("document.body.dataset.refreshed")) for page in rest]
+    await lead.close()
+    async with asyncio.timeout(20):
+        while True:
+            if "lead" in await roles(rest):
+                break
+            await asyncio.sleep(0.1)
+    assert sorted(map(str, await roles(rest))) == ["follow"] * (len(rest) - 1) + ["lead"]
+    for page, before in zip(rest, fetched, strict=True):
+        await page.wait_for_function(
+            "(before) => Number(document.body.dataset.refreshed) > before", arg=before
+        )
+        await expect(page.locator("#live-state")).to_have_attribute("data-live-state", "on")
+    return rest
 
 
 # -- with a bearer token ----------------------------------------------------------------------
@@ -745,7 +881,7 @@ async def test_with_a_token_the_page_asks_for_it_once_and_no_action_works_withou
     for path, selector in buttons:
         other = await tab.context.new_page()
         # Nothing may swap the form while the test fills it (the live feed is not wanted here).
-        await other.route("**/events", lambda route: route.abort())
+        await without_live(other)
         await visit(world, other, path, follow=False)
         opened.append((other, other.locator(selector)))
     await tab.context.clear_cookies(name="geodebot_token")

@@ -16,6 +16,7 @@ from geodebot.app.build import App
 from geodebot.chat.outbox import OutboxSender
 from geodebot.config.schema import Config
 from geodebot.scheduler.definitions import config_jobs
+from geodebot.scheduler.fire_runner import OnFire, ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.store.records import FireRecord
 from geodebot.testing import MemoryChannel
@@ -46,7 +47,9 @@ class World:
     def store(self) -> Any:
         return self.app.services.store
 
-    async def start_scheduler(self, *, poll_s: float = 0.05) -> JobScheduler:
+    async def start_scheduler(
+        self, *, poll_s: float = 0.05, on_fire: OnFire = ignore_fire
+    ) -> JobScheduler:
         scheduler = JobScheduler(
             self.app.run_turn,
             self.store,
@@ -54,6 +57,7 @@ class World:
             self.outbox.kick,
             config_jobs=functools.partial(config_jobs, self.config),
             poll_s=poll_s,
+            on_fire=on_fire,
         )
         await scheduler.start()
         self.schedulers.append(scheduler)

@@ -14,7 +14,7 @@ import pytest
 
 from geodebot.channels.base import ChannelError
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed, parse_id
-from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.outbox import OutboxSender, _Later
 from geodebot.store.records import ApprovalRecord, InboxRow, NewOutbound, OutboxRow, StoreError
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import MemoryChannel
@@ -530,6 +530,51 @@ async def test_a_replayed_reply_sends_only_the_parts_that_did_not_go(store: SQLi
     assert sorted(done.sent_parts) == [0, 1]
     assert not (await letters.replay(f"out-{outbound.id}", by="bob", via="cli")).ok
     assert chat.texts() == ["b" * 10]
+
+
+async def test_the_sender_tells_of_each_row_it_gives_up_on_or_sends_in_the_end(
+    store: SQLiteStore,
+) -> None:
+    """What shows dead letters (the console's open pages) hears of a new one, and of a
+    replayed one that went out, from the sender itself."""
+    chat = MemoryChannel(limit=10)
+    finished: list[OutboxRow] = []
+    sender = OutboxSender(store, {"telegram": chat}, on_finished=finished.append)
+    _, outbound = await answered(store)
+    chat.fail_next(ChannelError("403: bot was blocked", permanent=True))
+    await sender.deliver(outbound)
+    [failed] = finished
+    assert (failed.id, failed.status, failed.error) == (
+        outbound.id,
+        "failed",
+        "403: bot was blocked",
+    )
+
+    replayed: list[InboxRow | OutboxRow] = []
+    letters = DeadLetters(store, on_replayed=replayed.append)
+    assert (await letters.replay(f"out-{outbound.id}", by="alice", via="console")).ok
+    [again] = replayed
+    assert isinstance(again, OutboxRow)
+    await sender.deliver(again)
+    assert chat.texts() == ["the answer"]
+    assert [(row.id, row.status) for row in finished] == [
+        (outbound.id, "failed"),
+        (outbound.id, "sent"),
+    ]
+    # A row left pending (the platform unwell for now) is not finished: nobody is told.
+    _, later = await answered(store)
+    chat.fail_next(*[ChannelError("502: bad gateway")] * 10)
+
+    async def no_pause(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    sender = OutboxSender(store, {"telegram": chat}, sleep=no_pause, on_finished=finished.append)
+    with pytest.raises(_Later):  # the chat is tried again on a later pass
+        await sender.deliver(later)
+    pending = await store.get_outbox(later.id)
+    assert pending is not None
+    assert pending.status == "pending"
+    assert len(finished) == 2
 
 
 async def test_messages_left_without_a_reply_in_an_older_database_are_found(

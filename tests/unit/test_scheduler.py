@@ -9,12 +9,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from geodebot.channels.base import ChannelError
 from geodebot.config.schema import DB_FILE
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.schedule import to_ms
-from geodebot.store.records import JobRecord
+from geodebot.store.records import FireRecord, JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
 from tests.support.scheduler_world import BINDINGS, job, scheduler_world
@@ -139,6 +141,64 @@ async def test_failed_delivery_is_recorded_as_delivery_failed(
     failed = next(r for r in rows if r.outcome == "delivery-failed")
     assert "chat not found" in failed.reason
     assert not any(r.outcome == "ok" for r in rows)
+
+
+class Heard(list[FireRecord]):
+    """An ``on_fire`` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._told = asyncio.Event()
+
+    def __call__(self, fire: FireRecord) -> None:
+        self.append(fire)
+        self._told.set()
+
+    async def until(self, outcome: str, timeout: float = 15.0) -> FireRecord:
+        """Until a fire with ``outcome`` was told of; the first such one."""
+        async with asyncio.timeout(timeout):
+            while not any(f.outcome == outcome for f in self):
+                self._told.clear()
+                await self._told.wait()
+        return next(f for f in self if f.outcome == outcome)
+
+
+@pytest.mark.parametrize(
+    ("refused", "end"), [(False, "ok"), (True, "delivery-failed")], ids=["sent", "refused"]
+)
+async def test_whoever_follows_the_fires_hears_each_start_end_and_settling(
+    tmp_path: Path, llm_server: FakeLLMServer, refused: bool, end: str
+) -> None:
+    """What shows the fires (the console's /jobs) is told as each fire's row changes, up to
+    the outcome the outbox's delivery settles, without reading the store itself."""
+    llm_server.default = Reply("All deploys green.")
+    heard = Heard()
+    async with scheduler_world(tmp_path, llm_server, [job(every="1s")]) as world:
+        if refused:
+            world.chat.fail_next(*[ChannelError("chat not found", permanent=True)] * 50)
+        await world.start_scheduler(on_fire=heard)
+        settled = await heard.until(end)
+        [stored] = [r for r in await world.history() if r.id == settled.id]
+    assert stored == settled
+    outcomes = [f.outcome for f in heard if f.id == settled.id]
+    assert outcomes == ["running", "delivering", end]
+    assert all(f.job_id == "digest" for f in heard)
+
+
+async def test_a_requested_fire_is_heard_when_it_starts_and_ends(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("On demand.")
+    heard = Heard()
+    async with scheduler_world(tmp_path, llm_server, [job(cron="0 3 * * *")]) as world:
+        await world.start_scheduler(on_fire=heard)
+        requested = await world.store.fire_request("digest", int(time.time() * 1000))
+        await heard.until("ok")
+    assert [(f.id, f.cause, f.outcome) for f in heard] == [
+        (requested.id, "manual", "running"),
+        (requested.id, "manual", "delivering"),
+        (requested.id, "manual", "ok"),
+    ]
 
 
 async def test_restart_with_catch_up_skip_runs_none_and_says_so(

@@ -15,7 +15,7 @@ from geodebot.ops.console.boards import approvals_view, jobs_view, operator_view
 from geodebot.ops.console.deadletters import attention, deadletters_view, letter_view, letters_of
 from geodebot.ops.console.parts import ConsoleParts
 from geodebot.ops.console.target import target_of
-from geodebot.ops.console.work import binding_rows, timeline_page, work_view
+from geodebot.ops.console.work import binding_rows, running_now, timeline_page, work_view
 
 Context = dict[str, Any]
 Load = Callable[[ConsoleParts, web.Request], Awaitable[Context]]
@@ -60,6 +60,9 @@ async def _thread(parts: ConsoleParts, request: web.Request) -> Context:
     before_text = request.query.get("before", "")
     before = int(before_text) if before_text.isdigit() else None
     page = await timeline_page(parts, session_id, before=before)
+    running, queued = (
+        (None, 0) if before is not None else await running_now(parts, session_id, page)
+    )
     target = await target_of(parts, session_id, bindings[0]) if bindings else None
     pending = await parts.store.approvals_pending(session_id=session_id)
     send_to: list[str] = []
@@ -71,6 +74,8 @@ async def _thread(parts: ConsoleParts, request: web.Request) -> Context:
         "bindings": bindings,
         "page": page,
         "before": before,
+        "running": running,
+        "queued": queued,
         "target": target,
         "pending": pending,
         "send_to": send_to,

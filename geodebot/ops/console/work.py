@@ -14,7 +14,7 @@ from typing import Any
 from geodebot.chat.bindings import binding_key, owns
 from geodebot.config.schema import BindingConfig
 from geodebot.ops.console.parts import ConsoleParts, binding_of
-from geodebot.store.records import SessionRecord, TimelineEvent
+from geodebot.store.records import InboxRow, SessionRecord, TimelineEvent
 
 # Events read for one page of a thread's timeline; a run cut at the page's edge is left for
 # the next page unless it is the only one.
@@ -165,6 +165,20 @@ async def timeline_page(
             runs.pop()
         older = runs[-1].first_id
     return TimelinePage(runs, older)
+
+
+async def running_now(
+    parts: ConsoleParts, session_id: str, page: TimelinePage
+) -> tuple[InboxRow | None, int]:
+    """The message whose turn runs in the session now, when the timeline does not show that
+    turn yet (a turn commits its events at its checkpoints, a turn without tool calls only at
+    its end), and how many messages wait behind it."""
+    running, queued = await parts.store.inbox_activity(session_id)
+    newest = page.runs[0] if page.runs else None
+    if newest is not None and newest.turn_id is not None and newest.outcome is None:
+        # Its first round is saved: the timeline shows the running turn, steps and all.
+        running = None
+    return running, queued
 
 
 def group_runs(newest_first: Sequence[TimelineEvent]) -> list[Run]:

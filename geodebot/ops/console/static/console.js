@@ -2,6 +2,13 @@
 // /events), and each marked section of this page that shows it is fetched again and swapped
 // in place. No polling: an open page that nothing happens to sends nothing. Without this
 // script every page still works; it is only a reload that it saves.
+//
+// All tabs of one browser share one stream: a browser opens at most six HTTP/1.1
+// connections to a host, and a stream per tab would leave a seventh tab none to load with.
+// The tab holding the Web Lock "geodebot-console-live" (held for as long as the page lives)
+// follows /events and passes on every event on the BroadcastChannel of the same name; the
+// others listen there. When that tab goes, the next one waiting for the lock takes the
+// stream over. Without Web Locks or BroadcastChannel each tab follows the stream itself.
 (function () {
   "use strict";
   var body = document.body;
@@ -11,6 +18,7 @@
     return;
   }
   var TOPICS = ["runs", "approvals", "jobs", "receipts", "deadletters", "operator"];
+  var SHARED = "geodebot-console-live";
   var pending = {};
   var timer = null;
 
@@ -68,33 +76,91 @@
     }
   }
 
-  function changed(event) {
-    var data = {};
-    try {
-      data = JSON.parse(event.data);
-    } catch (e) {
-      data = {};
+  function state(on) {
+    if (badge) {
+      badge.setAttribute("data-live-state", on ? "on" : "off");
     }
-    mark(sections(event.type, data.session));
   }
 
-  var source = new EventSource(url);
-  TOPICS.forEach(function (topic) {
-    source.addEventListener(topic, changed);
-  });
-  source.onopen = function () {
-    if (badge) {
-      badge.setAttribute("data-live-state", "on");
+  // What this page does with a message of the stream, its own or passed on by the tab that
+  // follows it: {type: a topic, data: its JSON}, {type: "opened"} or {type: "closed"}.
+  function heard(message) {
+    if (message.type === "opened") {
+      state(true);
+      // Whatever changed between this page's load and now (or, back after a break, while it
+      // was away: a restart, dropped for falling behind, a new tab following the stream)
+      // told nobody here: fetched once.
+      TOPICS.forEach(function (topic) {
+        mark(sections(topic, null));
+      });
+    } else if (message.type === "closed") {
+      state(false);
+    } else if (TOPICS.indexOf(message.type) >= 0) {
+      var data = {};
+      try {
+        data = JSON.parse(message.data);
+      } catch (e) {
+        data = {};
+      }
+      mark(sections(message.type, data.session));
     }
-    // Whatever changed between this page's load and now (or, back after a break, while it
-    // was away: a restart, or dropped for falling behind) told nobody here: fetched once.
+  }
+
+  // Follows /events, each message to ``tell``; the stream, to ask whether it is open.
+  function follow(tell) {
+    var source = new EventSource(url);
     TOPICS.forEach(function (topic) {
-      mark(sections(topic, null));
+      source.addEventListener(topic, function (event) {
+        tell({ type: topic, data: event.data });
+      });
     });
-  };
-  source.onerror = function () {
-    if (badge) {
-      badge.setAttribute("data-live-state", "off");
+    source.onopen = function () {
+      tell({ type: "opened" });
+    };
+    source.onerror = function () {
+      tell({ type: "closed" });
+    };
+    return source;
+  }
+
+  if (!navigator.locks || !navigator.locks.request || !window.BroadcastChannel) {
+    body.setAttribute("data-live-role", "own");
+    follow(heard);
+    return;
+  }
+
+  // Each page's name on the channel: an answer to its greeting is for it alone.
+  var me = String(Math.random()).slice(2) + String(Date.now());
+  var channel = new BroadcastChannel(SHARED);
+  var source = null;
+  body.setAttribute("data-live-role", "follow");
+  channel.onmessage = function (event) {
+    var message = event.data || {};
+    if (message.type === "hello") {
+      // A page just opened: the stream's state is news to it (not to the others).
+      if (source !== null) {
+        channel.postMessage({ type: "state", to: message.from, open: source.readyState === 1 });
+      }
+    } else if (message.type === "state") {
+      if (message.to === me) {
+        heard({ type: message.open ? "opened" : "closed" });
+      }
+    } else if (source === null) {
+      heard(message);
     }
   };
+  channel.postMessage({ type: "hello", from: me });
+  navigator.locks.request(SHARED, function () {
+    body.setAttribute("data-live-role", "lead");
+    source = follow(function (message) {
+      heard(message);
+      channel.postMessage(message);
+    });
+    window.addEventListener("pagehide", function () {
+      // The others go without updates until the next tab in line has the stream open.
+      channel.postMessage({ type: "closed" });
+    });
+    // Held until the page goes: then the lock passes to the next tab waiting for it.
+    return new Promise(function () {});
+  });
 })();

@@ -110,7 +110,11 @@ START_TIMEOUT_S = 30.0
 SEND_TIMEOUT_S = 90.0
 MAX_RATELIMIT_WAIT_S = 30.0  # discord.py raises it to 30 anyway
 NONCE_WINDOW_S = 120.0  # Discord dedups nonces for "a few minutes": stay well inside
-GUILD_READY_TIMEOUT_S = 0.5  # discord.py waits this long after the last GUILD_CREATE
+# discord.py waits this long after the last GUILD_CREATE before it calls the client ready.
+# Nothing here needs the guild cache whole: a message from a guild not cached yet arrives on
+# a partial channel (still not a DM), and sends go through partial channels or a fetch. So a
+# short wait only makes READY sooner (its default is 2 s).
+GUILD_READY_TIMEOUT_S = 0.1
 CATCH_UP_LIMIT = 100
 FIND_SENT_LOOKBACK = 50
 INTERACTION_TTL_S = 14 * 60.0  # interaction tokens live 15 minutes

@@ -78,6 +78,13 @@ BENCHES = [
         ["bench/soak.py", "--turns", "3000", "--every", "500"],
     ),
     Bench(
+        "console",
+        "What an idle open page of the Work console costs the daemon, against no page, in the "
+        "same run.",
+        ["bench/console_idle.py"],
+        ["bench/console_idle.py", "--quick"],
+    ),
+    Bench(
         "chaos",
         "Messages on all three platforms with seeded SIGKILLs and restarts: exactly-once counts.",
         ["bench/chaos.py", "--messages", "1000", "--kills", "30", "--seed", str(CHAOS_SEED)],

@@ -498,6 +498,18 @@ async def test_a_replayed_message_whose_chat_is_unbound_is_dropped(store: SQLite
 
 
 # -- with the outbox sender ------------------------------------------------------------------
+async def replay_to(sender: OutboxSender, store: SQLiteStore, outbox_id: int) -> DeadLetters:
+    """Replay a dead outbox row as alice from the console, and hand it to ``sender`` as the
+    daemon's feed would."""
+    replayed: list[InboxRow | OutboxRow] = []
+    letters = DeadLetters(store, on_replayed=replayed.append)
+    assert (await letters.replay(f"out-{outbox_id}", by="alice", via="console")).ok
+    [again] = replayed
+    assert isinstance(again, OutboxRow)
+    await sender.deliver(again)
+    return letters
+
+
 async def test_a_replayed_reply_sends_only_the_parts_that_did_not_go(store: SQLiteStore) -> None:
     chat = MemoryChannel(limit=10)
     sender = OutboxSender(store, {"telegram": chat})
@@ -516,12 +528,7 @@ async def test_a_replayed_reply_sends_only_the_parts_that_did_not_go(store: SQLi
     assert failed.in_flight is None
     assert chat.texts() == []
 
-    replayed: list[InboxRow | OutboxRow] = []
-    letters = DeadLetters(store, on_replayed=replayed.append)
-    assert (await letters.replay(f"out-{outbound.id}", by="alice", via="console")).ok
-    [again] = replayed
-    assert isinstance(again, OutboxRow)
-    await sender.deliver(again)
+    letters = await replay_to(sender, store, outbound.id)
 
     assert chat.texts() == ["b" * 10]
     done = await store.get_outbox(outbound.id)
@@ -550,12 +557,7 @@ async def test_the_sender_tells_of_each_row_it_gives_up_on_or_sends_in_the_end(
         "403: bot was blocked",
     )
 
-    replayed: list[InboxRow | OutboxRow] = []
-    letters = DeadLetters(store, on_replayed=replayed.append)
-    assert (await letters.replay(f"out-{outbound.id}", by="alice", via="console")).ok
-    [again] = replayed
-    assert isinstance(again, OutboxRow)
-    await sender.deliver(again)
+    await replay_to(sender, store, outbound.id)
     assert chat.texts() == ["the answer"]
     assert [(row.id, row.status) for row in finished] == [
         (outbound.id, "failed"),

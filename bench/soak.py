@@ -58,6 +58,8 @@ class Sample:
     fds: int
     threads: int | None
     tasks: int | None
+    # The context cache's bytes (its own measure, not RSS): bounded, it grows until full.
+    cache_mb: float | None = None
 
 
 def slope_kb_per_turn(samples: list[Sample]) -> float:
@@ -80,6 +82,7 @@ async def sample(pid: int, socket: Path, turns: int, started: float) -> Sample:
         fds=len(os.listdir(f"/proc/{pid}/fd")),
         threads=process.get("threads"),
         tasks=process.get("asyncio_tasks"),
+        cache_mb=cache["bytes"] / 1e6 if (cache := status.get("context_cache")) else None,
     )
 
 
@@ -111,7 +114,8 @@ async def run(turns: int, every: int, chats: int) -> list[Sample]:
                     print(
                         f"  {last.turns:>7,} turns  {last.seconds:7.1f} s  "
                         f"RSS {last.rss_mb:7.2f} MB  fds {last.fds:4d}  "
-                        f"threads {last.threads}  tasks {last.tasks}",
+                        f"threads {last.threads}  tasks {last.tasks}  "
+                        f"context cache {last.cache_mb or 0:6.2f} MB",
                         flush=True,
                     )
             finally:

@@ -359,6 +359,7 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
     started = time.time()
     store = app.services.store
     supervisor, router, channels = daemon.supervisor, daemon.router, daemon.channels
+    cache = app.services.context_cache
 
     async def report() -> dict[str, Any]:
         running, queued = router.load()
@@ -390,6 +391,8 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
                 for line in await job_lines(store)
             ],
             "process": process_figures(),
+            # Decoded histories kept between turns: bounded, so it grows only until it is full.
+            "context_cache": cache.figures() if cache is not None else None,
             "model_usage_today": await _usage_today(store, now),
         }
 

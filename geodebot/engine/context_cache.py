@@ -124,6 +124,10 @@ class ContextCache:
         """Bytes held, as measured by :func:`item_size`."""
         return self._size
 
+    def figures(self) -> dict[str, int]:
+        """What ``geodebot status`` shows of it: sessions and bytes held, and the bound."""
+        return {"sessions": len(self), "bytes": self._size, "max_bytes": self._max_bytes}
+
     def get(self, session_id: str, generation: int, next_seq: int) -> list[ContextItem] | None:
         """A copy of the context, if the entry is still the session's current context."""
         entry = self._entries.get(session_id)

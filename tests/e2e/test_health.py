@@ -194,6 +194,8 @@ async def test_status_asks_the_running_daemon(served: Served) -> None:
     assert process["open_fds"] > 3
     assert process["threads"] >= 2  # the loop and the store's thread
     assert process["asyncio_tasks"] >= 1
+    assert report["context_cache"]["max_bytes"] == 32_000_000
+    assert 0 <= report["context_cache"]["bytes"] <= report["context_cache"]["max_bytes"]
     code, out, err = await geodebot_status(served.config)
     assert code == 0, err
     assert "ready" in out

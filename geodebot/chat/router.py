@@ -113,8 +113,9 @@ class ChatRouter:
             store, self._queues, model=model, budgets=budgets, daemon=daemon, job_status=job_status
         )
         self.counters: collections.Counter[str] = collections.Counter()
-        # Inbox rows queued or running here: a row handed over twice (the dead-letter feed
-        # and recover() can both find a row replayed while the daemon starts) runs once.
+        # Inbox rows queued or running here (until _work ends, which _stopped and _failed
+        # follow): a row handed over twice (the dead-letter feed and recover() can both find
+        # a row replayed while the daemon starts) runs once.
         self._held: set[int] = set()
 
     async def __aenter__(self) -> ChatRouter:
@@ -234,12 +235,10 @@ class ChatRouter:
             self._held.discard(row.id)
 
     async def _stopped(self, item: _Queued) -> None:
-        self._held.discard(item[0].id)
         await self._record(item[0], "failed", STOPPED_TEXT, detail="stopped")
 
     async def _failed(self, item: _Queued, exc: Exception) -> None:
         row = item[0]
-        self._held.discard(row.id)
         if isinstance(exc, StoreError):
             log.error("turn for inbox row %s: store failure: %s", row.id, exc)
             await self._record(row, "failed", STORE_FAILURE_TEXT, detail="store_error")

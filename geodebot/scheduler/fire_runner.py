@@ -89,7 +89,8 @@ class FireRunner:
         self._store = store
         self._index = BindingIndex.of(bindings)
         self._kick = kick
-        self._on_fire = guarded(on_fire)
+        # The scheduler hands its own, already guarded (see guarded()).
+        self._on_fire = on_fire
 
     async def run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
         """Run a claimed (``running``) fire to its end; never raises but for cancellation."""

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import gc
 import json
+import weakref
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
-from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON
+from geodebot.engine.llm.anthropic_json import HistoryJSON, MessageJSON, segments
 from geodebot.engine.llm.types import (
+    FileBlock,
+    ImageData,
     LLMRequest,
     Message,
     TextBlock,
@@ -78,7 +82,7 @@ async def test_the_body_is_the_messages_api_shape(srv: FakeLLMServer, adapter: A
     }  # fmt: skip
 
 
-def test_a_message_is_encoded_once_while_it_is_held():
+def test_a_message_is_encoded_once_and_the_encoding_lives_on_it():
     cache = MessageJSON()
     blocks = (TextBlock("hello"), TextBlock("  "), ToolResultBlock("c", "r"))
     message = Message("user", blocks)
@@ -90,43 +94,44 @@ def test_a_message_is_encoded_once_while_it_is_held():
                         "is_error": False}),
     ]  # fmt: skip
     assert cache(message) is first  # not encoded again
+    assert MessageJSON()(message) is first  # kept on the message, not in the cache
     equal_but_new = Message("user", blocks)
+    assert equal_but_new == message  # the encoding is not part of the value
     assert cache(equal_but_new) == first
-    assert cache(equal_but_new) is not first  # a different object has its own entry
+    assert cache(equal_but_new) is not first  # a different object is encoded on its own
 
 
-def test_the_cache_is_bounded_by_characters_oldest_first():
-    size = len(MessageJSON()(Message.user_text("x" * 100))[0][2])
-    cache = MessageJSON(max_chars=size * 3)
-    messages = [Message.user_text(str(i) * 100) for i in range(1, 6)]
-    kept = [cache(m) for m in messages]
-    assert cache(messages[4]) is kept[4]
-    assert cache(messages[3]) is kept[3]
-    assert cache(messages[0]) is not kept[0]  # evicted, encoded again
-    huge = Message.user_text("y" * (size * 4))
-    assert cache(huge) is not cache(huge)  # larger than the bound: never held
+def test_a_text_message_is_kept_as_its_block_json_alone():
+    message = Message.user_text('say "hi"')
+    encoded = MessageJSON()(message)
+    assert encoded == '{"type":"text","text":"say \\"hi\\""}'
+    assert segments(message, encoded) == (("user", False, encoded),)
+    assert MessageJSON()(Message.user_text("  ")) == ()  # blank text is not sent
 
 
-def test_an_entry_goes_with_its_message():
-    # The cache must never keep a history alive that the engine has let go of.
-    cache = MessageJSON()
-    kept = Message.user_text("kept")
-    cache(kept)
-    for i in range(100):
-        cache(Message.user_text(f"gone {i}"))  # each freed right after the call
-    gc.collect()
-    assert len(cache) == 1
-    assert cache(kept) is cache(kept)
+def test_an_images_encoding_is_not_kept():
+    # Megabytes of base64: kept on a message that stays in the context cache long after
+    # the image stopped being sent, it would be held for nothing.
+    shot = ImageData("image/png", "iVBORw0KGgo" * 1000)
+    message = Message("user", (ToolResultBlock("c", "screenshot", images=(shot,)),))
+    encoded = MessageJSON()(message)
+    assert shot.data in encoded[0][2]
+    assert message.wire is None
+    sent = Message("user", (FileBlock("ab" * 32, "image/png", "a.png", 3, data="AAAA"),))
+    MessageJSON()(sent)
+    assert sent.wire is None
+    named = Message("user", (FileBlock("ab" * 32, "image/png", "a.png", 3),))  # no bytes
+    assert MessageJSON()(named) is named.wire
 
 
-def test_a_full_cache_stays_within_its_bound():
-    cache = MessageJSON(max_chars=10_000)
-    alive = [Message.user_text(f"message {i:05d} " + "x" * 40) for i in range(5_000)]
-    size = len(MessageJSON()(alive[0])[0][2])  # every entry is this long
-    for message in alive:
-        cache(message)
-    assert len(cache) == 10_000 // size  # as many as fit, no more
-    assert cache(alive[-1]) is cache(alive[-1])  # the newest are the ones kept
+def test_a_changed_copy_of_a_message_is_encoded_anew():
+    # The engine's view replaces an old screenshot by a copy (dataclasses.replace): the
+    # copy must not carry the original's encoding.
+    original = Message("user", (ToolResultBlock("c", "shot"),))
+    MessageJSON()(original)
+    changed = replace(original, content=(ToolResultBlock("c", "shot, dropped"),))
+    assert changed.wire is None
+    assert "dropped" in MessageJSON()(changed)[0][2]
 
 
 class CountingJSON:
@@ -136,7 +141,7 @@ class CountingJSON:
         self.inner = MessageJSON()
         self.asked: list[Message] = []
 
-    def __call__(self, message: Message) -> tuple[tuple[str, bool, str], ...]:
+    def __call__(self, message: Message) -> str | tuple[tuple[str, bool, str], ...]:
         self.asked.append(message)
         return self.inner(message)  # type: ignore[return-value]  # the SDK's own type
 
@@ -199,6 +204,15 @@ def test_an_entry_goes_with_its_messages():
         history(turn_pair(100 + i))  # freed right after the call
     gc.collect()
     assert len(history) == 1
+    # An entry holds the messages after the first, but not the first: a context the engine
+    # lets go of is freed whole, entry included.
+    dropped = [m for i in range(3) for m in turn_pair(200 + i)]
+    history(dropped)
+    later = weakref.ref(dropped[-1])
+    del dropped
+    gc.collect()
+    assert len(history) == 1
+    assert later() is None
     counting = CountingJSON()
     reused = HistoryJSON(counting)
     reused(kept)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import random
-from collections.abc import AsyncIterator
+import tracemalloc
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -13,7 +15,15 @@ import pytest
 
 from geodebot.engine.compaction import ContextItem
 from geodebot.engine.context_cache import ContextCache, item_size
-from geodebot.engine.llm.types import ImageData, Message, ToolResultBlock
+from geodebot.engine.llm.anthropic_adapter import AnthropicAdapter
+from geodebot.engine.llm.types import (
+    ImageData,
+    LLMRequest,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
 from geodebot.store.records import NewMessage
@@ -264,3 +274,52 @@ def test_appended_keeps_the_decoded_messages_as_they_are() -> None:
     assert items is not None
     assert [i.message for i in items] == [first, answer]
     assert items[1].message is answer
+
+
+def _text_turn(i: int, length: int) -> list[Message]:
+    return [
+        Message.user_text(f"question {i} " + "q" * length),
+        Message.assistant_text(f"answer {i} " + "a" * length),
+    ]
+
+
+def _tool_turn(i: int, length: int) -> list[Message]:
+    return [
+        Message("user", (ToolResultBlock(f"c{i}", "r" * length),)),
+        Message(
+            "assistant",
+            (TextBlock(f"answer {i}"), ToolUseBlock(f"c{i + 1}", "read", {"path": "p" * length})),
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("turn", "length"), [(_text_turn, 5), (_text_turn, 400), (_tool_turn, 40), (_tool_turn, 2000)]
+)
+def test_the_bound_counts_what_a_cached_session_really_holds(
+    turn: Callable[[int, int], list[Message]], length: int
+) -> None:
+    # The bound is what keeps the daemon's memory in check: the measure must be what the
+    # session costs, with every request's encodings, not a part of it.
+    adapter = AnthropicAdapter(model="m", api_key=None, api_key_env="NO_KEY")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        cache = ContextCache()
+        cache.put(SID, 1, 1, [])
+        seq = 1
+        for i in range(500):
+            messages = turn(i, length)
+            rows = [NewMessage(m.role, m.to_json(), "t") for m in messages]
+            cache.appended(SID, [seq, seq + 1], rows, messages)
+            seq += 2
+            context = cache.get(SID, 1, seq)
+            assert context is not None
+            adapter._body(LLMRequest("system", tuple(item.message for item in context)))
+            del context
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert 0.85 < cache.size / held < 1.15, (cache.size, held)

@@ -14,14 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geodebot.engine.compaction import ContextItem
-from geodebot.engine.context_cache import ContextCache, item_size
+from geodebot.engine.context_cache import _ENCODING_OVERHEAD, ContextCache, item_size
 from geodebot.engine.llm.anthropic_json import (
     HistoryJSON,
     MessageJSON,
     _block_json,
     _block_param,
-    _segments,
+    _encode,
     _Turns,
+    segments,
 )
 from geodebot.engine.llm.types import (
     Block,
@@ -146,8 +147,11 @@ def test_an_items_measured_size_is_what_it_takes_in_memory() -> None:
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
-            # Decoded as a context read from the store is: every string its own object.
+            # Decoded as a context read from the store is: every string its own object; and
+            # sent once, which gives each message the encodings that live as long as it does.
             items = [ContextItem(i, Message.from_json(json.loads(s))) for i, s in enumerate(stored)]
+            history = HistoryJSON(MessageJSON())
+            history([item.message for item in items])
             used = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
@@ -265,6 +269,8 @@ def test_a_one_text_block_items_size_is_the_sum_of_its_objects(
         + getsizeof(item.canonical)
         + getsizeof(block)
         + getsizeof(block.text)
+        + 2 * len(item.canonical)  # the adapter's encodings, estimated from the JSON's length
+        + _ENCODING_OVERHEAD
     )
 
 
@@ -287,7 +293,7 @@ def dumps_param(block: Block) -> str:
 
 @given(messages | text_messages)
 def test_a_messages_segments_are_those_of_its_blocks(message: Message) -> None:
-    assert _segments(message) == _plain_segments(message)
+    assert segments(message, _encode(message)) == _plain_segments(message)
 
 
 @settings(max_examples=200)
@@ -296,16 +302,16 @@ def test_an_array_continued_message_by_message_equals_the_one_added_whole(
     history: list[Message], cuts: list[int]
 ) -> None:
     whole, stepwise = _Turns(), _Turns()
-    whole.add(map(_segments, history))
+    whole.add(history, _encode)
     at = 0
     for cut in [*cuts, len(history)]:
-        stepwise.add([_segments(m) for m in history[at : at + cut]])
+        stepwise.add(history[at : at + cut], _encode)
         at += cut
-    stepwise.add(map(_segments, history[at:]))
+    stepwise.add(history[at:], _encode)
     for cache in (False, True):
         assert stepwise.text(cache=cache) == whole.text(cache=cache)
     one_by_one = _Turns()
     for message in history:
-        one_by_one.add([_segments(message)])
+        one_by_one.add([message], _encode)
         assert isinstance(json.loads(one_by_one.text(cache=True)), list)
     assert (one_by_one.done, one_by_one.ends) == (whole.done, whole.ends)

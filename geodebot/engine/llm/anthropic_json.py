@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -51,84 +52,58 @@ _BlockParam: TypeAlias = (
 dumps = compact_encoder(sort_keys=False, allow_nan=False)
 
 
-# How one message reaches the API: (role, is a tool result, block JSON) per block sent.
+# How one message reaches the API: (role, is a tool result, block JSON) per block sent; or,
+# for most of a history (one text block), the block JSON alone, the message's role its role.
 _Segments = tuple[tuple[Role, bool, str], ...]
-
-
-class _Entry(weakref.ref):  # type: ignore[type-arg]  # of a Message; see MessageJSON
-    """A message's entry: a weak reference to it that carries its encoding. One object per
-    message held, where a reference, its callback and a tuple were three: a long history
-    read whole makes one per message, and each is work for the garbage collector."""
-
-    __slots__ = ("key", "segments", "size")
-    key: int
-    segments: _Segments
-    size: int
+_Encoded = _Segments | str
 
 
 class MessageJSON:
-    """Each history message's block JSON, kept between requests while the message lives.
+    """Each history message's block JSON, made once and kept on the message (``wire``).
 
     A conversation goes whole with every request, so without this a session's history is
     re-encoded on every round of every turn: the largest CPU cost the adapter had. Messages
     are immutable and the engine keeps a session's context between turns, so a message seen
-    again is the same object. An entry goes when its message is freed (a weak reference:
-    this cache never keeps a history alive) or, past ``max_chars``, oldest first.
+    again is the same object, and its encoding lives exactly as long as it does: nothing
+    here holds a message or needs a bound of its own (the engine's context cache bounds the
+    messages, and counts their encodings).
     """
 
-    def __init__(self, max_chars: int = 4_000_000) -> None:
-        self._max_chars = max_chars
-        self._chars = 0
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        # Entries whose message died: removed at the next call, not from the callback,
-        # which the garbage collector may run in the middle of one.
-        self._dead: list[_Entry] = []
-        self._died = self._dead.append  # the callback, made once
-
-    def __call__(self, message: Message) -> _Segments:
-        if self._dead:
-            self._reap()
-        key = id(message)
-        entry = self._entries.get(key)
-        if entry is not None and entry() is message:
-            return entry.segments
-        segments = _segments(message)
-        size = len(segments[0][2]) if len(segments) == 1 else sum(len(t) for *_, t in segments)
-        if size <= self._max_chars:
-            if entry is not None:
-                self._drop(key)
-            entry = _Entry(message, self._died)
-            entry.key, entry.segments, entry.size = key, segments, size
-            self._entries[key] = entry
-            self._chars += size
-            while self._chars > self._max_chars:
-                self._chars -= self._entries.popitem(last=False)[1].size
-        return segments
-
-    def __len__(self) -> int:
-        self._reap()
-        return len(self._entries)
-
-    def _reap(self) -> None:
-        while self._dead:
-            entry = self._dead.pop()
-            if self._entries.get(entry.key) is entry:
-                self._drop(entry.key)
-
-    def _drop(self, key: int) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._chars -= entry.size
+    def __call__(self, message: Message) -> _Encoded:
+        encoded = message.wire
+        if encoded is None:
+            encoded = _encode(message)
+            if type(encoded) is str or not _carries_data(message):
+                object.__setattr__(message, "wire", encoded)
+        return encoded  # type: ignore[return-value]  # only this class writes ``wire``
 
 
-def _segments(message: Message) -> _Segments:
+def _carries_data(message: Message) -> bool:
+    """Whether a message carries an image's or a file's bytes. Only the newest such message
+    of a context goes with them (see compaction.latest_images_only and attachments), and
+    its encoding, megabytes of base64, is not kept: the context cache holds the messages
+    of many sessions, and an old screenshot's copy would stay as long as its message."""
+    return any(
+        (type(block) is ToolResultBlock and bool(block.images))
+        or (type(block) is FileBlock and bool(block.data))
+        for block in message.content
+    )
+
+
+def segments(message: Message, encoded: _Encoded) -> _Segments:
+    """``encoded`` (of ``message``) as its blocks' segments."""
+    return ((message.role, False, encoded),) if type(encoded) is str else encoded  # type: ignore[return-value]
+
+
+def _encode(message: Message) -> _Encoded:
     content = message.content
     if len(content) == 1 and type(content[0]) is TextBlock:
-        # Most of a history: one text block, encoded without the general path's generator.
+        # Most of a history: one text block, encoded without the general path's generator,
+        # and kept as its string alone (a tuple per message would cost more than the text).
         text = content[0].text
         if not text.strip():
             return ()
-        return ((message.role, False, f'{{"type":"text","text":{encode_basestring(text)}}}'),)
+        return f'{{"type":"text","text":{encode_basestring(text)}}}'
     # Empty text is dropped because the API rejects blank text blocks; a tool result always
     # travels in a user turn.
     return tuple(
@@ -169,14 +144,14 @@ class _Turns:
         other.results, other.others = list(self.results), list(self.others)
         return other
 
-    def add(self, messages: Iterable[_Segments]) -> None:
+    def add(self, messages: Iterable[Message], encoded: Callable[[Message], _Encoded]) -> None:
         """Continue with the blocks of ``messages``, in order. The finished turns are joined
         to ``done`` once per call: a whole history goes in one call, and joining turn by
         turn would copy ``done`` once per turn."""
         finished: list[str] = []
         role, results, others = self.role, self.results, self.others
-        for segments in messages:
-            for block_role, is_result, text in segments:
+        for message in messages:
+            for block_role, is_result, text in segments(message, encoded(message)):
                 if block_role != role:
                     if role is not None:
                         finished.append(_turn(role, results + others))
@@ -228,17 +203,19 @@ class HistoryJSON:
     exactly the entry's messages (the same objects); any other request is built whole, from
     :class:`MessageJSON`, and becomes the entry.
 
-    Entries hold weak references: a message that dies takes its entry with it, so the ids
-    an entry compares by always belong to live messages, and this cache never keeps a
-    history alive. At most ``max_entries`` and ``max_chars`` of array text are kept, least
-    recently used first out; the defaults are those of the engine's context cache (256
-    sessions, 32 MB), which keeps the messages alive: a smaller bound here would have every
-    request of a busy daemon's long sessions encoded whole.
+    An entry holds its conversation's messages but the first, which it references weakly: the
+    engine holds a session's context from its first message on, so when it lets the context
+    go, the first message dies and takes the entry with it. So this cache never keeps a
+    history alive, at the cost of one list slot per message (a weak reference to each,
+    with the ids to compare, cost twenty times that). At most ``max_entries`` and
+    ``max_chars`` of array text are kept, least recently used first out; the defaults are
+    those of the engine's context cache (256 sessions, 32 MB): a smaller bound here would
+    have every request of a busy daemon's long sessions encoded whole.
     """
 
     def __init__(
         self,
-        encoded: Callable[[Message], _Segments],
+        encoded: Callable[[Message], _Encoded],
         *,
         max_entries: int = 256,
         max_chars: int = 32_000_000,
@@ -249,7 +226,8 @@ class HistoryJSON:
         self._chars = 0
         self._serial = 0
         self._entries: OrderedDict[int, _Conversation] = OrderedDict()
-        # (key, serial) of entries one of whose messages died; see MessageJSON._dead.
+        # (key, serial) of entries whose first message died: removed at the next call, not
+        # from the callback, which the garbage collector may run in the middle of one.
         self._dead: list[tuple[int, int]] = []
 
     def __call__(self, messages: Sequence[Message], *, cache: bool = False) -> str:
@@ -257,21 +235,23 @@ class HistoryJSON:
         self._reap()
         if not messages:
             return "[]"
-        ids = tuple(map(id, messages))
-        entry = self._drop(ids[0])
-        if entry is not None and ids[: len(entry.ids)] == entry.ids:
-            turns, start = entry.turns.copy(), len(entry.ids)
+        first = messages[0]
+        key = id(first)
+        entry = self._drop(key)
+        if entry is not None and self._continues(entry, first, messages):
+            turns, start = entry.turns.copy(), len(entry.rest) + 1
         else:
             self._serial += 1
-            entry = _Conversation(self._serial, (), [], _Turns(), 0)
+            forget = functools.partial(self._forget, key, self._serial)
+            entry = _Conversation(self._serial, weakref.ref(first, forget), [], _Turns(), 0)
             turns, start = _Turns(), 0
-        turns.add(map(self._encoded, messages[start:]))
+        new = messages[start:]
+        turns.add(new, self._encoded)
         text = turns.text(cache=cache)
         if len(text) <= self._max_chars:
-            forget = functools.partial(self._forget, ids[0], entry.serial)
-            entry.refs.extend(map(weakref.ref, messages[start:], itertools.repeat(forget)))
-            entry.ids, entry.turns, entry.chars = ids, turns, len(text)
-            self._entries[ids[0]] = entry
+            entry.rest.extend(new[1:] if start == 0 else new)
+            entry.turns, entry.chars = turns, len(text)
+            self._entries[key] = entry
             self._chars += entry.chars
             while self._chars > self._max_chars or len(self._entries) > self._max_entries:
                 self._chars -= self._entries.popitem(last=False)[1].chars
@@ -280,6 +260,16 @@ class HistoryJSON:
     def __len__(self) -> int:
         self._reap()
         return len(self._entries)
+
+    @staticmethod
+    def _continues(entry: _Conversation, first: Message, messages: Sequence[Message]) -> bool:
+        """Whether ``messages`` starts with exactly the entry's messages, the same objects."""
+        rest = entry.rest
+        return (
+            entry.first() is first
+            and len(messages) > len(rest)
+            and all(map(operator.is_, rest, itertools.islice(messages, 1, None)))
+        )
 
     def _forget(self, key: int, serial: int, _: weakref.ref[Message]) -> None:
         self._dead.append((key, serial))
@@ -300,9 +290,9 @@ class HistoryJSON:
 
 @dataclass(slots=True)
 class _Conversation:
-    serial: int  # tells a dead message's callback whether this entry is still its own
-    ids: tuple[int, ...]
-    refs: list[weakref.ref[Message]]
+    serial: int  # tells a dead first message's callback whether this entry is still its own
+    first: weakref.ref[Message]
+    rest: list[Message]  # the messages after the first, held (see HistoryJSON)
     turns: _Turns
     chars: int  # of the array text, for the bound
 

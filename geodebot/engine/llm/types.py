@@ -90,11 +90,16 @@ def human_size(size: int) -> str:
     return f"{size / 1000 / 1000:.1f} MB"
 
 
-# weakref_slot: adapters may keep per-message data only as long as the message lives.
+# weakref_slot: the engine may keep per-message data only as long as the message lives.
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class Message:
     role: Role
     content: tuple[Block, ...]
+    # The Anthropic adapter's encoding of the message, made at its first request and kept
+    # with it (see anthropic_json.MessageJSON): a message is immutable, and a long session's
+    # history goes whole with every request. Not part of the value, and not copied by
+    # dataclasses.replace (init=False): a changed message is encoded anew.
+    wire: object = field(default=None, init=False, compare=False, repr=False)
 
     @staticmethod
     def user_text(text: str) -> Message:

@@ -16,6 +16,7 @@ module: a daemon on SQLite never loads the driver.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
@@ -345,13 +346,20 @@ class PostgresStore(
         server's ``synchronous_commit``), so ``durable`` asks for nothing more here.
 
         The caller being cancelled meanwhile changes nothing, as on SQLite: the transaction
-        still runs to its commit or rollback.
+        still runs to its commit or rollback, and the cancellation reaches the caller once it
+        has (so what the caller reads next never races its own write).
         """
         pool = self._opened(what)
         task = asyncio.ensure_future(self._transaction(pool, what, body))
         self._writes.add(task)
         task.add_done_callback(_forget(self._writes))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            while not task.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([task])
+            raise
 
     async def _transaction(
         self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], what: str, body: Body[_T]

@@ -29,10 +29,12 @@ import sqlite3
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+from geodebot.store import sqlite as sqlite_module
 from geodebot.store.protocol import Store
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.ports import free_port
@@ -148,6 +150,25 @@ class Place:
         from geodebot.store.postgres import PostgresStore
 
         return PostgresStore(self.url, **options)
+
+    @property
+    def module(self) -> ModuleType:
+        """The module of the store's class: what a test patches to change what it migrates
+        (``load_migrations``)."""
+        if self.kind == "sqlite":
+            return sqlite_module
+        from geodebot.store import postgres
+
+        return postgres
+
+    def opening(self) -> str:
+        """Python source that makes ``store`` a new, unopened store on this place: for a
+        child process."""
+        if self.kind == "sqlite":
+            made = f"SQLiteStore({str(self.path)!r})"
+            return f"from geodebot.store.sqlite import SQLiteStore\nstore = {made}"
+        made = f"PostgresStore({self.url!r})"
+        return f"from geodebot.store.postgres import PostgresStore\nstore = {made}"
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """What a plain second connection reads: only what the store actually committed.

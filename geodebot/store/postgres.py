@@ -29,18 +29,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from geodebot.store.approvals import Approvals
-from geodebot.store.chat import ChatInboxOutbox
-from geodebot.store.deadletters import DeadLetterDecisions
-from geodebot.store.fires import JobsAndFires
+from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
-from geodebot.store.receipts import ReceiptsAndSwitches
 from geodebot.store.records import StoreError
-from geodebot.store.relay import Relay
 from geodebot.store.rows import Body, Params, Row
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
-from geodebot.store.sessions import SessionsAndHistory
-from geodebot.store.spend import Spend
 
 __all__ = ["PostgresStore", "postgres_ddl", "postgres_sql"]
 
@@ -198,16 +191,7 @@ def _place(url: str) -> str:
     return f"'postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}'"
 
 
-class PostgresStore(
-    SessionsAndHistory,
-    ReceiptsAndSwitches,
-    Approvals,
-    ChatInboxOutbox,
-    DeadLetterDecisions,
-    JobsAndFires,
-    Relay,
-    Spend,
-):
+class PostgresStore(StoreMethods):
     """A :class:`Store` in a PostgreSQL database, shared by any number of processes.
 
     ``url`` is a libpq connection string or URL; ``password``, when given, is used instead of

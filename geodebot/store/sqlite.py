@@ -22,18 +22,11 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import aiosqlite
 
-from geodebot.store.approvals import Approvals
-from geodebot.store.chat import ChatInboxOutbox
-from geodebot.store.deadletters import DeadLetterDecisions
-from geodebot.store.fires import JobsAndFires
+from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
-from geodebot.store.receipts import ReceiptsAndSwitches
 from geodebot.store.records import StoreError
-from geodebot.store.relay import Relay
 from geodebot.store.rows import Body, Params, Row, drive, dumps
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
-from geodebot.store.sessions import SessionsAndHistory
-from geodebot.store.spend import Spend
 from geodebot.store.sqlite_commit import GroupCommit
 
 # load_migrations and split_statements are named here too: tests and tools import them from
@@ -47,16 +40,7 @@ _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _BUSY_TIMEOUT_MS = 5_000
 
 
-class SQLiteStore(
-    SessionsAndHistory,
-    ReceiptsAndSwitches,
-    Approvals,
-    ChatInboxOutbox,
-    DeadLetterDecisions,
-    JobsAndFires,
-    Relay,
-    Spend,
-):
+class SQLiteStore(StoreMethods):
     """A :class:`Store` in one SQLite file, created with mode 0600 on first open.
 
     The methods are the mixins' (shared with the PostgreSQL store); they run through this

@@ -85,6 +85,7 @@ async def store(place: Place) -> AsyncIterator[Store]:
 
 # -- schema and file ------------------------------------------------------------------------
 async def test_migrations_applied_and_version_reported(place: Place) -> None:
+    place.unmigrated()
     newest = load_migrations()[-1][0]
     async with place.store() as s:
         assert await s.schema_version() == newest >= 1
@@ -454,5 +455,5 @@ def test_load_context_matches_model_on_postgres(
 ) -> None:
     from geodebot.store.postgres import PostgresStore
 
-    made = PostgresStore(postgres_cluster.new_database())
+    made = PostgresStore(postgres_cluster.new_database(migrated=True))
     asyncio.run(run_against_model(made, ops))

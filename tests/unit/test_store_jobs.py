@@ -235,6 +235,7 @@ async def test_the_binding_a_job_posts_in_is_kept_and_named_once(store: Store) -
 async def test_rows_written_before_the_binding_was_recorded_still_read(
     place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    place.unmigrated()
     older = [m for m in load_migrations() if m[0] <= 4]
     with monkeypatch.context() as patch:
         patch.setattr(place.module, "load_migrations", lambda: older)

@@ -315,6 +315,7 @@ async def test_switches_with_history_survive_reopen(place: Place) -> None:
 async def test_version_one_database_upgrades_with_its_data(
     place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    place.unmigrated()
     migrations = load_migrations()
     assert [m[0] for m in migrations[:2]] == [1, 2]
     assert migrations[1][1] == "0002_receipts_switches.sql"

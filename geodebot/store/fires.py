@@ -60,6 +60,9 @@ class JobsAndFires:
         wanted = [(job, definition_params(job)) for job in jobs]
 
         async def sync(db: Tx) -> bool:
+            # Two processes starting at once sync one after the other: the second finds the
+            # first's rows instead of inserting them again.
+            await db.exclusive("jobs:config")
             # One read of every row's definition as stored, in plain tuples: a daemon with
             # 10,000 config jobs syncs them at every start, and most are unchanged.
             sql = f"SELECT id, origin, {DEFINITION_COLS} FROM scheduled_jobs"

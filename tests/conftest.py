@@ -14,8 +14,9 @@ from tests.support.fakes.slack_server import FakeSlack
 from tests.support.slack_world import Rig, TimedCalls, TimedLLM
 from tests.support.telegram_world import TOKEN_ENV, StampedTelegram, TelegramWorld
 
-# The headless browser's fixtures, ``browser`` and ``tab``.
-pytest_plugins = ("tests.support.browser",)
+# The headless browser's fixtures, ``browser`` and ``tab``; the stores' ``place`` and its
+# PostgreSQL cluster.
+pytest_plugins = ("tests.support.browser", "tests.support.postgres")
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Dead letters: accepted messages that will never get a reply, and replies the sender gave
 up on. The operator lists them and replays or discards each, once.
 
-Which rows count, from what the chat path writes (router.py, outbox.py, sqlite_chat.py):
+Which rows count, from what the chat path writes (router.py, outbox.py, store/chat.py):
 
 * **An outbox row with status ``failed``** (id ``out-<outbox id>``): the sender gave up on it
   (the platform refused it for good, its file is gone, or a part's outcome stayed unknown

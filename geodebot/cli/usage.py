@@ -1,6 +1,6 @@
 """``geodebot usage``: what the model calls used and cost, straight from the store.
 
-Every model call is a row (see ``store/sqlite_spend.py``): its tokens as the provider
+Every model call is a row (see ``store/spend.py``): its tokens as the provider
 reported them, the part of its input the prompt cache served or stored, and its cost at the
 configured prices. Totals here are sums of those rows, grouped by binding, job or UTC day.
 A call a crash left reserved is reported apart, at the worst case its budgets still count.

@@ -38,7 +38,7 @@ from geodebot.engine.llm.types import (
 )
 from geodebot.engine.stored_context import _text_item, decode_context
 from geodebot.store.records import ContextRow
-from geodebot.store.sqlite_rows import dumps as store_dumps
+from geodebot.store.rows import dumps as store_dumps
 
 json_values = st.recursive(
     st.none()

@@ -1,4 +1,5 @@
-"""SQLiteStore against real database files in a temp dir."""
+"""Both stores against real databases: a file in a temp dir, a database of a throwaway
+PostgreSQL cluster (tests/support/postgres.py)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,16 @@ import asyncio
 import contextlib
 import json
 import pathlib
-import sqlite3
 import stat
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geodebot.store import sqlite as sqlite_module
+from geodebot.store.protocol import Store
 from geodebot.store.records import (
     ContextRow,
     MessageRecord,
@@ -24,7 +24,10 @@ from geodebot.store.records import (
     StoreError,
     ToolBatchRecord,
 )
-from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
+from geodebot.store.rows import dumps
+from geodebot.store.schema import load_migrations, split_statements
+from geodebot.store.sqlite import SQLiteStore
+from tests.support.postgres import Cluster, Place
 
 
 def msg(text: str, *, role: str = "user", turn: str = "t1") -> NewMessage:
@@ -56,16 +59,6 @@ def batch(batch_id: str, session_id: str, *, round_: int = 0, at: float = 1.0) -
     )
 
 
-@contextlib.contextmanager
-def raw(path: pathlib.Path) -> Iterator[sqlite3.Connection]:
-    """A second, plain connection: sees only what the store actually committed."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
 def file_mode(path: pathlib.Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
@@ -84,60 +77,63 @@ def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.fixture
-async def store(db_path: pathlib.Path) -> AsyncIterator[SQLiteStore]:
-    async with SQLiteStore(db_path, synchronous="NORMAL") as s:
+async def store(place: Place) -> AsyncIterator[Store]:
+    async with place.store() as s:
         await s.ensure_session("ops", "channel")
         yield s
 
 
 # -- schema and file ------------------------------------------------------------------------
-async def test_migrations_applied_and_version_reported(db_path: pathlib.Path) -> None:
+async def test_migrations_applied_and_version_reported(place: Place) -> None:
+    place.unmigrated()
     newest = load_migrations()[-1][0]
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         assert await s.schema_version() == newest >= 1
-    with raw(db_path) as conn:
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations")]
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    names = place.names()
+    versions = [r[0] for r in place.rows("SELECT version FROM schema_migrations ORDER BY 1")]
+    if place.kind == "sqlite":
+        assert place.rows("PRAGMA journal_mode") == [("wal",)]
     assert {"sessions", "messages", "tool_batches", "timeline", "messages_by_kind"} <= names
     assert versions == [m[0] for m in load_migrations()]
 
 
-async def test_reopen_keeps_version_and_data(db_path: pathlib.Path) -> None:
-    async with SQLiteStore(db_path) as s:
+async def test_reopen_keeps_version_and_data(place: Place) -> None:
+    async with place.store() as s:
         await s.ensure_session("ops", "channel")
         await s.checkpoint("ops", messages=[msg("a"), msg("b")], state={"turns": 1})
         version = await s.schema_version()
-    async with SQLiteStore(str(db_path)) as s:
+    async with place.store() as s:
         assert await s.schema_version() == version
         record = await s.get_session("ops")
         assert record is not None
         assert record.state == {"turns": 1}
         assert texts(await s.load_context("ops")) == ["a", "b"]
         assert await s.checkpoint("ops", messages=[msg("c")]) == [3]
-    with raw(db_path) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == version
+    assert place.rows("SELECT COUNT(*) FROM schema_migrations") == [(version,)]
 
 
 async def test_new_migration_applies_on_reopen_and_failed_one_changes_nothing(
-    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with SQLiteStore(db_path):
+    async with place.store():
         pass
     base = load_migrations()
     v = base[-1][0]
     extra = (v + 1, "x_jobs.sql", "-- jobs\nCREATE TABLE jobs (id TEXT PRIMARY KEY);\n")
     broken = (v + 2, "y_broken.sql", "CREATE TABLE half (id TEXT);\nCREATE TABLE oops (;\n")
-    monkeypatch.setattr(sqlite_module, "load_migrations", lambda: [*base, extra, broken])
+    monkeypatch.setattr(place.module, "load_migrations", lambda: [*base, extra, broken])
     with pytest.raises(StoreError, match=r"applying migration y_broken\.sql failed"):
-        await SQLiteStore(db_path).open()
-    monkeypatch.setattr(sqlite_module, "load_migrations", lambda: [*base, extra])
-    async with SQLiteStore(db_path) as s:
+        await place.store().open()
+    monkeypatch.setattr(place.module, "load_migrations", lambda: [*base, extra])
+    async with place.store() as s:
         assert await s.schema_version() == v + 1
-    with raw(db_path) as conn:
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    names = place.names()
     assert "jobs" in names
     assert "half" not in names
+    # The code that knew only ``base`` must not touch what a newer one migrated.
+    monkeypatch.setattr(place.module, "load_migrations", lambda: base)
+    with pytest.raises(StoreError, match=rf"version {v + 1}, newer than the {v} this geodebot"):
+        await place.store().open()
 
 
 def test_split_statements_keeps_trigger_bodies_whole() -> None:
@@ -151,7 +147,7 @@ def test_split_statements_keeps_trigger_bodies_whole() -> None:
     assert parts[1].endswith("END;")
 
 
-async def test_file_is_private(db_path: pathlib.Path) -> None:
+async def test_file_is_private(db_path: pathlib.Path) -> None:  # SQLite's own
     async with SQLiteStore(db_path) as s:
         await s.ensure_session("ops", "channel")
         assert file_mode(db_path) == 0o600
@@ -161,16 +157,21 @@ async def test_file_is_private(db_path: pathlib.Path) -> None:
         assert file_mode(db_path) == 0o600
 
 
-async def test_closed_store_raises_store_error(db_path: pathlib.Path) -> None:
-    s = SQLiteStore(db_path)
+async def test_closed_store_raises_store_error(place: Place) -> None:
+    s = place.store()
     with pytest.raises(StoreError, match="not open"):
         await s.get_session("ops")
+    with pytest.raises(StoreError, match="not open"):
+        await s.ensure_session("ops", "channel")
+
+
+def test_sqlite_synchronous_is_checked(db_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="synchronous"):
         SQLiteStore(db_path, synchronous="FULL; DROP TABLE sessions")
 
 
 # -- sessions -------------------------------------------------------------------------------
-async def test_ensure_get_list_sessions(store: SQLiteStore) -> None:
+async def test_ensure_get_list_sessions(store: Store) -> None:
     first = await store.ensure_session("ops", "headless")
     assert (first.generation, first.mode, first.state, first.guards) == (1, "channel", {}, {})
     assert await store.get_session("nope") is None
@@ -184,14 +185,16 @@ async def test_ensure_get_list_sessions(store: SQLiteStore) -> None:
     assert again.created_at == first.created_at
 
 
-async def test_ensure_session_is_race_safe(store: SQLiteStore) -> None:
+async def test_ensure_session_is_race_safe(store: Store) -> None:
     records = await asyncio.gather(*(store.ensure_session("new", "channel") for _ in range(20)))
     assert {(r.id, r.generation, r.created_at) for r in records} == {
         ("new", 1, records[0].created_at)
     }
 
 
-async def test_reset_hides_history_clears_state_and_abandons_batches(store: SQLiteStore) -> None:
+async def test_reset_hides_history_clears_state_and_abandons_batches(
+    store: Store, place: Place
+) -> None:
     await store.checkpoint(
         "ops",
         messages=[msg("old")],
@@ -204,8 +207,7 @@ async def test_reset_hides_history_clears_state_and_abandons_batches(store: SQLi
     assert await store.load_context("ops") == []
     assert await store.load_messages("ops") == []
     assert await store.pending_batches("ops") == []
-    with raw(store.path) as conn:
-        assert conn.execute("SELECT status FROM tool_batches").fetchall() == [("abandoned",)]
+    assert place.rows("SELECT status FROM tool_batches") == [("abandoned",)]
     assert await store.checkpoint("ops", messages=[msg("new")]) == [2]
     context = await store.load_context("ops")
     assert [(r.seq, r.generation) for r in context] == [(2, 2)]
@@ -214,7 +216,7 @@ async def test_reset_hides_history_clears_state_and_abandons_batches(store: SQLi
 
 
 # -- checkpoints ----------------------------------------------------------------------------
-async def test_checkpoint_assigns_increasing_seqs_and_replaces_state(store: SQLiteStore) -> None:
+async def test_checkpoint_assigns_increasing_seqs_and_replaces_state(store: Store) -> None:
     assert await store.checkpoint("ops", messages=[msg("a"), msg("b")], state={"n": 1}) == [1, 2]
     assert await store.checkpoint("ops", guards={"rounds": 1}) == []
     assert await store.checkpoint("ops", messages=[msg("c")]) == [3]
@@ -226,13 +228,9 @@ async def test_checkpoint_assigns_increasing_seqs_and_replaces_state(store: SQLi
     assert [(r.seq, r.content["text"], r.role) for r in page] == [(2, "b", "user")]
 
 
-async def test_checkpoint_is_all_or_nothing(store: SQLiteStore) -> None:
+async def test_checkpoint_is_all_or_nothing(store: Store, place: Place) -> None:
     await store.checkpoint("ops", messages=[msg("a"), msg("b")], state={"v": 1})
-    with raw(store.path) as conn:
-        conn.execute(
-            "CREATE TRIGGER full BEFORE INSERT ON tool_batches "
-            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-        )
+    place.fail("tool_batches")
     with pytest.raises(StoreError, match="checkpoint of session 'ops' failed: disk full"):
         await store.checkpoint(
             "ops",
@@ -246,12 +244,11 @@ async def test_checkpoint_is_all_or_nothing(store: SQLiteStore) -> None:
     assert record is not None
     assert record.state == {"v": 1}
     assert await store.timeline("ops") == []
-    with raw(store.path) as conn:
-        conn.execute("DROP TRIGGER full")
+    place.heal("tool_batches")
     assert await store.checkpoint("ops", messages=[msg("c")]) == [3]
 
 
-async def test_checkpoint_errors_write_nothing(store: SQLiteStore) -> None:
+async def test_checkpoint_errors_write_nothing(store: Store, place: Place) -> None:
     with pytest.raises(StoreError, match="checkpoint of session 'ghost' failed"):
         await store.checkpoint("ghost", messages=[msg("a")], timeline=[(None, "k", {})])
     with pytest.raises(StoreError, match="no tool batch 'nope'"):
@@ -260,11 +257,10 @@ async def test_checkpoint_errors_write_nothing(store: SQLiteStore) -> None:
         await store.checkpoint("ops", messages=[msg("a")], state={"bad": object()})
     assert await store.load_messages("ops") == []
     assert await store.checkpoint("ops", messages=[msg("a")]) == [1]
-    with raw(store.path) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM timeline").fetchone()[0] == 0
+    assert place.rows("SELECT COUNT(*) FROM timeline") == [(0,)]
 
 
-async def test_pending_batches_follow_propose_and_finish(store: SQLiteStore) -> None:
+async def test_pending_batches_follow_propose_and_finish(store: Store, place: Place) -> None:
     await store.checkpoint("ops", propose_batch=batch("b2", "ops", round_=1, at=2.0))
     await store.checkpoint("ops", propose_batch=batch("b1", "ops", round_=0, at=1.0))
     pending = await store.pending_batches("ops")
@@ -274,16 +270,13 @@ async def test_pending_batches_follow_propose_and_finish(store: SQLiteStore) -> 
     results = [{"type": "tool_result", "tool_use_id": "b1-c", "content": "pong"}]
     await store.checkpoint("ops", finish_batch=("b1", results, "done"))
     assert [b.id for b in await store.pending_batches("ops")] == ["b2"]
-    with raw(store.path) as conn:
-        row = conn.execute(
-            "SELECT status, results, finished_at FROM tool_batches WHERE id = 'b1'"
-        ).fetchone()
+    [row] = place.rows("SELECT status, results, finished_at FROM tool_batches WHERE id = 'b1'")
     assert row[0] == "done"
     assert '"pong"' in row[1]
     assert row[2] is not None
 
 
-async def test_open_session_reads_what_the_separate_calls_read(store: SQLiteStore) -> None:
+async def test_open_session_reads_what_the_separate_calls_read(store: Store) -> None:
     """One transaction for a turn's start: the row (made if missing), a switch, the batches."""
     fresh = await store.open_session("new", "daemon", switch="computer_use")
     assert fresh.record == await store.get_session("new")
@@ -300,7 +293,7 @@ async def test_open_session_reads_what_the_separate_calls_read(store: SQLiteStor
 
 
 # -- context --------------------------------------------------------------------------------
-async def test_load_context_without_summary_is_every_message(store: SQLiteStore) -> None:
+async def test_load_context_without_summary_is_every_message(store: Store) -> None:
     await store.checkpoint("ops", messages=[msg("a"), msg("b", role="assistant")])
     context = await store.load_context("ops")
     assert [(r.seq, r.role, r.kind) for r in context] == [
@@ -309,7 +302,7 @@ async def test_load_context_without_summary_is_every_message(store: SQLiteStore)
     ]
 
 
-async def test_load_context_uses_only_the_newest_summary(store: SQLiteStore) -> None:
+async def test_load_context_uses_only_the_newest_summary(store: Store) -> None:
     await store.checkpoint("ops", messages=[msg(x) for x in "abcdef"])  # seqs 1..6
     await store.checkpoint("ops", messages=[summary("S1", 2)])  # seq 7
     assert texts(await store.load_context("ops")) == ["S1", "c", "d", "e", "f"]
@@ -330,17 +323,17 @@ def as_json_row(record: MessageRecord) -> ContextRow:
     return ContextRow(record.seq, record.kind, record.covers_from, content)
 
 
-async def test_load_context_json_gives_each_content_as_the_text_stored(store: SQLiteStore) -> None:
+async def test_load_context_json_gives_each_content_as_the_text_stored(store: Store) -> None:
     content = {"role": "user", "content": [{"type": "text", "text": 'Wörter "quoted"\n\u2028'}]}
     await store.checkpoint("ops", messages=[NewMessage("user", content, "t1")])
     [row] = await store.load_context_json("ops")
-    assert row == ContextRow(1, "message", None, sqlite_module.dumps(content))
+    assert row == ContextRow(1, "message", None, dumps(content))
     assert (row.seq, row.kind, row.covers_from) == (1, "message", None)
     assert json.loads(row.content) == content
 
 
 # -- timeline -------------------------------------------------------------------------------
-async def test_timeline_append_and_read(store: SQLiteStore) -> None:
+async def test_timeline_append_and_read(store: Store) -> None:
     await store.ensure_session("dev", "channel")
     first = await store.append_timeline("ops", "t1", "turn.start", {"who": "ünïcode"})
     other = await store.append_timeline("dev", None, "turn.start", {})
@@ -359,7 +352,7 @@ async def test_timeline_append_and_read(store: SQLiteStore) -> None:
 
 
 # -- concurrency and model ------------------------------------------------------------------
-async def test_concurrent_checkpoints_get_unique_dense_seqs(store: SQLiteStore) -> None:
+async def test_concurrent_checkpoints_get_unique_dense_seqs(store: Store) -> None:
     sessions = ["s0", "s1", "s2", "s3"]
     for sid in sessions:
         await store.ensure_session(sid, "channel")
@@ -377,7 +370,7 @@ async def test_concurrent_checkpoints_get_unique_dense_seqs(store: SQLiteStore) 
         assert stored == list(range(1, 76))
 
 
-async def test_cancelled_checkpoint_leaves_no_partial_write(store: SQLiteStore) -> None:
+async def test_cancelled_checkpoint_leaves_no_partial_write(store: Store) -> None:
     # Cancel at successively later points so some land inside the open transaction.
     for delay in range(12):
         task = asyncio.create_task(
@@ -416,10 +409,10 @@ def model_context(rows: list[dict[str, Any]], generation: int) -> list[int]:
     return [newest["seq"], *rest]
 
 
-async def run_against_model(path: pathlib.Path, ops: list[tuple[str, list[Any]]]) -> None:
+async def run_against_model(made: Store, ops: list[tuple[str, list[Any]]]) -> None:
     rows: list[dict[str, Any]] = []
     generation, next_seq = 1, 1
-    async with SQLiteStore(path, synchronous="OFF") as s:
+    async with made as s:  # type: ignore[attr-defined]  # both stores are context managers
         await s.ensure_session("m", "channel")
         for name, items in ops:
             if name == "reset":
@@ -451,4 +444,16 @@ async def run_against_model(path: pathlib.Path, ops: list[tuple[str, list[Any]]]
 @given(ops=operations())
 def test_load_context_matches_model(ops: list[tuple[str, list[Any]]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(run_against_model(pathlib.Path(tmp) / "model.db", ops))
+        made = SQLiteStore(pathlib.Path(tmp) / "model.db", synchronous="OFF")
+        asyncio.run(run_against_model(made, ops))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations())
+def test_load_context_matches_model_on_postgres(
+    postgres_cluster: Cluster, ops: list[tuple[str, list[Any]]]
+) -> None:
+    from geodebot.store.postgres import PostgresStore
+
+    made = PostgresStore(postgres_cluster.new_database(migrated=True))
+    asyncio.run(run_against_model(made, ops))

@@ -1,17 +1,16 @@
-"""Approval requests in SQLiteStore, against real database files: asked once, decided once."""
+"""Approval requests in both stores, against real databases: asked once, decided once."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pathlib
-import sqlite3
 from collections.abc import AsyncIterator
 
 import pytest
 
+from geodebot.store.protocol import Store
 from geodebot.store.records import ApprovalRecord, StoreError
-from geodebot.store.sqlite import SQLiteStore
+from tests.support.postgres import Place
 
 
 def request(
@@ -35,13 +34,13 @@ def request(
 
 
 @pytest.fixture
-async def store(tmp_path: pathlib.Path) -> AsyncIterator[SQLiteStore]:
-    async with SQLiteStore(tmp_path / "geodebot.db", synchronous="NORMAL") as s:
+async def store(place: Place) -> AsyncIterator[Store]:
+    async with place.store() as s:
         await s.ensure_session("ops", "channel")
         yield s
 
 
-async def events(store: SQLiteStore) -> list[tuple[str, dict[str, object]]]:
+async def events(store: Store) -> list[tuple[str, dict[str, object]]]:
     return [
         (e.kind, dict(e.data))
         for e in await store.timeline("ops")
@@ -49,7 +48,7 @@ async def events(store: SQLiteStore) -> list[tuple[str, dict[str, object]]]:
     ]
 
 
-async def test_a_request_is_opened_once_per_call_and_found_again(store: SQLiteStore) -> None:
+async def test_a_request_is_opened_once_per_call_and_found_again(store: Store) -> None:
     first, opened = await store.approval_open(request("a1"))
     assert opened
     assert (first.status, first.approvers, first.card) == ("pending", ["4242", "5151"], {})
@@ -64,7 +63,7 @@ async def test_a_request_is_opened_once_per_call_and_found_again(store: SQLiteSt
 
 
 async def test_the_first_decision_wins_and_later_presses_change_nothing(
-    store: SQLiteStore,
+    store: Store,
 ) -> None:
     await store.approval_open(request("a1"))
     decided, won = await store.approval_decide("a1", True, by="4242", via="chat", now=200.0)
@@ -94,7 +93,7 @@ async def test_the_first_decision_wins_and_later_presses_change_nothing(
     }
 
 
-async def test_concurrent_presses_decide_exactly_once(store: SQLiteStore) -> None:
+async def test_concurrent_presses_decide_exactly_once(store: Store) -> None:
     await store.approval_open(request("a1"))
     results = await asyncio.gather(
         *(
@@ -107,7 +106,7 @@ async def test_concurrent_presses_decide_exactly_once(store: SQLiteStore) -> Non
     assert all(row == winners[0] for row, _ in results)
 
 
-async def test_a_press_after_the_expiry_expires_the_request_instead(store: SQLiteStore) -> None:
+async def test_a_press_after_the_expiry_expires_the_request_instead(store: Store) -> None:
     await store.approval_open(request("a1", ttl=60.0))
     late, won = await store.approval_decide("a1", True, by="4242", via="chat", now=160.0)
     assert not won
@@ -119,7 +118,7 @@ async def test_a_press_after_the_expiry_expires_the_request_instead(store: SQLit
 
 
 async def test_an_asker_who_stops_waiting_expires_only_a_pending_request(
-    store: SQLiteStore,
+    store: Store,
 ) -> None:
     await store.approval_open(request("waited"))
     await store.approval_open(request("decided"))
@@ -137,12 +136,12 @@ async def test_an_asker_who_stops_waiting_expires_only_a_pending_request(
     assert (late, won) == (expired, False)
 
 
-async def test_an_unknown_id_is_no_decision(store: SQLiteStore) -> None:
+async def test_an_unknown_id_is_no_decision(store: Store) -> None:
     assert await store.approval_decide("forged", True, by="4242", via="chat") == (None, False)
 
 
 async def test_bad_requests_and_decisions_are_refused_and_write_nothing(
-    store: SQLiteStore,
+    store: Store,
 ) -> None:
     with pytest.raises(StoreError, match="no approvers"):
         await store.approval_open(dataclasses.replace(request("a1"), approvers=()))
@@ -161,13 +160,12 @@ async def test_bad_requests_and_decisions_are_refused_and_write_nothing(
 
 
 async def test_a_pending_request_survives_a_restart_and_is_decided_after(
-    tmp_path: pathlib.Path,
+    place: Place,
 ) -> None:
-    path = tmp_path / "geodebot.db"
-    async with SQLiteStore(path) as store:
+    async with place.store() as store:
         await store.ensure_session("ops", "channel")
         await store.approval_open(request("a1"))
-    async with SQLiteStore(path) as store:
+    async with place.store() as store:
         assert [r.id for r in await store.approvals_pending()] == ["a1"]
         decided, won = await store.approval_decide("a1", True, by="5151", via="chat", now=300.0)
         assert won
@@ -175,11 +173,10 @@ async def test_a_pending_request_survives_a_restart_and_is_decided_after(
         assert decided.status == "approved"
 
 
-async def test_a_decided_row_cannot_lose_its_decision_time(tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "geodebot.db"
-    async with SQLiteStore(path) as store:
+async def test_a_decided_row_cannot_lose_its_decision_time(place: Place) -> None:
+    async with place.store() as store:
         await store.ensure_session("ops", "channel")
         await store.approval_open(request("a1"))
         await store.approval_decide("a1", True, by="4242", via="chat", now=200.0)
-    with sqlite3.connect(path) as db, pytest.raises(sqlite3.IntegrityError):
-        db.execute("UPDATE approval_requests SET decided_at = NULL WHERE id = 'a1'")
+    with pytest.raises(place.integrity_error):
+        place.execute("UPDATE approval_requests SET decided_at = NULL WHERE id = 'a1'")

@@ -1,46 +1,26 @@
-"""Chat inbox, outbox and cursors of SQLiteStore, against real database files."""
+"""Chat inbox, outbox and cursors, against both stores (a real database file or database)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import pathlib
-import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
+from geodebot.store.protocol import Store
 from geodebot.store.records import InboxEnding, InboxRow, NewMessage, NewOutbound, StoreError
 from geodebot.store.sqlite import SQLiteStore
+from tests.support.postgres import Place
 
 
-@contextlib.contextmanager
-def raw(path: pathlib.Path) -> Iterator[sqlite3.Connection]:
-    """A second, plain connection: sees only what the store actually committed."""
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        yield conn
-
-
-def table(path: pathlib.Path, name: str) -> list[tuple[object, ...]]:
-    with raw(path) as conn:
-        return conn.execute(f"SELECT * FROM {name} ORDER BY 1").fetchall()
-
-
-def fail_inserts_into(path: pathlib.Path, name: str) -> None:
-    with raw(path) as conn:
-        conn.execute(
-            f"CREATE TRIGGER full_{name} BEFORE INSERT ON {name} "
-            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-        )
-
-
-def heal(path: pathlib.Path, name: str) -> None:
-    with raw(path) as conn:
-        conn.execute(f"DROP TRIGGER full_{name}")
+def table(place: Place, name: str) -> list[tuple[object, ...]]:
+    """What a second, plain connection reads: only what the store actually committed."""
+    return place.rows(f"SELECT * FROM {name} ORDER BY 1")
 
 
 async def add(
-    store: SQLiteStore,
+    store: Store,
     event_id: str,
     *,
     platform: str = "telegram",
@@ -74,18 +54,15 @@ def reply(
 
 
 @pytest.fixture
-def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
-    return tmp_path / "geodebot.db"
-
-
-@pytest.fixture
-async def store(db_path: pathlib.Path) -> AsyncIterator[SQLiteStore]:
-    async with SQLiteStore(db_path, synchronous="NORMAL") as s:
+async def store(place: Place) -> AsyncIterator[Store]:
+    async with place.store() as s:
         yield s
 
 
 # -- inbox: adding --------------------------------------------------------------------------
-async def test_add_then_duplicate_returns_existing_and_inserts_nothing(store: SQLiteStore) -> None:
+async def test_add_then_duplicate_returns_existing_and_inserts_nothing(
+    store: Store, place: Place
+) -> None:
     first, inserted = await add(store, "1")
     assert inserted
     assert (first.platform, first.event_id, first.session_id, first.channel) == (
@@ -117,31 +94,29 @@ async def test_add_then_duplicate_returns_existing_and_inserts_nothing(store: SQ
     assert await store.find_inbox("telegram", "1") == first
     assert await store.find_inbox("telegram", "2") is None
     assert await store.get_inbox(999) is None
-    assert len(table(store.path, "inbox")) == 2
+    assert len(table(place, "inbox")) == 2
 
 
-async def test_add_rejects_an_empty_event_id(store: SQLiteStore) -> None:
+async def test_add_rejects_an_empty_event_id(store: Store, place: Place) -> None:
     with pytest.raises(StoreError, match="must not be empty"):
         await add(store, "")
-    assert table(store.path, "inbox") == []
+    assert table(place, "inbox") == []
 
 
-async def test_concurrent_duplicates_insert_exactly_one(
-    store: SQLiteStore, db_path: pathlib.Path
-) -> None:
+async def test_concurrent_duplicates_insert_exactly_one(store: Store, place: Place) -> None:
     # A second store on the same file is a second connection, as another process would be.
-    async with SQLiteStore(db_path, synchronous="NORMAL") as other:
+    async with place.store() as other:
         attempts = [add(store if n % 2 else other, f"e{n % 3}") for n in range(60)]
         results = await asyncio.gather(*attempts)
     for event in ("e0", "e1", "e2"):
         mine = [(row, new) for row, new in results if row.event_id == event]
         assert [new for _, new in mine].count(True) == 1
         assert len({row for row, _ in mine}) == 1
-    assert len(table(db_path, "inbox")) == 3
+    assert len(table(place, "inbox")) == 3
 
 
 # -- inbox: start and finish ----------------------------------------------------------------
-async def test_start_and_finish_transitions(store: SQLiteStore) -> None:
+async def test_start_and_finish_transitions(store: Store) -> None:
     row, _ = await add(store, "1")
     started = await store.inbox_start(row.id)
     assert (started.status, started.attempts) == ("running", 1)
@@ -160,11 +135,11 @@ async def test_start_and_finish_transitions(store: SQLiteStore) -> None:
     assert (dropped.status, dropped.attempts) == ("dropped", 0)
 
 
-async def test_illegal_transitions_raise_and_write_nothing(store: SQLiteStore) -> None:
+async def test_illegal_transitions_raise_and_write_nothing(store: Store, place: Place) -> None:
     row, _ = await add(store, "1")
     await store.inbox_finish(row.id, "failed", detail="model down")
     other, _ = await add(store, "2")
-    before = table(store.path, "inbox")
+    before = table(place, "inbox")
     with pytest.raises(
         StoreError, match="it is already 'failed'; only an unfinished row can start"
     ):
@@ -177,12 +152,12 @@ async def test_illegal_transitions_raise_and_write_nothing(store: SQLiteStore) -
         await store.inbox_finish(999, "done")
     with pytest.raises(StoreError, match="status must be one of"):
         await store.inbox_finish(other.id, "running")  # type: ignore[arg-type]  # an invalid status on purpose
-    assert table(store.path, "inbox") == before
+    assert table(place, "inbox") == before
     assert await store.get_inbox(other.id) == other
-    assert table(store.path, "outbox") == []
+    assert table(place, "outbox") == []
 
 
-async def test_finish_with_reply_writes_both(store: SQLiteStore) -> None:
+async def test_finish_with_reply_writes_both(store: Store) -> None:
     row, _ = await add(store, "1")
     await store.inbox_start(row.id)
     done, outbound = await store.inbox_finish(row.id, "done", reply=reply("**pong**"))
@@ -208,7 +183,7 @@ async def test_finish_with_reply_writes_both(store: SQLiteStore) -> None:
 
 
 async def test_finish_can_begin_the_replys_first_part_in_the_same_commit(
-    store: SQLiteStore,
+    store: Store,
 ) -> None:
     row, _ = await add(store, "1")
     _, plain = await store.inbox_finish(row.id, "done", reply=reply("one"))
@@ -229,30 +204,32 @@ async def test_finish_can_begin_the_replys_first_part_in_the_same_commit(
     assert (await store.inbox_finish(row3.id, "dropped", begin_first_part=True))[1] is None
 
 
-async def test_finish_with_reply_writes_neither_when_the_reply_fails(store: SQLiteStore) -> None:
+async def test_finish_with_reply_writes_neither_when_the_reply_fails(
+    store: Store, place: Place
+) -> None:
     row, _ = await add(store, "1")
     running = await store.inbox_start(row.id)
-    fail_inserts_into(store.path, "outbox")
+    place.fail("outbox")
     with pytest.raises(StoreError, match=f"finishing inbox row {row.id} as 'done' failed: disk"):
         await store.inbox_finish(row.id, "done", reply=reply())
     assert await store.get_inbox(row.id) == running
     assert await store.inbox_unfinished() == [running]
-    assert table(store.path, "outbox") == []
-    heal(store.path, "outbox")
+    assert table(place, "outbox") == []
+    place.heal("outbox")
     done, outbound = await store.inbox_finish(row.id, "done", reply=reply())
     assert done.status == "done"
     assert outbound is not None
     assert [r.id for r in await store.outbox_pending()] == [outbound.id]
 
 
-async def test_an_inbox_row_has_at_most_one_reply(store: SQLiteStore) -> None:
+async def test_an_inbox_row_has_at_most_one_reply(store: Store, place: Place) -> None:
     row, _ = await add(store, "1")
     await store.inbox_finish(row.id, "done", reply=reply("first"))
     with pytest.raises(StoreError, match="already 'done'"):
         await store.inbox_finish(row.id, "done", reply=reply("second"))
     # The schema holds the line too, not just the status guard.
-    with raw(store.path) as conn, pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
-        conn.execute(
+    with pytest.raises(place.integrity_error, match=r"(?i)unique"):
+        place.execute(
             "INSERT INTO outbox (inbox_id, session_id, platform, channel, text, kind, status, "
             "created_at, updated_at) VALUES (?, 's', 'telegram', '42', 'x', 'reply', "
             "'pending', 0, 0)",
@@ -262,7 +239,7 @@ async def test_an_inbox_row_has_at_most_one_reply(store: SQLiteStore) -> None:
 
 
 async def test_a_turns_last_checkpoint_and_its_inbox_rows_end_commit_together(
-    store: SQLiteStore,
+    store: Store,
 ) -> None:
     row, _ = await add(store, "1")
     await store.inbox_start(row.id)
@@ -292,12 +269,12 @@ async def test_a_turns_last_checkpoint_and_its_inbox_rows_end_commit_together(
 
 @pytest.mark.parametrize("failing", ["ending", "checkpoint"])
 async def test_a_failed_part_of_a_turns_end_writes_neither(
-    store: SQLiteStore, failing: str
+    store: Store, failing: str, place: Place
 ) -> None:
     row, _ = await add(store, "1")
     running = await store.inbox_start(row.id)
     before = await store.ensure_session("telegram:42", "daemon")
-    fail_inserts_into(store.path, "outbox" if failing == "ending" else "messages")
+    place.fail("outbox" if failing == "ending" else "messages")
     ending = InboxEnding(row.id, "done", "completed", reply(), begin_first_part=True)
     with pytest.raises(StoreError, match="disk full"):
         await store.checkpoint_ending(
@@ -307,11 +284,11 @@ async def test_a_failed_part_of_a_turns_end_writes_neither(
             state={"last_turn_id": "t1"},
         )
     assert await store.get_inbox(row.id) == running
-    assert table(store.path, "outbox") == []
+    assert table(place, "outbox") == []
     assert await store.load_context("telegram:42") == []
     assert await store.get_session("telegram:42") == before
     # A finished row cannot end a second time: the checkpoint with it is refused whole.
-    heal(store.path, "outbox" if failing == "ending" else "messages")
+    place.heal("outbox" if failing == "ending" else "messages")
     await store.inbox_finish(row.id, "failed", detail="stopped")
     with pytest.raises(StoreError, match="already 'failed'"):
         await store.checkpoint_ending(
@@ -324,16 +301,16 @@ async def test_a_failed_part_of_a_turns_end_writes_neither(
 
 # -- inbox: crash and restart ---------------------------------------------------------------
 async def test_started_row_left_by_a_closed_store_is_unfinished_after_reopen(
-    db_path: pathlib.Path,
+    place: Place,
 ) -> None:
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         done, _ = await add(s, "1")
         await s.inbox_finish(done.id, "done")
         running, _ = await add(s, "2")
         await s.inbox_start(running.id)
         waiting, _ = await add(s, "3")
         # Closed mid-turn, as a killed daemon leaves it.
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         unfinished = await s.inbox_unfinished()
         assert [(r.event_id, r.status, r.attempts) for r in unfinished] == [
             ("2", "running", 1),
@@ -346,7 +323,7 @@ async def test_started_row_left_by_a_closed_store_is_unfinished_after_reopen(
         assert await add(s, "2") == (retried, False)
 
 
-async def test_counts(store: SQLiteStore) -> None:
+async def test_counts(store: Store) -> None:
     assert await store.inbox_counts() == dict.fromkeys(
         ("pending", "running", "done", "failed", "dropped"), 0
     )
@@ -374,7 +351,7 @@ async def test_counts(store: SQLiteStore) -> None:
 
 
 # -- outbox ---------------------------------------------------------------------------------
-async def test_outbox_pending_in_id_order_and_by_platform(store: SQLiteStore) -> None:
+async def test_outbox_pending_in_id_order_and_by_platform(store: Store) -> None:
     a = await store.outbox_add(reply("a", platform="slack", kind="notice"))
     b = await store.outbox_add(reply("b", platform="telegram", kind="job"))
     c = await store.outbox_add(reply("c", platform="slack"))
@@ -388,8 +365,8 @@ async def test_outbox_pending_in_id_order_and_by_platform(store: SQLiteStore) ->
     assert await store.outbox_pending(platform="irc") == []
 
 
-async def test_part_progress_survives_reopen(db_path: pathlib.Path) -> None:
-    async with SQLiteStore(db_path) as s:
+async def test_part_progress_survives_reopen(place: Place) -> None:
+    async with place.store() as s:
         row = await s.outbox_add(reply("long answer"))
         first = await s.outbox_begin_part(row.id, 0)
         assert (first.in_flight, first.attempts, first.sent_parts) == (0, 1, {})
@@ -398,7 +375,7 @@ async def test_part_progress_survives_reopen(db_path: pathlib.Path) -> None:
         assert (sent.in_flight, sent.sent_parts) == (None, {0: "tg-100"})
         await s.outbox_begin_part(row.id, 1)
         # Crash while part 1's request is out.
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         [left] = await s.outbox_pending()
         assert (left.id, left.in_flight, left.attempts, left.sent_parts) == (
             row.id,
@@ -410,14 +387,14 @@ async def test_part_progress_survives_reopen(db_path: pathlib.Path) -> None:
         found = await s.outbox_part_sent(row.id, 1, "tg-101")
         assert (found.in_flight, found.sent_parts) == (None, {0: "tg-100", 1: "tg-101"})
         done = await s.outbox_finish(row.id, "sent")
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         assert await s.get_outbox(row.id) == done
         assert done.status == "sent"
         assert done.sent_parts == {0: "tg-100", 1: "tg-101"}
         assert await s.outbox_pending() == []
 
 
-async def test_part_guards(store: SQLiteStore) -> None:
+async def test_part_guards(store: Store) -> None:
     row = await store.outbox_add(reply())
     await store.outbox_begin_part(row.id, 0)
     with pytest.raises(StoreError, match="the outcome of part 0 is still unknown"):
@@ -450,8 +427,8 @@ async def test_part_guards(store: SQLiteStore) -> None:
     assert await store.get_outbox(row.id) == finished
 
 
-async def test_unsent_part_and_blind_resends(db_path: pathlib.Path) -> None:
-    async with SQLiteStore(db_path) as s:
+async def test_unsent_part_and_blind_resends(place: Place) -> None:
+    async with place.store() as s:
         row = await s.outbox_add(reply())
         assert await s.outbox_part_unsent(row.id, 0) == row
         with pytest.raises(StoreError, match="no part is in flight"):
@@ -463,10 +440,10 @@ async def test_unsent_part_and_blind_resends(db_path: pathlib.Path) -> None:
         cleared = await s.outbox_part_unsent(row.id, 0)
         assert (cleared.in_flight, cleared.attempts) == (None, 1)
         await s.outbox_begin_part(row.id, 0)
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         noted = await s.outbox_note_blind_resend(row.id)
         assert (noted.in_flight, noted.blind_resends) == (0, 1)
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         again = await s.get_outbox(row.id)
         assert again == noted
         await s.outbox_part_sent(row.id, 0, "m0")
@@ -475,34 +452,34 @@ async def test_unsent_part_and_blind_resends(db_path: pathlib.Path) -> None:
 
 
 # -- cursors --------------------------------------------------------------------------------
-async def test_cursors_survive_reopen(db_path: pathlib.Path) -> None:
-    async with SQLiteStore(db_path) as s:
+async def test_cursors_survive_reopen(place: Place) -> None:
+    async with place.store() as s:
         assert await s.get_cursor("telegram.offset") is None
         await s.set_cursor("telegram.offset", "100")
         await s.set_cursor("telegram.offset", "101")
         await s.set_cursor("discord.last:42", "1234567890123456789")
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         assert await s.get_cursor("telegram.offset") == "101"
         assert await s.get_cursor("discord.last:42") == "1234567890123456789"
 
 
-async def test_cursor_moves_with_the_inbox_row_or_not_at_all(store: SQLiteStore) -> None:
+async def test_cursor_moves_with_the_inbox_row_or_not_at_all(store: Store, place: Place) -> None:
     await store.set_cursor("telegram.offset", "10")
     row, inserted = await add(store, "10", cursor=("telegram.offset", "11"))
     assert inserted
     assert await store.get_cursor("telegram.offset") == "11"
-    fail_inserts_into(store.path, "inbox")
+    place.fail("inbox")
     with pytest.raises(StoreError, match="adding event '11' of 'telegram' to the inbox failed"):
         await add(store, "11", cursor=("telegram.offset", "12"))
     assert await store.get_cursor("telegram.offset") == "11"
     assert await store.find_inbox("telegram", "11") is None
-    heal(store.path, "inbox")
+    place.heal("inbox")
     # A failing cursor write takes the row down with it.
-    fail_inserts_into(store.path, "cursors")
+    place.fail("cursors")
     with pytest.raises(StoreError, match="disk full"):
         await add(store, "11", cursor=("telegram.fresh", "12"))
     assert await store.find_inbox("telegram", "11") is None
-    heal(store.path, "cursors")
+    place.heal("cursors")
     # A redelivered update is already committed, so the offset may move past it.
     again, inserted = await add(store, "10", cursor=("telegram.offset", "11"))
     assert (again, inserted) == (row, False)
@@ -511,20 +488,19 @@ async def test_cursor_moves_with_the_inbox_row_or_not_at_all(store: SQLiteStore)
 
 
 # -- schema ---------------------------------------------------------------------------------
-async def test_schema_has_the_chat_tables(store: SQLiteStore) -> None:
-    with raw(store.path) as conn:
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+async def test_schema_has_the_chat_tables(store: Store, place: Place) -> None:
+    names = place.names()
     assert {"inbox", "inbox_by_status", "outbox", "outbox_by_status", "cursors"} <= names
     assert await store.schema_version() >= 3
 
 
 # -- durability -----------------------------------------------------------------------------
 async def test_commits_the_outside_acts_on_are_synced_and_the_rest_are_not(
-    db_path: pathlib.Path,
+    tmp_path: pathlib.Path,
 ) -> None:
     """Inbox adds (before the ack) and part begins (before the send) commit at FULL; the
     bookkeeping in between at NORMAL, made durable by the next FULL commit's sync of the log."""
-    async with SQLiteStore(db_path, synchronous="FULL") as s:
+    async with SQLiteStore(tmp_path / "geodebot.db", synchronous="FULL") as s:
         seen: list[str] = []
         assert s._commits is not None
         s._commits.connection.set_trace_callback(seen.append)

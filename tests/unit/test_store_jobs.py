@@ -4,15 +4,15 @@ finishing and settling against the outbox."""
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from geodebot.scheduler.status import took_text
+from geodebot.store.protocol import Store
 from geodebot.store.records import JobRecord, NewOutbound, StoreError
-from geodebot.store.sqlite import SQLiteStore, load_migrations, split_statements
+from geodebot.store.schema import load_migrations
+from tests.support.postgres import Place
 
 
 def record(job_id: str, **fields: object) -> JobRecord:
@@ -43,12 +43,12 @@ MESSAGE = NewOutbound("job:a", "telegram", "c1", None, None, "result", kind="job
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
-    async with SQLiteStore(tmp_path / "db.sqlite") as s:
+async def store(place: Place) -> AsyncIterator[Store]:
+    async with place.store() as s:
         yield s
 
 
-async def test_config_sync_adds_updates_and_removes(store: SQLiteStore) -> None:
+async def test_config_sync_adds_updates_and_removes(store: Store) -> None:
     first = await store.jobs_revision()
     assert await store.jobs_sync_config([record("a"), record("b")])
     assert await store.jobs_revision() != first
@@ -65,7 +65,7 @@ async def test_config_sync_adds_updates_and_removes(store: SQLiteStore) -> None:
 
 
 async def test_a_sync_that_keeps_missing_jobs_and_a_clash_with_a_cli_job(
-    store: SQLiteStore,
+    store: Store,
 ) -> None:
     await store.jobs_sync_config([record("a"), record("b")])
     assert not await store.jobs_sync_config([record("a")], remove_missing=False)
@@ -77,7 +77,7 @@ async def test_a_sync_that_keeps_missing_jobs_and_a_clash_with_a_cli_job(
         await store.job_add(record("c", origin="chat"))
 
 
-async def test_a_sync_of_many_jobs_rewrites_only_what_changed(store: SQLiteStore) -> None:
+async def test_a_sync_of_many_jobs_rewrites_only_what_changed(store: Store) -> None:
     """The daemon syncs every config job at each start: unchanged rows are left as they are
     (their since_ms with them: a rewritten row would forgo the fires it owes), a changed one
     is rewritten, a deleted one removed, a new one added, all in one go."""
@@ -102,16 +102,15 @@ async def test_a_sync_of_many_jobs_rewrites_only_what_changed(store: SQLiteStore
 
 
 async def test_a_tools_list_stored_in_another_spelling_is_not_a_change(
-    store: SQLiteStore, tmp_path: Path
+    store: Store, place: Place
 ) -> None:
     """Stored rows are compared as they are written, and decoded when that differs: JSON
     with spaces (a row from another writer) is the same list, and keeps what it owes."""
     await store.jobs_sync_config([record("a", tools=("get_time", "http_get"))])
     await store.close()
-    with sqlite3.connect(tmp_path / "db.sqlite") as db:
-        db.execute(
-            "UPDATE scheduled_jobs SET tools = ? WHERE id = 'a'", ('[ "get_time", "http_get" ]',)
-        )
+    place.execute(
+        "UPDATE scheduled_jobs SET tools = ? WHERE id = 'a'", ('[ "get_time", "http_get" ]',)
+    )
     await store.open()
     assert not await store.jobs_sync_config(
         [record("a", tools=("get_time", "http_get"), since_ms=9_000)]
@@ -122,7 +121,7 @@ async def test_a_tools_list_stored_in_another_spelling_is_not_a_change(
     assert (a.tools, a.since_ms) == (("get_time",), 9_000)
 
 
-async def test_fire_rows_move_forward_only(store: SQLiteStore) -> None:
+async def test_fire_rows_move_forward_only(store: Store) -> None:
     fire, won = await store.fire_claim("a", 60_000, "schedule")
     assert won
     assert fire.outcome == "running"
@@ -144,7 +143,7 @@ async def test_fire_rows_move_forward_only(store: SQLiteStore) -> None:
     assert await store.fires_latest_scheduled() == {"a": 120_000}
 
 
-async def test_a_paused_job_claims_nothing_until_resumed(store: SQLiteStore) -> None:
+async def test_a_paused_job_claims_nothing_until_resumed(store: Store) -> None:
     await store.jobs_sync_config([record("a")])
     await store.job_set_paused("a", True, since_ms=5_000)
     assert await store.fire_claim("a", 60_000, "schedule") == (None, False)
@@ -156,7 +155,7 @@ async def test_a_paused_job_claims_nothing_until_resumed(store: SQLiteStore) -> 
     assert [f.id for f in await store.fire_history("a")] == [fire.id]
 
 
-async def test_failure_notice_and_delivery_failure_are_settled(store: SQLiteStore) -> None:
+async def test_failure_notice_and_delivery_failure_are_settled(store: Store) -> None:
     failed, _ = await store.fire_claim("a", 1_000, "schedule")
     failed = await store.fire_finish(
         failed.id, started_at=1.0, failure=("budget", "too slow"), notice=MESSAGE
@@ -175,7 +174,7 @@ async def test_failure_notice_and_delivery_failure_are_settled(store: SQLiteStor
     assert settled[undelivered.id].reason == "chat not found"
 
 
-async def test_a_fire_shows_how_long_its_run_took(store: SQLiteStore) -> None:
+async def test_a_fire_shows_how_long_its_run_took(store: Store) -> None:
     fire, _ = await store.fire_claim("a", 1_000, "schedule")
     assert fire is not None
     assert took_text(fire) == "-"
@@ -185,7 +184,7 @@ async def test_a_fire_shows_how_long_its_run_took(store: SQLiteStore) -> None:
     assert took_text(dataclasses.replace(done, started_at=10.0, ended_at=12.54)) == "2.5 s"
 
 
-async def test_interrupted_fires_stay_claimed(store: SQLiteStore) -> None:
+async def test_interrupted_fires_stay_claimed(store: Store) -> None:
     fire, _ = await store.fire_claim("a", 1_000, "schedule")
     swept = await store.fires_interrupted("restart")
     assert [(f.id, f.outcome, f.reason) for f in swept] == [(fire.id, "failed", "restart")]
@@ -193,7 +192,7 @@ async def test_interrupted_fires_stay_claimed(store: SQLiteStore) -> None:
     assert not won
 
 
-async def test_requested_runs_start_once(store: SQLiteStore) -> None:
+async def test_requested_runs_start_once(store: Store) -> None:
     before = await store.jobs_revision()
     requested = await store.fire_request("a", 5_000)
     assert await store.jobs_revision() != before
@@ -206,7 +205,7 @@ async def test_requested_runs_start_once(store: SQLiteStore) -> None:
     assert await store.fires_requested() == []
 
 
-async def test_the_binding_a_job_posts_in_is_kept_and_named_once(store: SQLiteStore) -> None:
+async def test_the_binding_a_job_posts_in_is_kept_and_named_once(store: Store) -> None:
     await store.job_add(record("chat", origin="chat", deliver_binding="telegram:c1"))
     await store.job_add(record("old", origin="chat", creator="binding:ops"))
     chat = await store.job_get("chat")
@@ -233,30 +232,23 @@ async def test_the_binding_a_job_posts_in_is_kept_and_named_once(store: SQLiteSt
     assert a.deliver_binding == "telegram:c2"
 
 
-async def test_rows_written_before_the_binding_was_recorded_still_read(tmp_path: Path) -> None:
-    path = tmp_path / "old.sqlite"
-    db = sqlite3.connect(path, isolation_level=None)
-    try:
-        db.execute(
-            "CREATE TABLE schema_migrations "
-            "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-        )
-        for version, _, script in load_migrations():
-            if version > 4:
-                break
-            for statement in split_statements(script):
-                db.execute(statement)
-            db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (version,))
-        db.execute(
-            "INSERT INTO scheduled_jobs (id, origin, schedule_kind, schedule, timezone, "
-            "anchor_ms, prompt, deliver_to, session_id, tools, time_budget_s, catch_up, "
-            "notify_on_failure, creator, paused, since_ms, created_at, updated_at) VALUES "
-            "('daily', 'chat', 'every', '1h', 'UTC', 0, 'p', 'ops', 'job:daily', '[]', NULL, "
-            "'latest', 1, 'binding:ops', 0, 1000, 1.0, 1.0)"
-        )
-    finally:
-        db.close()
-    async with SQLiteStore(path) as store:
+async def test_rows_written_before_the_binding_was_recorded_still_read(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    place.unmigrated()
+    older = [m for m in load_migrations() if m[0] <= 4]
+    with monkeypatch.context() as patch:
+        patch.setattr(place.module, "load_migrations", lambda: older)
+        async with place.store() as old:
+            assert await old.schema_version() == 4
+    place.execute(
+        "INSERT INTO scheduled_jobs (id, origin, schedule_kind, schedule, timezone, "
+        "anchor_ms, prompt, deliver_to, session_id, tools, time_budget_s, catch_up, "
+        "notify_on_failure, creator, paused, since_ms, created_at, updated_at) VALUES "
+        "('daily', 'chat', 'every', '1h', 'UTC', 0, 'p', 'ops', 'job:daily', '[]', NULL, "
+        "'latest', 1, 'binding:ops', 0, 1000, 1.0, 1.0)"
+    )
+    async with place.store() as store:
         job = await store.job_get("daily")
         unnamed = await store.jobs_without_binding()
         named = await store.job_set_delivery("daily", "telegram:-1", creator="binding:x")

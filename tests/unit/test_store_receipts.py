@@ -1,22 +1,20 @@
-"""Effect receipts and operator switches of SQLiteStore, against real database files."""
+"""Effect receipts and operator switches of both stores, against real databases."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import pathlib
 import signal
-import sqlite3
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
-from geodebot.store import sqlite as sqlite_module
+from geodebot.store.protocol import Store
 from geodebot.store.records import EffectReceipt, NewMessage, OperatorSwitch, StoreError
-from geodebot.store.sqlite import SQLiteStore, load_migrations
+from geodebot.store.schema import load_migrations
+from tests.support.postgres import Place
 
 
 def receipt(
@@ -36,29 +34,14 @@ def receipt(
     )
 
 
-@contextlib.contextmanager
-def raw(path: pathlib.Path) -> Iterator[sqlite3.Connection]:
-    """A second, plain connection: sees only what the store actually committed."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-def receipt_rows(path: pathlib.Path) -> list[tuple[object, ...]]:
-    with raw(path) as conn:
-        return conn.execute("SELECT * FROM effect_receipts ORDER BY id").fetchall()
+def receipt_rows(place: Place) -> list[tuple[object, ...]]:
+    """What a second, plain connection reads: only what the store actually committed."""
+    return place.rows("SELECT * FROM effect_receipts ORDER BY id")
 
 
 @pytest.fixture
-def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
-    return tmp_path / "geodebot.db"
-
-
-@pytest.fixture
-async def store(db_path: pathlib.Path) -> AsyncIterator[SQLiteStore]:
-    async with SQLiteStore(db_path, synchronous="NORMAL") as s:
+async def store(place: Place) -> AsyncIterator[Store]:
+    async with place.store() as s:
         await s.ensure_session("ops", "channel")
         await s.ensure_session("dev", "channel")
         yield s
@@ -66,7 +49,8 @@ async def store(db_path: pathlib.Path) -> AsyncIterator[SQLiteStore]:
 
 # -- admission ------------------------------------------------------------------------------
 async def test_admit_then_duplicate_key_returns_existing_and_inserts_nothing(
-    store: SQLiteStore,
+    store: Store,
+    place: Place,
 ) -> None:
     first = receipt("r1")
     stored, inserted = await store.admit_receipt(first)
@@ -78,24 +62,26 @@ async def test_admit_then_duplicate_key_returns_existing_and_inserts_nothing(
     assert await store.get_receipt("r2") is None
     assert await store.find_receipt(first.key) == first
     assert await store.find_receipt("nope") is None
-    assert [row[0] for row in receipt_rows(store.path)] == ["r1"]
+    assert [row[0] for row in receipt_rows(place)] == ["r1"]
 
 
-async def test_admit_rejects_what_it_cannot_admit_and_writes_nothing(store: SQLiteStore) -> None:
+async def test_admit_rejects_what_it_cannot_admit_and_writes_nothing(
+    store: Store, place: Place
+) -> None:
     await store.admit_receipt(receipt("r1"))
-    before = receipt_rows(store.path)
+    before = receipt_rows(place)
     not_fresh = dataclasses.replace(receipt("r2"), status="committed")
     with pytest.raises(StoreError, match="only a fresh, admitted receipt"):
         await store.admit_receipt(not_fresh)
     with pytest.raises(StoreError, match="admission of receipt 'r3' failed"):
         await store.admit_receipt(receipt("r3", session="ghost"))
-    with pytest.raises(StoreError, match="UNIQUE"):
+    with pytest.raises(StoreError, match=r"(?i)unique"):
         await store.admit_receipt(receipt("r1", key="another-key"))
-    assert receipt_rows(store.path) == before
+    assert receipt_rows(place) == before
 
 
 # -- finishing ------------------------------------------------------------------------------
-async def test_finish_committed_and_failed(store: SQLiteStore) -> None:
+async def test_finish_committed_and_failed(store: Store) -> None:
     await store.admit_receipt(receipt("ok"))
     await store.admit_receipt(receipt("bad"))
     long_result = "é" * 100_000
@@ -109,13 +95,13 @@ async def test_finish_committed_and_failed(store: SQLiteStore) -> None:
     assert await store.get_receipt("bad") == failed
 
 
-async def test_finish_only_an_admitted_receipt(store: SQLiteStore) -> None:
+async def test_finish_only_an_admitted_receipt(store: Store, place: Place) -> None:
     await store.admit_receipt(receipt("r1"))
     await store.admit_receipt(receipt("r2"))
     first = await store.finish_receipt("r1", "committed", {"result": "a", "is_error": False})
     [swept] = await store.mark_admitted_uncertain("deadline")
     assert swept.id == "r2"
-    before = receipt_rows(store.path)
+    before = receipt_rows(place)
     with pytest.raises(StoreError, match="already 'committed'"):
         await store.finish_receipt("r1", "failed", {"result": "late", "is_error": True})
     with pytest.raises(StoreError, match="already 'uncertain'"):
@@ -126,21 +112,21 @@ async def test_finish_only_an_admitted_receipt(store: SQLiteStore) -> None:
         await store.finish_receipt("r1", "admitted", {})  # type: ignore[arg-type]  # an invalid status on purpose
     with pytest.raises(StoreError, match="not JSON-serialisable"):
         await store.finish_receipt("r1", "failed", {"result": object()})
-    assert receipt_rows(store.path) == before
+    assert receipt_rows(place) == before
     assert await store.get_receipt("r1") == first
 
 
 # -- crash and sweep ------------------------------------------------------------------------
 async def test_receipt_left_admitted_by_a_closed_store_becomes_uncertain(
-    db_path: pathlib.Path,
+    place: Place,
 ) -> None:
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         await s.ensure_session("ops", "channel")
         await s.admit_receipt(receipt("done", at=1.0))
         await s.finish_receipt("done", "committed", {"result": "ok", "is_error": False})
         await s.admit_receipt(receipt("inflight", at=2.0))
         # Closed with the call still admitted, as a killed daemon leaves it.
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         committed = await s.get_receipt("done")
         swept = await s.mark_admitted_uncertain("restart")
         assert [r.id for r in swept] == ["inflight"]
@@ -151,15 +137,14 @@ async def test_receipt_left_admitted_by_a_closed_store_becomes_uncertain(
         assert await s.mark_admitted_uncertain("restart") == []
 
 
-async def test_receipt_survives_a_real_kill(db_path: pathlib.Path) -> None:
+async def test_receipt_survives_a_real_kill(place: Place) -> None:
     script = textwrap.dedent(
-        f"""
+        """
         import asyncio, os, signal
         from geodebot.store import EffectReceipt
-        from geodebot.store.sqlite import SQLiteStore
+        {opening}
 
         async def main() -> None:
-            store = SQLiteStore({str(db_path)!r})
             await store.open()
             await store.ensure_session("ops", "channel")
             await store.admit_receipt(EffectReceipt(
@@ -171,15 +156,15 @@ async def test_receipt_survives_a_real_kill(db_path: pathlib.Path) -> None:
 
         asyncio.run(main())
         """
-    )
+    ).format(opening=place.opening())
     child = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
     assert await child.wait() == -signal.SIGKILL
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         [swept] = await s.mark_admitted_uncertain("restart")
     assert (swept.id, swept.status, swept.effect) == ("r1", "uncertain", "communicate")
 
 
-async def test_sweep_of_one_session_leaves_the_others(store: SQLiteStore) -> None:
+async def test_sweep_of_one_session_leaves_the_others(store: Store) -> None:
     await store.admit_receipt(receipt("o1", session="ops"))
     await store.admit_receipt(receipt("d1", session="dev"))
     assert [r.id for r in await store.mark_admitted_uncertain("cut", session_id="ops")] == ["o1"]
@@ -189,7 +174,7 @@ async def test_sweep_of_one_session_leaves_the_others(store: SQLiteStore) -> Non
 
 
 # -- resolution -----------------------------------------------------------------------------
-async def test_resolve_uncertain_receipts_once_with_a_timeline_event(store: SQLiteStore) -> None:
+async def test_resolve_uncertain_receipts_once_with_a_timeline_event(store: Store) -> None:
     for rid in ("a", "b"):
         await store.admit_receipt(receipt(rid))
     await store.mark_admitted_uncertain("restart")
@@ -211,13 +196,13 @@ async def test_resolve_uncertain_receipts_once_with_a_timeline_event(store: SQLi
     assert len(await store.timeline("ops")) == 2
 
 
-async def test_only_uncertain_receipts_can_be_resolved(store: SQLiteStore) -> None:
+async def test_only_uncertain_receipts_can_be_resolved(store: Store, place: Place) -> None:
     await store.admit_receipt(receipt("c"))
     await store.finish_receipt("c", "committed", {"result": "ok", "is_error": False})
     await store.admit_receipt(receipt("running"))
     await store.admit_receipt(receipt("u"))
     await store.finish_receipt("u", "uncertain", {"reason": "deadline"})
-    before = receipt_rows(store.path)
+    before = receipt_rows(place)
     with pytest.raises(StoreError, match="it is 'committed'; only an uncertain receipt"):
         await store.resolve_receipt("c", "done", by="alice")
     with pytest.raises(StoreError, match="it is 'admitted'"):
@@ -228,30 +213,25 @@ async def test_only_uncertain_receipts_can_be_resolved(store: SQLiteStore) -> No
         await store.resolve_receipt("u", "maybe", by="alice")  # type: ignore[arg-type]  # an invalid resolution on purpose
     with pytest.raises(StoreError, match="must be named"):
         await store.resolve_receipt("u", "done", by="")
-    assert receipt_rows(store.path) == before
+    assert receipt_rows(place) == before
     assert await store.timeline("ops") == []
 
 
-async def test_resolution_and_its_event_are_one_transaction(store: SQLiteStore) -> None:
+async def test_resolution_and_its_event_are_one_transaction(store: Store, place: Place) -> None:
     await store.admit_receipt(receipt("u"))
     await store.mark_admitted_uncertain("restart")
-    with raw(store.path) as conn:
-        conn.execute(
-            "CREATE TRIGGER full BEFORE INSERT ON timeline "
-            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-        )
+    place.fail("timeline")
     with pytest.raises(StoreError, match="resolving receipt 'u' as 'done' failed: disk full"):
         await store.resolve_receipt("u", "done", by="alice")
     unresolved = await store.get_receipt("u")
     assert unresolved is not None
     assert unresolved.resolution is None
-    with raw(store.path) as conn:
-        conn.execute("DROP TRIGGER full")
+    place.heal("timeline")
     assert (await store.resolve_receipt("u", "done", by="alice")).resolution == "done"
 
 
 # -- listing --------------------------------------------------------------------------------
-async def test_list_receipts_filters_and_orders(store: SQLiteStore) -> None:
+async def test_list_receipts_filters_and_orders(store: Store) -> None:
     # Admission order is admitted_at then id, not insertion order.
     await store.admit_receipt(receipt("o3", session="ops", at=3.0))
     await store.admit_receipt(receipt("o1", session="ops", at=1.0))
@@ -279,11 +259,9 @@ async def test_list_receipts_filters_and_orders(store: SQLiteStore) -> None:
 
 
 # -- concurrency ----------------------------------------------------------------------------
-async def test_concurrent_admits_of_one_key_insert_exactly_one(
-    store: SQLiteStore, db_path: pathlib.Path
-) -> None:
+async def test_concurrent_admits_of_one_key_insert_exactly_one(store: Store, place: Place) -> None:
     # A second store on the same file is a second connection, as another process would be.
-    async with SQLiteStore(db_path, synchronous="NORMAL") as other:
+    async with place.store() as other:
         attempts = [
             (store if n % 2 else other).admit_receipt(receipt(f"r{n}", key="same", at=float(n)))
             for n in range(40)
@@ -292,7 +270,7 @@ async def test_concurrent_admits_of_one_key_insert_exactly_one(
     winners = [r for r, inserted in results if inserted]
     assert len(winners) == 1
     assert all(r == winners[0] for r, _ in results)
-    assert len(receipt_rows(db_path)) == 1
+    assert len(receipt_rows(place)) == 1
 
 
 # -- switches -------------------------------------------------------------------------------
@@ -306,8 +284,8 @@ def test_switch_active_follows_enabled_and_expiry() -> None:
     assert not OperatorSwitch("computer_use", False, "alice", 10.0).active(10.0)
 
 
-async def test_switches_with_history_survive_reopen(db_path: pathlib.Path) -> None:
-    async with SQLiteStore(db_path) as s:
+async def test_switches_with_history_survive_reopen(place: Place) -> None:
+    async with place.store() as s:
         assert await s.get_switch("computer_use") is None
         assert await s.switch_history("computer_use") == []
         first = await s.set_switch("computer_use", True, by="alice", expires_at=1e12, reason="demo")
@@ -323,7 +301,7 @@ async def test_switches_with_history_survive_reopen(db_path: pathlib.Path) -> No
         assert await s.get_switch("computer_use") == second
         with pytest.raises(StoreError, match="must be named"):
             await s.set_switch("computer_use", True, by="")
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         current = await s.get_switch("computer_use")
         assert current == second
         assert current is not None
@@ -335,21 +313,25 @@ async def test_switches_with_history_survive_reopen(db_path: pathlib.Path) -> No
 
 # -- schema ---------------------------------------------------------------------------------
 async def test_version_one_database_upgrades_with_its_data(
-    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    place.unmigrated()
     migrations = load_migrations()
     assert [m[0] for m in migrations[:2]] == [1, 2]
     assert migrations[1][1] == "0002_receipts_switches.sql"
-    monkeypatch.setattr(sqlite_module, "load_migrations", lambda: migrations[:1])
-    async with SQLiteStore(db_path) as s:
+    monkeypatch.setattr(place.module, "load_migrations", lambda: migrations[:1])
+    async with place.store() as s:
         assert await s.schema_version() == 1
         await s.ensure_session("ops", "channel")
         message = NewMessage(role="user", content={"text": "hello"}, turn_id="t1")
         await s.checkpoint("ops", messages=[message], state={"turns": 1})
-        with pytest.raises(StoreError, match="no such table: effect_receipts"):
+        with pytest.raises(
+            StoreError,
+            match=r'no such table: effect_receipts|relation "effect_receipts" does not exist',
+        ):
             await s.admit_receipt(receipt("r1"))
     monkeypatch.undo()
-    async with SQLiteStore(db_path) as s:
+    async with place.store() as s:
         assert await s.schema_version() == migrations[-1][0] >= 2
         session = await s.get_session("ops")
         assert session is not None
@@ -357,9 +339,8 @@ async def test_version_one_database_upgrades_with_its_data(
         assert [m.content["text"] for m in await s.load_context("ops")] == ["hello"]
         assert (await s.admit_receipt(receipt("r1")))[1]
         await s.set_switch("computer_use", True, by="alice")
-    with raw(db_path) as conn:
-        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations")]
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    versions = [r[0] for r in place.rows("SELECT version FROM schema_migrations ORDER BY 1")]
+    names = place.names()
     assert versions == [m[0] for m in migrations]
     assert {
         "effect_receipts",

@@ -1,5 +1,5 @@
-"""Token and spend budgets in :class:`~geodebot.store.sqlite.SQLiteStore`: each model call's
-row and the counters of the budgets it is charged to (migration 0011).
+"""Token and spend budgets, a mixin of both stores (see rows.py): each model call's row and
+the counters of the budgets it is charged to (migration 0011).
 
 A reservation checks every limited counter and, only if the call's worst case fits all of
 them, writes the call's row and adds its worst case to every counter, in one transaction:
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,7 +23,7 @@ from geodebot.store.records import (
     UsageGrouping,
     UsageRow,
 )
-from geodebot.store.sqlite_rows import Transactions, dumps
+from geodebot.store.rows import Transactions, Tx, dumps
 
 __all__ = ["Spend"]
 
@@ -35,7 +34,7 @@ _INSERT = (
 )
 _ADD = """
 INSERT INTO spend_counters (scope, period, used) VALUES (?, ?, ?)
-ON CONFLICT (scope, period) DO UPDATE SET used = used + excluded.used
+ON CONFLICT (scope, period) DO UPDATE SET used = spend_counters.used + excluded.used
 """
 _USED = "SELECT used FROM spend_counters WHERE scope = ? AND period = ?"
 _SETTLE = """
@@ -53,8 +52,10 @@ _GROUPS: Mapping[str, str] = {
 _REPORT = """
 SELECT {key} AS key, COUNT(*) AS calls,
     SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens),
-    SUM(state = 'reserved'), SUM(CASE WHEN state = 'reserved' THEN reserved_tokens ELSE 0 END),
-    COALESCE(SUM(cost_usd), 0), SUM(cost_usd IS NULL AND state = 'settled')
+    SUM(CASE WHEN state = 'reserved' THEN 1 ELSE 0 END),
+    SUM(CASE WHEN state = 'reserved' THEN reserved_tokens ELSE 0 END),
+    COALESCE(SUM(cost_usd), 0),
+    SUM(CASE WHEN cost_usd IS NULL AND state = 'settled' THEN 1 ELSE 0 END)
 FROM model_calls {where} GROUP BY 1 ORDER BY 1
 """
 
@@ -76,23 +77,29 @@ class Spend:
             raise StoreError(f"reserving model call {call.id!r} failed: it is {call.state}")
         params = _params(call, charges)
 
-        def reserve(db: sqlite3.Connection) -> SpendRefusal | None:
+        limited = sorted({(c.scope, c.period) for c in charges if c.limit is not None})
+
+        async def reserve(db: Tx) -> SpendRefusal | None:
+            # A counter may have no row yet, so the counters are locked by name; in one order,
+            # so two reservations sharing counters cannot wait for each other.
+            for scope, period in limited:
+                await db.exclusive(f"spend:{scope}:{period}")
             for charge in charges:
                 needed = _amount(charge.unit, call.reserved_tokens, call.reserved_usd)
                 if charge.limit is None:
                     continue
-                row = db.execute(_USED, (charge.scope, charge.period)).fetchone()
+                row = await db.one(_USED, (charge.scope, charge.period))
                 used = float(row[0]) if row is not None else 0.0
                 if used + needed > charge.limit:
                     return SpendRefusal(charge, used, needed)
-            db.execute(_INSERT, params)
+            await db.run(_INSERT, params)
             for charge in charges:
                 needed = _amount(charge.unit, call.reserved_tokens, call.reserved_usd)
-                db.execute(_ADD, (charge.scope, charge.period, needed))
+                await db.run(_ADD, (charge.scope, charge.period, needed))
             return None
 
         # The call that follows spends money outside: its reservation must outlive a crash.
-        return await self._transact(f"reserving model call {call.id!r}", reserve, durable=True)
+        return await self._write(f"reserving model call {call.id!r}", reserve, durable=True)
 
     async def spend_record(
         self: Transactions, call: ModelCall, charges: Sequence[SpendCharge]
@@ -102,13 +109,13 @@ class Spend:
         params = _params(call, charges)
         tokens = call.input_tokens + call.output_tokens
 
-        def record(db: sqlite3.Connection) -> None:
-            db.execute(_INSERT, params)
+        async def record(db: Tx) -> None:
+            await db.run(_INSERT, params)
             for charge in charges:
                 used = _amount(charge.unit, tokens, call.cost_usd)
-                db.execute(_ADD, (charge.scope, charge.period, used))
+                await db.run(_ADD, (charge.scope, charge.period, used))
 
-        await self._transact(f"recording model call {call.id!r}", record)
+        await self._write(f"recording model call {call.id!r}", record)
 
     async def spend_settle(self: Transactions, settled: ModelCall) -> bool:
         if settled.state == "reserved":
@@ -116,8 +123,8 @@ class Spend:
         tokens = settled.input_tokens + settled.output_tokens
         at = settled.settled_at if settled.settled_at is not None else time.time()
 
-        def settle(db: sqlite3.Connection) -> bool:
-            row = db.execute(
+        async def settle(db: Tx) -> bool:
+            row = await db.one(
                 _SETTLE,
                 (
                     settled.state,
@@ -131,7 +138,7 @@ class Spend:
                     settled.cost_usd,
                     settled.id,
                 ),
-            ).fetchone()
+            )
             if row is None:
                 return False  # settled already, or never reserved
             reserved_tokens, reserved_usd, charges = row
@@ -140,22 +147,22 @@ class Spend:
                     unit, reserved_tokens, reserved_usd
                 )
                 if delta:
-                    db.execute(_ADD, (scope, period, delta))
+                    await db.run(_ADD, (scope, period, delta))
             return True
 
-        return await self._transact(f"settling model call {settled.id!r}", settle)
+        return await self._write(f"settling model call {settled.id!r}", settle)
 
     async def spend_used(
         self: Transactions, counters: Sequence[tuple[str, str]]
     ) -> dict[tuple[str, str], float]:
-        def read(db: sqlite3.Connection) -> dict[tuple[str, str], float]:
+        async def read(db: Tx) -> dict[tuple[str, str], float]:
             used: dict[tuple[str, str], float] = {}
             for scope, period in counters:
-                row = db.execute(_USED, (scope, period)).fetchone()
+                row = await db.one(_USED, (scope, period))
                 used[(scope, period)] = float(row[0]) if row is not None else 0.0
             return used
 
-        return await self._query("reading budget counters", read)
+        return await self._read("reading budget counters", read)
 
     async def model_calls(
         self: Transactions, *, session_id: str | None = None, limit: int = 100
@@ -171,11 +178,11 @@ class Spend:
             sql += "ORDER BY created_at DESC LIMIT ?"
             params = (session_id, limit)  # type: ignore[assignment]
 
-        def read(db: sqlite3.Connection) -> list[ModelCall]:
-            rows = db.execute(sql, params)
+        async def read(db: Tx) -> list[ModelCall]:
+            rows = await db.tuples(sql, params)
             return [ModelCall(**dict(zip(_FIELDS, row, strict=True))) for row in rows]
 
-        return await self._query("listing model calls", read)
+        return await self._read("listing model calls", read)
 
     async def usage_report(
         self: Transactions, *, by: UsageGrouping = "all", since_day: str | None = None
@@ -185,7 +192,7 @@ class Spend:
         where, params = ("WHERE day >= ?", (since_day,)) if since_day else ("", ())
         sql = _REPORT.format(key=_GROUPS[by], where=where)
 
-        def read(db: sqlite3.Connection) -> list[UsageRow]:
+        async def read(db: Tx) -> list[UsageRow]:
             return [
                 UsageRow(
                     key=str(row[0]),
@@ -199,7 +206,7 @@ class Spend:
                     cost_usd=float(row[8] or 0.0),
                     unpriced=int(row[9] or 0),
                 )
-                for row in db.execute(sql, params)
+                for row in await db.tuples(sql, params)
             ]
 
-        return await self._query("reporting model usage", read)
+        return await self._read("reporting model usage", read)

@@ -1,5 +1,5 @@
-"""Dead letters of :class:`~geodebot.store.sqlite.SQLiteStore`: listing them, the operator's
-one decision on each (replay or discard), and the unanswered-message count.
+"""Dead letters, a mixin of both stores (see rows.py): listing them, the operator's one
+decision on each (replay or discard), and the unanswered-message count.
 
 Which rows are dead letters is argued in chat/deadletters.py; here it is the SQL below
 (``_DEAD_INBOX``, ``_DEAD_OUTBOX``) and its Python twin :func:`_is_dead`, which must agree.
@@ -7,10 +7,10 @@ Which rows are dead letters is argued in chat/deadletters.py; here it is the SQL
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Any, Literal, get_args
 
+from geodebot.store.chat import INBOX_COLS, OUTBOX_COLS, inbox_from_row, outbox_from_row
 from geodebot.store.records import (
     DeadLetter,
     DeadLetterDecided,
@@ -22,8 +22,7 @@ from geodebot.store.records import (
     StoreError,
     Unanswered,
 )
-from geodebot.store.sqlite_chat import INBOX_COLS, OUTBOX_COLS, inbox_from_row, outbox_from_row
-from geodebot.store.sqlite_rows import Transactions
+from geodebot.store.rows import Row, Transactions, Tx
 
 __all__ = ["DeadLetterDecisions"]
 
@@ -73,7 +72,7 @@ RETURNING {INBOX_COLS}
 """
 
 
-def _decision(row: sqlite3.Row) -> DeadLetterDecision:
+def _decision(row: Row) -> DeadLetterDecision:
     return DeadLetterDecision(
         seq=row["id"],
         kind=row["kind"],
@@ -86,36 +85,40 @@ def _decision(row: sqlite3.Row) -> DeadLetterDecision:
     )
 
 
-def _row(db: sqlite3.Connection, kind: str, row_id: int) -> InboxRow | OutboxRow | None:
+async def _row(
+    db: Tx, kind: str, row_id: int, *, lock: bool = False
+) -> InboxRow | OutboxRow | None:
     if kind == "inbox":
-        found = db.execute(f"SELECT {INBOX_COLS} FROM inbox WHERE id = ?", (row_id,)).fetchone()
+        sql = f"SELECT {INBOX_COLS} FROM inbox WHERE id = ?"
+        found = await db.one(sql, (row_id,), lock=lock)
         return None if found is None else inbox_from_row(found)
-    found = db.execute(f"SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?", (row_id,)).fetchone()
+    sql = f"SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?"
+    found = await db.one(sql, (row_id,), lock=lock)
     return None if found is None else outbox_from_row(found)
 
 
-def _decided(db: sqlite3.Connection, kind: str, row_id: int) -> DeadLetterDecision | None:
+async def _decided(db: Tx, kind: str, row_id: int) -> DeadLetterDecision | None:
     sql = f"SELECT {_DECISION_COLS} FROM deadletter_decisions WHERE kind = ? AND row_id = ?"
-    found = db.execute(sql, (kind, row_id)).fetchone()
+    found = await db.one(sql, (kind, row_id))
     return None if found is None else _decision(found)
 
 
-def _is_dead(db: sqlite3.Connection, row: InboxRow | OutboxRow) -> bool:
+async def _is_dead(db: Tx, row: InboxRow | OutboxRow) -> bool:
     """The row-at-a-time form of ``_DEAD_INBOX`` / ``_DEAD_OUTBOX``."""
     if isinstance(row, OutboxRow):
         return row.status == "failed"
     if row.status not in ("done", "failed"):
         return False
-    marked = db.execute("SELECT no_reply FROM inbox WHERE id = ?", (row.id,)).fetchone()
-    answered = db.execute("SELECT 1 FROM outbox WHERE inbox_id = ?", (row.id,)).fetchone()
+    marked = await db.one("SELECT no_reply FROM inbox WHERE id = ?", (row.id,))
+    answered = await db.one("SELECT 1 FROM outbox WHERE inbox_id = ?", (row.id,))
     return bool(marked[0]) and answered is None
 
 
-def _letter(db: sqlite3.Connection, kind: str, row_id: int) -> DeadLetter | None:
-    row = _row(db, kind, row_id)
+async def _letter(db: Tx, kind: str, row_id: int) -> DeadLetter | None:
+    row = await _row(db, kind, row_id)
     if row is None:
         return None
-    return DeadLetter(row, _is_dead(db, row), _decided(db, kind, row_id))
+    return DeadLetter(row, await _is_dead(db, row), await _decided(db, kind, row_id))
 
 
 def _checked(kind: str, row_id: int) -> None:
@@ -139,12 +142,12 @@ class DeadLetterDecisions:
         )
         sql += " ORDER BY at DESC, kind, row_id DESC LIMIT ? OFFSET ?"
 
-        def read(db: sqlite3.Connection) -> list[DeadLetter]:
-            keys = [(k, int(i)) for k, i, _ in db.execute(sql, (limit, offset)).fetchall()]
-            letters = (_letter(db, kind, row_id) for kind, row_id in keys)
+        async def read(db: Tx) -> list[DeadLetter]:
+            keys = [(k, int(i)) for k, i, _ in await db.all(sql, (limit, offset))]
+            letters = [await _letter(db, kind, row_id) for kind, row_id in keys]
             return [letter for letter in letters if letter is not None]
 
-        return await self._query("listing dead letters", read)
+        return await self._read("listing dead letters", read)
 
     async def deadletter_count(self: Transactions) -> int:
         sql = _DEAD.format(
@@ -152,16 +155,16 @@ class DeadLetterDecisions:
             inbox_undecided="AND " + _UNDECIDED.format(kind="inbox", id="i.id"),
         )
 
-        def count(db: sqlite3.Connection) -> int:
-            return int(db.execute(f"SELECT COUNT(*) FROM ({sql}) AS dead").fetchone()[0])
+        async def count(db: Tx) -> int:
+            return int((await db.one(f"SELECT COUNT(*) FROM ({sql}) AS dead"))[0])
 
-        return await self._query("counting dead letters", count)
+        return await self._read("counting dead letters", count)
 
     async def deadletter_get(
         self: Transactions, kind: DeadLetterKind, row_id: int
     ) -> DeadLetter | None:
         _checked(kind, row_id)
-        return await self._query(
+        return await self._read(
             f"reading dead letter {kind} {row_id}", lambda db: _letter(db, kind, row_id)
         )
 
@@ -177,19 +180,17 @@ class DeadLetterDecisions:
 
     async def deadletters_revision(self: Transactions) -> int:
         sql = "SELECT MAX(id) FROM deadletter_decisions"
-        return await self._query(
-            "reading the dead letters revision",
-            lambda db: int(db.execute(sql).fetchone()[0] or 0),
-        )
+        newest = await self._read("reading the dead letters revision", lambda db: db.one(sql))
+        return int(newest[0] or 0)
 
     async def deadletter_decisions(
         self: Transactions, *, after: int = 0, limit: int = 1000
     ) -> list[DeadLetterDecision]:
         sql = f"SELECT {_DECISION_COLS} FROM deadletter_decisions WHERE id > ? ORDER BY id LIMIT ?"
-        return await self._query(
-            "reading dead letter decisions",
-            lambda db: [_decision(row) for row in db.execute(sql, (after, limit)).fetchall()],
+        rows = await self._read(
+            "reading dead letter decisions", lambda db: db.all(sql, (after, limit))
         )
+        return [_decision(row) for row in rows]
 
     async def inbox_unanswered(self: Transactions, older_than_s: float) -> Unanswered:
         # Unfinished rows only: a row's finish and its reply row are one commit, so an
@@ -203,13 +204,13 @@ class DeadLetterDecisions:
             "AND a.session_id = inbox.session_id AND a.turn_id = 't-inbox-' || inbox.id)"
         )
 
-        def count(db: sqlite3.Connection) -> Unanswered:
+        async def count(db: Tx) -> Unanswered:
             now = time.time()
-            number, oldest = db.execute(sql, (now - older_than_s,)).fetchone()
+            number, oldest = await db.one(sql, (now - older_than_s,))
             age = None if oldest is None else max(0.0, now - float(oldest))
             return Unanswered(int(number), age)
 
-        return await self._query("counting unanswered messages", count)
+        return await self._read("counting unanswered messages", count)
 
 
 async def _decide(
@@ -228,28 +229,28 @@ async def _decide(
         raise StoreError(f"{what} failed: who decides must be named")
     params: tuple[Any, ...] = (kind, row_id, action, by, via)
 
-    def decide(db: sqlite3.Connection) -> DeadLetterDecided:
-        # The write transaction holds the store's lock from the first read: the checks and
-        # the reset see one state, whichever process decides first.
-        row = _row(db, kind, row_id)
+    async def decide(db: Tx) -> DeadLetterDecided:
+        # The row is locked to this transaction from the first read: the checks and the
+        # reset see one state, whichever process decides first.
+        row = await _row(db, kind, row_id, lock=True)
         if row is None:
             return DeadLetterDecided("unknown", None, None)
-        earlier = _decided(db, kind, row_id)
+        earlier = await _decided(db, kind, row_id)
         if earlier is not None:
             return DeadLetterDecided("already_decided", earlier, row)
-        if not _is_dead(db, row):
+        if not await _is_dead(db, row):
             return DeadLetterDecided("not_dead", None, row)
         error = row.error if isinstance(row, OutboxRow) else row.detail
-        added = db.execute(_ADD_DECISION, (*params, time.time(), error)).fetchone()
+        added = await db.one(_ADD_DECISION, (*params, time.time(), error))
         if added is None:  # the UNIQUE key says another decision got there first
-            return DeadLetterDecided("already_decided", _decided(db, kind, row_id), row)
+            return DeadLetterDecided("already_decided", await _decided(db, kind, row_id), row)
         if action == "replay":
             if kind == "outbox":
-                reset = db.execute(_REPLAY_OUTBOX, (time.time(), row_id)).fetchone()
+                reset = await db.one(_REPLAY_OUTBOX, (time.time(), row_id))
                 row = outbox_from_row(reset)
             else:
-                row = inbox_from_row(db.execute(_REPLAY_INBOX, (row_id,)).fetchone())
+                row = inbox_from_row(await db.one(_REPLAY_INBOX, (row_id,)))
         return DeadLetterDecided("decided", _decision(added), row)
 
     # An operator's order that a daemon acts on next.
-    return await store._transact(what, decide, durable=True)
+    return await store._write(what, decide, durable=True)

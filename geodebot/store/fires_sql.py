@@ -1,15 +1,14 @@
-"""SQL statements and row conversions of the jobs mixin (see sqlite_jobs.py)."""
+"""SQL statements and row conversions of the jobs mixin (see fires.py)."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
 from typing import Any
 
 from geodebot.store.records import FireRecord, JobRecord, NewOutbound
-from geodebot.store.sqlite_rows import dumps
+from geodebot.store.rows import Row, Tx, dumps
 
 REVISION_CURSOR = "jobs:revision"
 
@@ -87,7 +86,7 @@ LIMIT 1
 """
 
 
-def job_from_row(row: sqlite3.Row) -> JobRecord:
+def job_from_row(row: Row) -> JobRecord:
     return JobRecord(
         id=row["id"],
         origin=row["origin"],
@@ -111,7 +110,7 @@ def job_from_row(row: sqlite3.Row) -> JobRecord:
     )
 
 
-def fire_from_row(row: sqlite3.Row) -> FireRecord:
+def fire_from_row(row: Row) -> FireRecord:
     return FireRecord(**{name: row[name] for name in row.keys()})  # noqa: SIM118  # a Row iterates values
 
 
@@ -170,37 +169,37 @@ def definition_from_stored(stored: tuple[Any, ...]) -> tuple[object, ...]:
     )
 
 
-def bump(db: sqlite3.Connection) -> None:
-    db.execute(SET_REVISION, (REVISION_CURSOR, uuid.uuid4().hex, time.time()))
+async def bump(db: Tx) -> None:
+    await db.run(SET_REVISION, (REVISION_CURSOR, uuid.uuid4().hex, time.time()))
 
 
-def job_row(db: sqlite3.Connection, job_id: str) -> JobRecord | None:
-    row = db.execute(f"SELECT {JOB_COLS} FROM scheduled_jobs WHERE id = ?", (job_id,)).fetchone()
+async def job_row(db: Tx, job_id: str) -> JobRecord | None:
+    row = await db.one(f"SELECT {JOB_COLS} FROM scheduled_jobs WHERE id = ?", (job_id,))
     return None if row is None else job_from_row(row)
 
 
-def fire_row(db: sqlite3.Connection, fire_id: int) -> FireRecord | None:
-    row = db.execute(f"SELECT {FIRE_COLS} FROM job_fires WHERE id = ?", (fire_id,)).fetchone()
+async def fire_row(db: Tx, fire_id: int, *, lock: bool = False) -> FireRecord | None:
+    row = await db.one(f"SELECT {FIRE_COLS} FROM job_fires WHERE id = ?", (fire_id,), lock=lock)
     return None if row is None else fire_from_row(row)
 
 
-def start_or_skip(db: sqlite3.Connection, fire: FireRecord) -> tuple[FireRecord, bool]:
+async def start_or_skip(db: Tx, fire: FireRecord) -> tuple[FireRecord, bool]:
     """The fire runs unless another fire of its job still runs: then it is skipped-overlap."""
-    running = db.execute(RUNNING_OTHER, (fire.job_id, fire.id)).fetchone()
+    running = await db.one(RUNNING_OTHER, (fire.job_id, fire.id))
     if running is not None:
         sql = (
             "UPDATE job_fires SET outcome = 'skipped-overlap', reason = ?, ended_at = ? "
             f"WHERE id = ? RETURNING {FIRE_COLS}"
         )
         reason = f"fire {running[0]} of this job was still running"
-        return fire_from_row(db.execute(sql, (reason, time.time(), fire.id)).fetchone()), False
+        return fire_from_row(await db.one(sql, (reason, time.time(), fire.id))), False
     sql = f"UPDATE job_fires SET outcome = 'running' WHERE id = ? RETURNING {FIRE_COLS}"
-    return fire_from_row(db.execute(sql, (fire.id,)).fetchone()), True
+    return fire_from_row(await db.one(sql, (fire.id,))), True
 
 
-def add_outbound(db: sqlite3.Connection, message: NewOutbound, now: float) -> int:
+async def add_outbound(db: Tx, message: NewOutbound, now: float) -> int:
     params = (
         *(message.session_id, message.platform, message.channel, message.thread),
         *(message.reply_to, message.text, message.kind, now, now),
     )
-    return int(db.execute(ADD_OUTBOX, params).fetchone()[0])
+    return int((await db.one(ADD_OUTBOX, params))[0])

@@ -1,26 +1,17 @@
-"""Jobs and fire history of :class:`~geodebot.store.sqlite.SQLiteStore` (see store/jobs.py).
+"""Jobs and fire history (see store/jobs.py): a mixin of both stores (see rows.py).
 
-A mixin like the chat one: each method is one function run in one hop on the store's thread,
-inside one transaction when it writes. Commits that something acts on next (a run, a send,
+A mixin like the chat one: each method is one function the store runs, inside one transaction
+when it writes. Commits that something acts on next (a run, a send,
 an operator's order) are durable.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from geodebot.store.records import (
-    FireCause,
-    FireEnd,
-    FireRecord,
-    JobRecord,
-    NewOutbound,
-    StoreError,
-)
-from geodebot.store.sqlite_jobs_sql import (
+from geodebot.store.fires_sql import (
     DEFINITION_COLS,
     FIRE_COLS,
     INSERT_FIRE,
@@ -42,7 +33,15 @@ from geodebot.store.sqlite_jobs_sql import (
     job_row,
     start_or_skip,
 )
-from geodebot.store.sqlite_rows import Transactions
+from geodebot.store.records import (
+    FireCause,
+    FireEnd,
+    FireRecord,
+    JobRecord,
+    NewOutbound,
+    StoreError,
+)
+from geodebot.store.rows import Transactions, Tx
 
 __all__ = ["JobsAndFires"]
 
@@ -60,13 +59,14 @@ class JobsAndFires:
         # Encoded before the transaction, like every payload; one stored form per job.
         wanted = [(job, definition_params(job)) for job in jobs]
 
-        def sync(db: sqlite3.Connection) -> bool:
+        async def sync(db: Tx) -> bool:
+            # Two processes starting at once sync one after the other: the second finds the
+            # first's rows instead of inserting them again.
+            await db.exclusive("jobs:config")
             # One read of every row's definition as stored, in plain tuples: a daemon with
             # 10,000 config jobs syncs them at every start, and most are unchanged.
-            cursor = db.cursor()
-            cursor.row_factory = None
             sql = f"SELECT id, origin, {DEFINITION_COLS} FROM scheduled_jobs"
-            stored = {row[0]: row[1:] for row in cursor.execute(sql)}
+            stored = {row[0]: row[1:] for row in await db.tuples(sql)}
             config = {job_id for job_id, row in stored.items() if row[0] == "config"}
             new: list[tuple[Any, ...]] = []
             updates: list[tuple[Any, ...]] = []
@@ -84,159 +84,155 @@ class JobsAndFires:
                     # is the same definition, and a changed one forgoes the fires it owes.
                     updates.append((*params, job.since_ms, now, job.id))
                 config.discard(job.id)
-            db.executemany(INSERT_JOB, new)
-            db.executemany(UPDATE_DEFINITION, updates)
+            await db.many(INSERT_JOB, new)
+            await db.many(UPDATE_DEFINITION, updates)
             gone = [(job_id,) for job_id in config] if remove_missing else []
-            db.executemany("DELETE FROM scheduled_jobs WHERE id = ?", gone)
+            await db.many("DELETE FROM scheduled_jobs WHERE id = ?", gone)
             changed = bool(new or updates or gone)
             if changed:
-                bump(db)
+                await bump(db)
             return changed
 
-        return await self._transact("syncing the config's jobs", sync)
+        return await self._write("syncing the config's jobs", sync)
 
     async def job_add(self: Transactions, job: JobRecord) -> JobRecord:
         what = f"adding job {job.id!r}"
 
-        def add(db: sqlite3.Connection) -> JobRecord:
-            if job_row(db, job.id) is not None:
+        async def add(db: Tx) -> JobRecord:
+            if await job_row(db, job.id) is not None:
                 raise StoreError(f"{what} failed: a job with that id exists")
-            db.execute(INSERT_JOB, job_params(job))
-            bump(db)
+            await db.run(INSERT_JOB, job_params(job))
+            await bump(db)
             return job
 
-        return await self._transact(what, add, durable=True)
+        return await self._write(what, add, durable=True)
 
     async def job_remove(self: Transactions, job_id: str) -> bool:
-        def remove(db: sqlite3.Connection) -> bool:
+        async def remove(db: Tx) -> bool:
             sql = "DELETE FROM scheduled_jobs WHERE id = ? RETURNING id"
-            removed = db.execute(sql, (job_id,)).fetchone() is not None
+            removed = await db.one(sql, (job_id,)) is not None
             if removed:
-                bump(db)
+                await bump(db)
             return removed
 
-        return await self._transact(f"removing job {job_id!r}", remove, durable=True)
+        return await self._write(f"removing job {job_id!r}", remove, durable=True)
 
     async def job_set_delivery(
         self: Transactions, job_id: str, deliver_binding: str, *, creator: str
     ) -> bool:
-        def name(db: sqlite3.Connection) -> bool:
+        async def name(db: Tx) -> bool:
             sql = (
                 "UPDATE scheduled_jobs SET deliver_binding = ?, creator = ?, updated_at = ? "
                 "WHERE id = ? AND deliver_binding = '' RETURNING id"
             )
             params = (deliver_binding, creator, time.time(), job_id)
-            named = db.execute(sql, params).fetchone() is not None
+            named = await db.one(sql, params) is not None
             if named:
-                bump(db)
+                await bump(db)
             return named
 
-        return await self._transact(f"naming the binding of job {job_id!r}", name, durable=True)
+        return await self._write(f"naming the binding of job {job_id!r}", name, durable=True)
 
     async def job_set_paused(
         self: Transactions, job_id: str, paused: bool, *, since_ms: int
     ) -> JobRecord | None:
-        def pause(db: sqlite3.Connection) -> JobRecord | None:
+        async def pause(db: Tx) -> JobRecord | None:
             sql = (
                 "UPDATE scheduled_jobs SET paused = ?, updated_at = ?, "
                 "since_ms = CASE WHEN ? = 0 THEN ? ELSE since_ms END "
                 f"WHERE id = ? RETURNING {JOB_COLS}"
             )
             params = (int(paused), time.time(), int(paused), since_ms, job_id)
-            row = db.execute(sql, params).fetchone()
+            row = await db.one(sql, params)
             if row is None:
                 return None
-            bump(db)
+            await bump(db)
             return job_from_row(row)
 
-        return await self._transact(f"pausing job {job_id!r}", pause, durable=True)
+        return await self._write(f"pausing job {job_id!r}", pause, durable=True)
 
     async def job_get(self: Transactions, job_id: str) -> JobRecord | None:
-        return await self._query(f"reading job {job_id!r}", lambda db: job_row(db, job_id))
+        return await self._read(f"reading job {job_id!r}", lambda db: job_row(db, job_id))
 
     async def job_list(self: Transactions) -> list[JobRecord]:
         sql = f"SELECT {JOB_COLS} FROM scheduled_jobs ORDER BY id"
-        return await self._query(
-            "listing jobs", lambda db: [job_from_row(row) for row in db.execute(sql).fetchall()]
-        )
+        rows = await self._read("listing jobs", lambda db: db.all(sql))
+        return [job_from_row(row) for row in rows]
 
     async def jobs_without_binding(self: Transactions) -> list[JobRecord]:
         sql = f"SELECT {JOB_COLS} FROM scheduled_jobs WHERE deliver_binding = '' ORDER BY id"
-        return await self._query(
-            "listing jobs without a binding",
-            lambda db: [job_from_row(row) for row in db.execute(sql).fetchall()],
-        )
+        rows = await self._read("listing jobs without a binding", lambda db: db.all(sql))
+        return [job_from_row(row) for row in rows]
 
     async def jobs_revision(self: Transactions) -> str:
-        def read(db: sqlite3.Connection) -> str:
+        async def read(db: Tx) -> str:
             sql = "SELECT value FROM cursors WHERE name = ?"
-            row = db.execute(sql, (REVISION_CURSOR,)).fetchone()
+            row = await db.one(sql, (REVISION_CURSOR,))
             return "" if row is None else str(row[0])
 
-        return await self._query("reading the jobs revision", read)
+        return await self._read("reading the jobs revision", read)
 
     # -- fires ----------------------------------------------------------------------------
     async def fire_claim(
         self: Transactions, job_id: str, scheduled_ms: int, cause: FireCause
     ) -> tuple[FireRecord | None, bool]:
-        def claim(db: sqlite3.Connection) -> tuple[FireRecord | None, bool]:
-            paused = db.execute(PAUSED, (job_id,)).fetchone()
+        async def claim(db: Tx) -> tuple[FireRecord | None, bool]:
+            paused = await db.one(PAUSED, (job_id,), lock=True)
             if paused is not None and paused[0]:
                 return None, False
             params = (job_id, scheduled_ms, cause, "requested", "", time.time(), None)
-            row = db.execute(INSERT_FIRE, params).fetchone()
+            row = await db.one(INSERT_FIRE, params)
             if row is None:
                 sql = f"SELECT {FIRE_COLS} FROM job_fires WHERE job_id = ? AND scheduled_ms = ?"
-                return fire_from_row(db.execute(sql, (job_id, scheduled_ms)).fetchone()), False
-            return start_or_skip(db, fire_from_row(row))
+                return fire_from_row(await db.one(sql, (job_id, scheduled_ms))), False
+            return await start_or_skip(db, fire_from_row(row))
 
         # The run starts next: the claim must survive anything that happens during it.
         what = f"claiming fire {scheduled_ms} of job {job_id!r}"
-        return await self._transact(what, claim, durable=True)
+        return await self._write(what, claim, durable=True)
 
     async def fire_skip(
         self: Transactions, job_id: str, scheduled_ms: int, cause: FireCause, reason: str
     ) -> FireRecord | None:
-        def skip(db: sqlite3.Connection) -> FireRecord | None:
+        async def skip(db: Tx) -> FireRecord | None:
             now = time.time()
             params = (job_id, scheduled_ms, cause, "skipped-missed", reason, now, now)
-            row = db.execute(INSERT_FIRE, params).fetchone()
+            row = await db.one(INSERT_FIRE, params)
             return None if row is None else fire_from_row(row)
 
-        return await self._transact(f"recording a missed fire of job {job_id!r}", skip)
+        return await self._write(f"recording a missed fire of job {job_id!r}", skip)
 
     async def fire_request(self: Transactions, job_id: str, scheduled_ms: int) -> FireRecord:
         what = f"requesting a run of job {job_id!r}"
 
-        def request(db: sqlite3.Connection) -> FireRecord:
+        async def request(db: Tx) -> FireRecord:
             params = (job_id, scheduled_ms, "manual", "requested", "", time.time(), None)
-            row = db.execute(INSERT_FIRE, params).fetchone()
+            row = await db.one(INSERT_FIRE, params)
             if row is None:
                 raise StoreError(f"{what} failed: a run at that moment exists; try again")
-            bump(db)
+            await bump(db)
             return fire_from_row(row)
 
-        return await self._transact(what, request, durable=True)
+        return await self._write(what, request, durable=True)
 
     async def fires_requested(self: Transactions) -> list[FireRecord]:
         sql = f"SELECT {FIRE_COLS} FROM job_fires WHERE outcome = 'requested' ORDER BY id"
-        return await self._query(
-            "reading requested runs",
-            lambda db: [fire_from_row(row) for row in db.execute(sql).fetchall()],
-        )
+        rows = await self._read("reading requested runs", lambda db: db.all(sql))
+        return [fire_from_row(row) for row in rows]
 
     async def fire_start_requested(self: Transactions, fire_id: int) -> tuple[FireRecord, bool]:
         what = f"starting requested run {fire_id}"
 
-        def start(db: sqlite3.Connection) -> tuple[FireRecord, bool]:
-            fire = fire_row(db, fire_id)
+        async def start(db: Tx) -> tuple[FireRecord, bool]:
+            fire = await fire_row(db, fire_id, lock=True)
             if fire is None:
                 raise StoreError(f"{what} failed: no such fire")
             if fire.outcome != "requested":
                 return fire, False
-            return start_or_skip(db, fire)
+            await db.one(PAUSED, (fire.job_id,), lock=True)  # as a claim of the job does
+            return await start_or_skip(db, fire)
 
-        return await self._transact(what, start, durable=True)
+        return await self._write(what, start, durable=True)
 
     async def fire_finish(
         self: Transactions,
@@ -251,14 +247,14 @@ class JobsAndFires:
         if (result is None) == (failure is None):
             raise StoreError(f"{what} failed: give exactly one of result or failure")
 
-        def finish(db: sqlite3.Connection) -> FireRecord:
+        async def finish(db: Tx) -> FireRecord:
             now = time.time()
-            fire = fire_row(db, fire_id)
+            fire = await fire_row(db, fire_id, lock=True)
             if fire is None or fire.outcome != "running":
                 state = "no such fire" if fire is None else f"it is {fire.outcome!r}"
                 raise StoreError(f"{what} failed: {state}")
             message = result if result is not None else notice
-            outbox_id = None if message is None else add_outbound(db, message, now)
+            outbox_id = None if message is None else await add_outbound(db, message, now)
             outcome, reason = ("delivering", "") if failure is None else failure
             notice_status = "pending" if failure is not None and notice is not None else ""
             sql = (
@@ -266,34 +262,32 @@ class JobsAndFires:
                 f"outbox_id = ?, notice = ? WHERE id = ? RETURNING {FIRE_COLS}"
             )
             params = (outcome, reason, started_at, now, outbox_id, notice_status, fire_id)
-            return fire_from_row(db.execute(sql, params).fetchone())
+            return fire_from_row(await db.one(sql, params))
 
         # The outbox sends the message next.
-        return await self._transact(what, finish, durable=True)
+        return await self._write(what, finish, durable=True)
 
     async def fires_settle(self: Transactions) -> list[FireRecord]:
-        if not await self._query(
-            "looking for fires to settle", lambda db: db.execute(SETTLEABLE).fetchone() is not None
-        ):
+        if await self._read("looking for fires to settle", lambda db: db.one(SETTLEABLE)) is None:
             return []
 
-        def settle(db: sqlite3.Connection) -> list[FireRecord]:
-            rows = db.execute(SETTLE_RESULTS).fetchall()
-            rows += db.execute(SETTLE_NOTICES).fetchall()
+        async def settle(db: Tx) -> list[FireRecord]:
+            rows = await db.all(SETTLE_RESULTS)
+            rows += await db.all(SETTLE_NOTICES)
             return [fire_from_row(row) for row in rows]
 
-        return await self._transact("settling fire deliveries", settle)
+        return await self._write("settling fire deliveries", settle)
 
     async def fires_interrupted(self: Transactions, reason: str) -> list[FireRecord]:
-        def sweep(db: sqlite3.Connection) -> list[FireRecord]:
+        async def sweep(db: Tx) -> list[FireRecord]:
             sql = (
                 "UPDATE job_fires SET outcome = 'failed', reason = ?, ended_at = ? "
                 f"WHERE outcome = 'running' RETURNING {FIRE_COLS}"
             )
-            rows = db.execute(sql, (reason, time.time())).fetchall()
+            rows = await db.all(sql, (reason, time.time()))
             return sorted((fire_from_row(row) for row in rows), key=lambda fire: fire.id)
 
-        return await self._transact("sweeping interrupted fires", sweep)
+        return await self._write("sweeping interrupted fires", sweep)
 
     async def fire_history(
         self: Transactions, job_id: str, *, limit: int | None = None
@@ -303,43 +297,37 @@ class JobsAndFires:
         if limit is not None:
             sql += " LIMIT ?"
             params += (limit,)
-        return await self._query(
-            f"reading the history of job {job_id!r}",
-            lambda db: [fire_from_row(row) for row in db.execute(sql, params).fetchall()],
+        rows = await self._read(
+            f"reading the history of job {job_id!r}", lambda db: db.all(sql, params)
         )
+        return [fire_from_row(row) for row in rows]
 
     async def fires_latest(self: Transactions) -> dict[str, FireRecord]:
         sql = (
             f"SELECT {FIRE_COLS} FROM job_fires "
             "WHERE id IN (SELECT MAX(id) FROM job_fires GROUP BY job_id)"
         )
-        return await self._query(
-            "reading the latest fires",
-            lambda db: {row["job_id"]: fire_from_row(row) for row in db.execute(sql).fetchall()},
-        )
+        rows = await self._read("reading the latest fires", lambda db: db.all(sql))
+        return {row["job_id"]: fire_from_row(row) for row in rows}
 
     async def fire_counts(self: Transactions) -> dict[str, int]:
         sql = "SELECT outcome, COUNT(*) FROM job_fires GROUP BY outcome"
-        return await self._query(
-            "counting fires",
-            lambda db: {str(row[0]): int(row[1]) for row in db.execute(sql).fetchall()},
-        )
+        rows = await self._read("counting fires", lambda db: db.all(sql))
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def fires_latest_scheduled(self: Transactions) -> dict[str, int]:
         sql = (
             "SELECT job_id, MAX(scheduled_ms) FROM job_fires WHERE cause <> 'manual' "
             "GROUP BY job_id"
         )
-        return await self._query(
-            "reading the last fire of every job",
-            lambda db: {str(row[0]): int(row[1]) for row in db.execute(sql).fetchall()},
-        )
+        rows = await self._read("reading the last fire of every job", lambda db: db.all(sql))
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def fire_latest_scheduled(self: Transactions, job_id: str) -> int | None:
         sql = "SELECT MAX(scheduled_ms) FROM job_fires WHERE job_id = ? AND cause <> 'manual'"
 
-        def read(db: sqlite3.Connection) -> int | None:
-            value = db.execute(sql, (job_id,)).fetchone()[0]
+        async def read(db: Tx) -> int | None:
+            value = (await db.one(sql, (job_id,)))[0]
             return None if value is None else int(value)
 
-        return await self._query(f"reading the last fire of job {job_id!r}", read)
+        return await self._read(f"reading the last fire of job {job_id!r}", read)

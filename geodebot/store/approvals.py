@@ -1,4 +1,4 @@
-"""Approval requests of :class:`~geodebot.store.sqlite.SQLiteStore`: asked once, decided once.
+"""Approval requests, a mixin of both stores (see rows.py): asked once, decided once.
 
 A mixin like the receipts': the methods run inside the store's own transactions. Each write
 appends its timeline event to the request's session in the same transaction, so the history
@@ -7,12 +7,11 @@ of who asked for what, and who decided, cannot disagree with the rows.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Any
 
 from geodebot.store.records import ApprovalRecord, StoreError
-from geodebot.store.sqlite_rows import INSERT_EVENT, Transactions, dumps, encoding, from_row
+from geodebot.store.rows import INSERT_EVENT, Transactions, Tx, dumps, encoding, from_row
 
 __all__ = ["Approvals"]
 
@@ -83,22 +82,19 @@ class Approvals:
             request.expires_at,
         )
 
-        def open_(db: sqlite3.Connection) -> tuple[ApprovalRecord, bool]:
-            try:
-                row = db.execute(_OPEN, params).fetchone()
-            except sqlite3.IntegrityError as exc:
-                raise StoreError(f"{what} failed: {exc}") from exc
+        async def open_(db: Tx) -> tuple[ApprovalRecord, bool]:
+            row = await db.one(_OPEN, params)
             if row is None:
-                existing = db.execute(
+                existing = await db.one(
                     f"{_SELECT} WHERE session_id = ? AND turn_id = ? AND call_id = ?",
                     (request.session_id, request.turn_id, request.call_id),
-                ).fetchone()
+                )
                 return from_row(ApprovalRecord, existing), False
             opened = from_row(ApprovalRecord, row)
-            db.execute(INSERT_EVENT, _event(opened, "approval_requested", opened.created_at))
+            await db.run(INSERT_EVENT, _event(opened, "approval_requested", opened.created_at))
             return opened, True
 
-        return await self._transact(what, open_, durable=True)
+        return await self._write(what, open_, durable=True)
 
     async def approval_decide(
         self: Transactions,
@@ -117,51 +113,49 @@ class Approvals:
         at = time.time() if now is None else now
         status = "approved" if approved else "denied"
 
-        def decide(db: sqlite3.Connection) -> tuple[ApprovalRecord | None, bool]:
-            row = db.execute(_DECIDE, (status, by, via, at, request_id, at)).fetchone()
+        async def decide(db: Tx) -> tuple[ApprovalRecord | None, bool]:
+            row = await db.one(_DECIDE, (status, by, via, at, request_id, at))
             if row is not None:
                 decided = from_row(ApprovalRecord, row)
-                db.execute(INSERT_EVENT, _event(decided, "approval_decided", at))
+                await db.run(INSERT_EVENT, _event(decided, "approval_decided", at))
                 return decided, True
             # Decided already, unknown, or still pending only because nobody swept it since
             # its expiry: a late press expires it now.
-            current = _current(db, request_id)
+            current = await _current(db, request_id, lock=True)
             if current is not None and current.status == "pending":
-                return _expire(db, request_id, at), False
+                return await _expire(db, request_id, at), False
             return current, False
 
-        return await self._transact(what, decide, durable=True)
+        return await self._write(what, decide, durable=True)
 
     async def approval_expire(
         self: Transactions, request_id: str, *, now: float | None = None
     ) -> ApprovalRecord | None:
         at = time.time() if now is None else now
 
-        def expire(db: sqlite3.Connection) -> ApprovalRecord | None:
-            current = _current(db, request_id)
+        async def expire(db: Tx) -> ApprovalRecord | None:
+            current = await _current(db, request_id, lock=True)
             if current is None or current.status != "pending":
                 return current
-            return _expire(db, request_id, at)
+            return await _expire(db, request_id, at)
 
-        return await self._transact(
-            f"expiring approval request {request_id!r}", expire, durable=True
-        )
+        return await self._write(f"expiring approval request {request_id!r}", expire, durable=True)
 
     async def approval_card(
         self: Transactions, request_id: str, card: dict[str, Any]
     ) -> ApprovalRecord | None:
-        def place(db: sqlite3.Connection) -> ApprovalRecord | None:
-            db.execute(
+        async def place(db: Tx) -> ApprovalRecord | None:
+            await db.run(
                 "UPDATE approval_requests SET card = ? WHERE id = ?", (dumps(card), request_id)
             )
-            return _current(db, request_id)
+            return await _current(db, request_id)
 
-        return await self._transact(
+        return await self._write(
             f"recording the card of approval request {request_id!r}", place, durable=True
         )
 
     async def get_approval(self: Transactions, request_id: str) -> ApprovalRecord | None:
-        return await self._query(
+        return await self._read(
             f"reading approval request {request_id!r}", lambda db: _current(db, request_id)
         )
 
@@ -173,20 +167,20 @@ class Approvals:
         if session_id is not None:
             sql, params = f"{sql} AND session_id = ?", (session_id,)
 
-        def pending(db: sqlite3.Connection) -> list[ApprovalRecord]:
-            rows = db.execute(f"{sql} ORDER BY created_at, id", params).fetchall()
+        async def pending(db: Tx) -> list[ApprovalRecord]:
+            rows = await db.all(f"{sql} ORDER BY created_at, id", params)
             return [from_row(ApprovalRecord, row) for row in rows]
 
-        return await self._query("listing pending approval requests", pending)
+        return await self._read("listing pending approval requests", pending)
 
 
-def _current(db: sqlite3.Connection, request_id: str) -> ApprovalRecord | None:
-    row = db.execute(f"{_SELECT} WHERE id = ?", (request_id,)).fetchone()
+async def _current(db: Tx, request_id: str, *, lock: bool = False) -> ApprovalRecord | None:
+    row = await db.one(f"{_SELECT} WHERE id = ?", (request_id,), lock=lock)
     return None if row is None else from_row(ApprovalRecord, row)
 
 
-def _expire(db: sqlite3.Connection, request_id: str, at: float) -> ApprovalRecord:
-    row = db.execute(_EXPIRE, (at, request_id)).fetchone()
+async def _expire(db: Tx, request_id: str, at: float) -> ApprovalRecord:
+    row = await db.one(_EXPIRE, (at, request_id))
     expired = from_row(ApprovalRecord, row)
-    db.execute(INSERT_EVENT, _event(expired, "approval_expired", at))
+    await db.run(INSERT_EVENT, _event(expired, "approval_expired", at))
     return expired

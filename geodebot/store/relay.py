@@ -1,20 +1,26 @@
-"""Thread Relay's rows in :class:`~geodebot.store.sqlite.SQLiteStore`: deliveries with their
-receipts, what each session last read of another thread, and the relay's reads of the inbox.
+"""Thread Relay's rows, a mixin of both stores (see rows.py): deliveries with their receipts,
+what each session last read of another thread, and the relay's reads of the inbox.
 
 A mixin like the approvals': its writes run in the store's transactions. A delivery writes its
 receipt, the target's inbox row and the attributed post, and both sessions' timeline events in
-one transaction, after counting the source's deliveries in flight in that same transaction:
-after a crash either all of it exists or none, and two concurrent sends cannot both take the
-last place.
+one transaction, after counting the source's deliveries in flight in that same transaction,
+which holds the source's relay lock: after a crash either all of it exists or none, and two
+concurrent sends cannot both take the last place.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sqlite3
 from typing import Any
 
+from geodebot.store.chat import (
+    ADD_OUTBOX,
+    INBOX_COLS,
+    inbox_from_row,
+    outbound_params,
+    outbox_from_row,
+)
 from geodebot.store.records import (
     InboxRow,
     NewOutbound,
@@ -25,17 +31,12 @@ from geodebot.store.records import (
     RelayRead,
     StoreError,
 )
-from geodebot.store.sqlite_chat import (
-    ADD_OUTBOX,
-    INBOX_COLS,
-    inbox_from_row,
-    outbound_params,
-    outbox_from_row,
-)
-from geodebot.store.sqlite_rows import (
+from geodebot.store.rows import (
     ENSURE_SESSION,
     INSERT_EVENT,
+    Row,
     Transactions,
+    Tx,
     dumps,
     encoding,
     from_row,
@@ -90,7 +91,7 @@ ON CONFLICT (source_session, target_session) DO UPDATE SET revision = excluded.r
 """
 
 
-def _delivery(row: sqlite3.Row) -> RelayDelivery:
+def _delivery(row: Row) -> RelayDelivery:
     # By hand: from_row would read "state" as the JSON column of sessions.
     return RelayDelivery(
         id=row["id"],
@@ -164,20 +165,21 @@ class Relay:
             _params(delivery)
         now = delivery.created_at
 
-        def deliver(
-            db: sqlite3.Connection,
+        async def deliver(
+            db: Tx,
         ) -> tuple[RelayDelivery, bool, OutboxRow | None, InboxRow | None]:
-            first = db.execute(
+            await db.exclusive(f"relay:{delivery.source_session}")
+            first = await db.one(
                 f"{_SELECT} WHERE source_session = ? AND idem_key = ?",
                 (delivery.source_session, delivery.idem_key),
-            ).fetchone()
+            )
             if first is not None:
                 return _delivery(first), False, None, None
-            in_flight = int(db.execute(_IN_FLIGHT, (delivery.source_session,)).fetchone()[0])
+            in_flight = int((await db.one(_IN_FLIGHT, (delivery.source_session,)))[0])
             if in_flight >= max_in_flight:
                 raise RelayInFlight(in_flight)
             inbox = inbox_from_row(
-                db.execute(
+                await db.one(
                     _ADD_RELAYED,
                     (
                         message.platform,
@@ -191,11 +193,9 @@ class Relay:
                         delivery.id,
                         delivery.intent,
                     ),
-                ).fetchone()
+                )
             )
-            outbox = outbox_from_row(
-                db.execute(ADD_OUTBOX, outbound_params(post, None, now)).fetchone()
-            )
+            outbox = outbox_from_row(await db.one(ADD_OUTBOX, outbound_params(post, None, now)))
             references = {
                 **delivery.receipt.get("references", {}),
                 "target_inbox": inbox.id,
@@ -207,11 +207,11 @@ class Relay:
                 outbox_id=outbox.id,
                 receipt={**delivery.receipt, "references": references},
             )
-            db.execute(_INSERT, _params(stored))
+            await db.run(_INSERT, _params(stored))
             turn = delivery.source_turn
             # The target may never have had a message: its session starts with this one.
-            db.execute(ENSURE_SESSION, (delivery.target_session, "daemon", now, now))
-            db.execute(
+            await db.run(ENSURE_SESSION, (delivery.target_session, "daemon", now, now))
+            await db.run(
                 INSERT_EVENT,
                 (
                     delivery.source_session,
@@ -221,7 +221,7 @@ class Relay:
                     dumps(_event(stored, delivery.target_session)),
                 ),
             )
-            db.execute(
+            await db.run(
                 INSERT_EVENT,
                 (
                     delivery.target_session,
@@ -233,7 +233,7 @@ class Relay:
             )
             return stored, True, outbox, inbox
 
-        return await self._transact(what, deliver, durable=True)
+        return await self._write(what, deliver, durable=True)
 
     async def relay_record(
         self: Transactions, delivery: RelayDelivery, *, on_target: bool = False
@@ -244,11 +244,11 @@ class Relay:
         with encoding(what):
             params = _params(delivery)
 
-        def record(db: sqlite3.Connection) -> RelayDelivery:
-            db.execute(_INSERT, params)
+        async def record(db: Tx) -> RelayDelivery:
+            await db.run(_INSERT, params)
             at = delivery.created_at
-            db.execute(ENSURE_SESSION, (delivery.source_session, "daemon", at, at))
-            db.execute(
+            await db.run(ENSURE_SESSION, (delivery.source_session, "daemon", at, at))
+            await db.run(
                 INSERT_EVENT,
                 (
                     delivery.source_session,
@@ -259,8 +259,8 @@ class Relay:
                 ),
             )
             if on_target:
-                db.execute(ENSURE_SESSION, (delivery.target_session, "daemon", at, at))
-                db.execute(
+                await db.run(ENSURE_SESSION, (delivery.target_session, "daemon", at, at))
+                await db.run(
                     INSERT_EVENT,
                     (
                         delivery.target_session,
@@ -272,26 +272,26 @@ class Relay:
                 )
             return delivery
 
-        return await self._transact(what, record)
+        return await self._write(what, record)
 
     async def relay_get(self: Transactions, delivery_id: str) -> RelayDelivery | None:
-        def read(db: sqlite3.Connection) -> RelayDelivery | None:
-            row = db.execute(f"{_SELECT} WHERE id = ?", (delivery_id,)).fetchone()
+        async def read(db: Tx) -> RelayDelivery | None:
+            row = await db.one(f"{_SELECT} WHERE id = ?", (delivery_id,))
             return None if row is None else _delivery(row)
 
-        return await self._query(f"reading relay delivery {delivery_id!r}", read)
+        return await self._read(f"reading relay delivery {delivery_id!r}", read)
 
     async def relay_find(
         self: Transactions, source_session: str, idem_key: str
     ) -> RelayDelivery | None:
-        def read(db: sqlite3.Connection) -> RelayDelivery | None:
-            row = db.execute(
+        async def read(db: Tx) -> RelayDelivery | None:
+            row = await db.one(
                 f"{_SELECT} WHERE source_session = ? AND idem_key = ?",
                 (source_session, idem_key),
-            ).fetchone()
+            )
             return None if row is None else _delivery(row)
 
-        return await self._query("finding a relay delivery by its key", read)
+        return await self._read("finding a relay delivery by its key", read)
 
     async def relay_list(
         self: Transactions, *, session_id: str | None = None, limit: int = 50
@@ -305,16 +305,16 @@ class Relay:
             )
             params = (session_id, session_id, limit)  # type: ignore[assignment]
 
-        def read(db: sqlite3.Connection) -> list[RelayDelivery]:
-            return [_delivery(row) for row in db.execute(sql, params).fetchall()]
+        async def read(db: Tx) -> list[RelayDelivery]:
+            return [_delivery(row) for row in await db.all(sql, params)]
 
-        return await self._query("listing relay deliveries", read)
+        return await self._read("listing relay deliveries", read)
 
     async def relay_in_flight(self: Transactions, source_session: str) -> int:
-        return await self._query(
-            "counting relay deliveries in flight",
-            lambda db: int(db.execute(_IN_FLIGHT, (source_session,)).fetchone()[0]),
+        row = await self._read(
+            "counting relay deliveries in flight", lambda db: db.one(_IN_FLIGHT, (source_session,))
         )
+        return int(row[0])
 
     async def relay_mark_read(self: Transactions, read: RelayRead) -> None:
         params = (
@@ -326,55 +326,57 @@ class Relay:
             read.adapter,
             read.read_at,
         )
-        await self._transact("recording a relay read", lambda db: db.execute(_MARK_READ, params))
+        await self._write("recording a relay read", lambda db: db.run(_MARK_READ, params))
 
     async def relay_last_read(
         self: Transactions, source_session: str, target_session: str
     ) -> RelayRead | None:
-        def read(db: sqlite3.Connection) -> RelayRead | None:
-            row = db.execute(
+        async def read(db: Tx) -> RelayRead | None:
+            row = await db.one(
                 "SELECT source_session, target_session, revision, capability, active_turn, "
                 "adapter, read_at FROM relay_reads WHERE source_session = ? "
                 "AND target_session = ?",
                 (source_session, target_session),
-            ).fetchone()
+            )
             return None if row is None else from_row(RelayRead, row)
 
-        return await self._query("reading a relay read", read)
+        return await self._read("reading a relay read", read)
 
     async def relay_foreign_changes(
         self: Transactions, source_session: str, target_session: str, since_revision: int
     ) -> int:
         params = (target_session, since_revision, source_session, target_session)
-        return await self._query(
-            "counting a thread's changes since a read",
-            lambda db: int(db.execute(_FOREIGN_CHANGES, params).fetchone()[0]),
+        row = await self._read(
+            "counting a thread's changes since a read", lambda db: db.one(_FOREIGN_CHANGES, params)
         )
+        return int(row[0])
 
     async def inbox_authored(
         self: Transactions, session_id: str, user: str, text: str
     ) -> InboxRow | None:
-        def read(db: sqlite3.Connection) -> InboxRow | None:
-            row = db.execute(
+        async def read(db: Tx) -> InboxRow | None:
+            row = await db.one(
                 f"SELECT {INBOX_COLS} FROM inbox WHERE session_id = ? AND user_id = ? "
                 "AND text = ? AND relay_id IS NULL ORDER BY id DESC LIMIT 1",
                 (session_id, user, text),
-            ).fetchone()
+            )
             return None if row is None else inbox_from_row(row)
 
-        return await self._query("finding a message a user wrote", read)
+        return await self._read("finding a message a user wrote", read)
 
     async def inbox_activity(self: Transactions, session_id: str) -> tuple[InboxRow | None, int]:
-        def read(db: sqlite3.Connection) -> tuple[InboxRow | None, int]:
-            running = db.execute(
+        async def read(db: Tx) -> tuple[InboxRow | None, int]:
+            running = await db.one(
                 f"SELECT {INBOX_COLS} FROM inbox WHERE session_id = ? AND status = 'running' "
                 "ORDER BY id LIMIT 1",
                 (session_id,),
-            ).fetchone()
-            queued = db.execute(
-                "SELECT COUNT(*) FROM inbox WHERE session_id = ? AND status = 'pending'",
-                (session_id,),
-            ).fetchone()[0]
+            )
+            queued = (
+                await db.one(
+                    "SELECT COUNT(*) FROM inbox WHERE session_id = ? AND status = 'pending'",
+                    (session_id,),
+                )
+            )[0]
             return (None if running is None else inbox_from_row(running)), int(queued)
 
-        return await self._query("reading a session's activity", read)
+        return await self._read("reading a session's activity", read)

@@ -1,12 +1,11 @@
-"""Effect receipts and operator switches of :class:`~geodebot.store.sqlite.SQLiteStore`.
+"""Effect receipts and operator switches: a mixin of both stores (see rows.py).
 
-A mixin rather than a second store: the methods run inside the store's own transactions and
-lock, and callers keep using the single ``SQLiteStore`` class.
+A mixin rather than a second store: the methods run inside the store's own transactions, and
+callers keep using the one store class.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Mapping
 from typing import Any, get_args
@@ -19,9 +18,11 @@ from geodebot.store.records import (
     Resolution,
     StoreError,
 )
-from geodebot.store.sqlite_rows import (
+from geodebot.store.rows import (
     INSERT_EVENT,
+    Row,
     Transactions,
+    Tx,
     dumps,
     encoding,
     from_row,
@@ -75,7 +76,7 @@ def _receipts(rows: Any) -> list[EffectReceipt]:
     return [from_row(EffectReceipt, row) for row in rows]
 
 
-def switch_from_row(row: sqlite3.Row) -> OperatorSwitch:
+def switch_from_row(row: Row) -> OperatorSwitch:
     return OperatorSwitch(
         name=row["name"],
         enabled=bool(row["enabled"]),
@@ -97,9 +98,9 @@ def _is_fresh(receipt: EffectReceipt) -> bool:
     )
 
 
-def _current(db: sqlite3.Connection, receipt_id: str) -> EffectReceipt | None:
+async def _current(db: Tx, receipt_id: str) -> EffectReceipt | None:
     sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE id = ?"
-    row = db.execute(sql, (receipt_id,)).fetchone()
+    row = await db.one(sql, (receipt_id,))
     return None if row is None else from_row(EffectReceipt, row)
 
 
@@ -124,15 +125,15 @@ class ReceiptsAndSwitches:
             receipt.approval_id,
         )
 
-        def admit(db: sqlite3.Connection) -> tuple[EffectReceipt, bool]:
-            inserted = db.execute(_ADMIT, params).fetchone()
+        async def admit(db: Tx) -> tuple[EffectReceipt, bool]:
+            inserted = await db.one(_ADMIT, params)
             if inserted is not None:
                 return from_row(EffectReceipt, inserted), True
             sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE key = ?"
-            return from_row(EffectReceipt, db.execute(sql, (receipt.key,)).fetchone()), False
+            return from_row(EffectReceipt, await db.one(sql, (receipt.key,))), False
 
         # The tool's effect begins next.
-        return await self._transact(what, admit, durable=True)
+        return await self._write(what, admit, durable=True)
 
     async def finish_receipt(
         self: Transactions, receipt_id: str, status: FinishStatus, outcome: Mapping[str, Any]
@@ -143,10 +144,10 @@ class ReceiptsAndSwitches:
         with encoding(what):
             outcome_json = dumps(dict(outcome))
 
-        def finish(db: sqlite3.Connection) -> EffectReceipt:
-            row = db.execute(_FINISH, (status, outcome_json, time.time(), receipt_id)).fetchone()
+        async def finish(db: Tx) -> EffectReceipt:
+            row = await db.one(_FINISH, (status, outcome_json, time.time(), receipt_id))
             if row is None:
-                current = _current(db, receipt_id)
+                current = await _current(db, receipt_id)
                 if current is None:
                     raise StoreError(f"{what} failed: no such receipt")
                 raise StoreError(
@@ -155,7 +156,7 @@ class ReceiptsAndSwitches:
                 )
             return from_row(EffectReceipt, row)
 
-        return await self._transact(what, finish)
+        return await self._write(what, finish)
 
     async def mark_admitted_uncertain(
         self: Transactions, reason: str, *, session_id: str | None = None
@@ -170,19 +171,19 @@ class ReceiptsAndSwitches:
             "UPDATE effect_receipts SET status = 'uncertain', outcome = ?, finished_at = ? "
             f"WHERE {where} RETURNING {_RECEIPT_COLS}"
         )
-        rows = await self._transact(what, lambda db: db.execute(sql, params).fetchall())
+        rows = await self._write(what, lambda db: db.all(sql, params))
         # RETURNING has no defined order.
         return sorted(_receipts(rows), key=lambda r: (r.admitted_at, r.id))
 
     async def get_receipt(self: Transactions, receipt_id: str) -> EffectReceipt | None:
-        return await self._query(
+        return await self._read(
             f"reading receipt {receipt_id!r}", lambda db: _current(db, receipt_id)
         )
 
     async def find_receipt(self: Transactions, key: str) -> EffectReceipt | None:
         sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE key = ?"
-        row = await self._query(
-            f"finding the receipt with key {key!r}", lambda db: db.execute(sql, (key,)).fetchone()
+        row = await self._read(
+            f"finding the receipt with key {key!r}", lambda db: db.one(sql, (key,))
         )
         return None if row is None else from_row(EffectReceipt, row)
 
@@ -211,7 +212,7 @@ class ReceiptsAndSwitches:
             params,
             limit,
         )
-        rows = await self._query("listing receipts", lambda db: db.execute(sql, params).fetchall())
+        rows = await self._read("listing receipts", lambda db: db.all(sql, params))
         return _receipts(rows)
 
     async def resolve_receipt(
@@ -224,17 +225,17 @@ class ReceiptsAndSwitches:
             raise StoreError(f"{what} failed: the resolving operator must be named")
         now = time.time()
 
-        def resolve(db: sqlite3.Connection) -> EffectReceipt:
-            row = db.execute(_RESOLVE, (resolution, by, now, receipt_id)).fetchone()
+        async def resolve(db: Tx) -> EffectReceipt:
+            row = await db.one(_RESOLVE, (resolution, by, now, receipt_id))
             if row is None:
-                raise StoreError(f"{what} failed: {_unresolvable(db, receipt_id)}")
+                raise StoreError(f"{what} failed: {await _unresolvable(db, receipt_id)}")
             resolved = from_row(EffectReceipt, row)
             data = dumps({"receipt": receipt_id, "resolution": resolution, "by": by})
             event = (resolved.session_id, resolved.turn_id, now, "receipt_resolved", data)
-            db.execute(INSERT_EVENT, event)
+            await db.run(INSERT_EVENT, event)
             return resolved
 
-        return await self._transact(what, resolve, durable=True)
+        return await self._write(what, resolve, durable=True)
 
     # -- operator switches ----------------------------------------------------------------
     async def set_switch(
@@ -252,18 +253,16 @@ class ReceiptsAndSwitches:
         switch = OperatorSwitch(name, bool(enabled), by, time.time(), expires_at, reason)
         row = (name, int(switch.enabled), by, switch.set_at, expires_at, reason)
 
-        def write(db: sqlite3.Connection) -> None:
-            db.execute(_UPSERT_SWITCH, row)
-            db.execute(_INSERT_SWITCH_HISTORY, row)
+        async def write(db: Tx) -> None:
+            await db.run(_UPSERT_SWITCH, row)
+            await db.run(_INSERT_SWITCH_HISTORY, row)
 
-        await self._transact(what, write, durable=True)
+        await self._write(what, write, durable=True)
         return switch
 
     async def get_switch(self: Transactions, name: str) -> OperatorSwitch | None:
         sql = f"{SELECT_SWITCH} WHERE name = ?"
-        row = await self._query(
-            f"reading switch {name!r}", lambda db: db.execute(sql, (name,)).fetchone()
-        )
+        row = await self._read(f"reading switch {name!r}", lambda db: db.one(sql, (name,)))
         return None if row is None else switch_from_row(row)
 
     async def switch_history(
@@ -275,14 +274,14 @@ class ReceiptsAndSwitches:
             {"name": name},
             limit,
         )
-        rows = await self._query(
-            f"reading the history of switch {name!r}", lambda db: db.execute(sql, params).fetchall()
+        rows = await self._read(
+            f"reading the history of switch {name!r}", lambda db: db.all(sql, params)
         )
         return [switch_from_row(row) for row in rows]
 
 
-def _unresolvable(db: sqlite3.Connection, receipt_id: str) -> str:
-    current = _current(db, receipt_id)
+async def _unresolvable(db: Tx, receipt_id: str) -> str:
+    current = await _current(db, receipt_id)
     if current is None:
         return "no such receipt"
     if current.status != "uncertain":

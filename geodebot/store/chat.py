@@ -1,15 +1,14 @@
-"""Chat inbox, outbox and cursors of :class:`~geodebot.store.sqlite.SQLiteStore`.
+"""Chat inbox, outbox and cursors: a mixin of both stores (see rows.py).
 
-A mixin rather than a second store: the methods run inside the store's own transactions and
-lock, and callers keep using the single ``SQLiteStore`` class.
+A mixin rather than a second store: the methods run inside the store's own transactions, and
+callers keep using the one store class.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, get_args
 
 from geodebot.store.records import (
@@ -27,7 +26,7 @@ from geodebot.store.records import (
     StoredFile,
     StoreError,
 )
-from geodebot.store.sqlite_rows import Transactions, dumps
+from geodebot.store.rows import Body, Row, Transactions, Tx, dumps
 
 __all__ = [
     "ADD_OUTBOX",
@@ -111,7 +110,7 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_at = excluded.u
 """
 
 
-def inbox_from_row(row: sqlite3.Row) -> InboxRow:
+def inbox_from_row(row: Row) -> InboxRow:
     return InboxRow(
         id=row["id"],
         platform=row["platform"],
@@ -139,7 +138,7 @@ def inbox_from_row(row: sqlite3.Row) -> InboxRow:
     )
 
 
-def outbox_from_row(row: sqlite3.Row) -> OutboxRow:
+def outbox_from_row(row: Row) -> OutboxRow:
     # JSON object keys are strings; part indexes are ints again once read.
     parts = json.loads(row["sent_parts"])
     return OutboxRow(
@@ -183,26 +182,28 @@ def _counts(rows: Any, statuses: tuple[str, ...]) -> dict[str, int]:
     return counts
 
 
-def _inbox_row(db: sqlite3.Connection, inbox_id: int) -> InboxRow | None:
-    row = db.execute(f"SELECT {INBOX_COLS} FROM inbox WHERE id = ?", (inbox_id,)).fetchone()
+async def _inbox_row(db: Tx, inbox_id: int) -> InboxRow | None:
+    row = await db.one(f"SELECT {INBOX_COLS} FROM inbox WHERE id = ?", (inbox_id,))
     return None if row is None else inbox_from_row(row)
 
 
-def _outbox_row(db: sqlite3.Connection, outbox_id: int) -> OutboxRow | None:
-    row = db.execute(f"SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?", (outbox_id,)).fetchone()
+async def _outbox_row(db: Tx, outbox_id: int, *, lock: bool = False) -> OutboxRow | None:
+    sql = f"SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?"
+    row = await db.one(sql, (outbox_id,), lock=lock)
     return None if row is None else outbox_from_row(row)
 
 
-def _why_finished(db: sqlite3.Connection, inbox_id: int) -> str:
-    current = _inbox_row(db, inbox_id)
+async def _why_finished(db: Tx, inbox_id: int) -> str:
+    current = await _inbox_row(db, inbox_id)
     if current is None:
         return "no such inbox row"
     return f"it is already {current.status!r}"
 
 
-def _pending_outbox_row(db: sqlite3.Connection, outbox_id: int, what: str) -> OutboxRow:
-    """The row as the caller's write transaction sees it; raises unless it is pending."""
-    current = _outbox_row(db, outbox_id)
+async def _pending_outbox_row(db: Tx, outbox_id: int, what: str) -> OutboxRow:
+    """The row as the caller's write transaction sees it, locked to it until it ends (the
+    sender's next step is decided on it); raises unless it is pending."""
+    current = await _outbox_row(db, outbox_id, lock=True)
     if current is None:
         raise StoreError(f"{what} failed: no such outbox row")
     if current.status != "pending":
@@ -234,29 +235,29 @@ class ChatInboxOutbox:
         head = (platform, event_id, session_id, channel, thread, user, text, message_id)
         params = (*head, now, dumps(list(files)))
 
-        def add(db: sqlite3.Connection) -> tuple[InboxRow, bool]:
-            inserted = db.execute(_ADD_INBOX, params).fetchone()
+        async def add(db: Tx) -> tuple[InboxRow, bool]:
+            inserted = await db.one(_ADD_INBOX, params)
             if cursor is not None:
-                db.execute(_SET_CURSOR, (*cursor, now))
+                await db.run(_SET_CURSOR, (*cursor, now))
             if inserted is not None:
                 return inbox_from_row(inserted), True
             sql = f"SELECT {INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
-            return inbox_from_row(db.execute(sql, (platform, event_id)).fetchone()), False
+            return inbox_from_row(await db.one(sql, (platform, event_id))), False
 
         # The platform is acknowledged next.
-        return await self._transact(what, add, durable=True)
+        return await self._write(what, add, durable=True)
 
     async def inbox_start(self: Transactions, inbox_id: int) -> InboxRow:
         what = f"starting inbox row {inbox_id}"
 
-        def start(db: sqlite3.Connection) -> InboxRow:
-            row = db.execute(_START_INBOX, (inbox_id,)).fetchone()
+        async def start(db: Tx) -> InboxRow:
+            row = await db.one(_START_INBOX, (inbox_id,))
             if row is None:
-                reason = _why_finished(db, inbox_id)
+                reason = await _why_finished(db, inbox_id)
                 raise StoreError(f"{what} failed: {reason}; only an unfinished row can start")
             return inbox_from_row(row)
 
-        return await self._transact(what, start)
+        return await self._write(what, start)
 
     async def inbox_finish(
         self: Transactions,
@@ -269,17 +270,17 @@ class ChatInboxOutbox:
     ) -> InboxFinished:
         what, finish = finishing(InboxEnding(inbox_id, status, detail, reply, begin_first_part))
         # A begun part is sent next, so the commit that begins it must be on disk first.
-        return await self._transact(what, finish, durable=begin_first_part and reply is not None)
+        return await self._write(what, finish, durable=begin_first_part and reply is not None)
 
     async def inbox_preview(self: Transactions, inbox_id: int, message_id: str) -> None:
-        def note(db: sqlite3.Connection) -> None:
-            db.execute("UPDATE inbox SET preview = ? WHERE id = ?", (message_id, inbox_id))
-            db.execute(
+        async def note(db: Tx) -> None:
+            await db.run("UPDATE inbox SET preview = ? WHERE id = ?", (message_id, inbox_id))
+            await db.run(
                 "UPDATE outbox SET preview = ? WHERE inbox_id = ? AND status = 'pending'",
                 (message_id, inbox_id),
             )
 
-        await self._transact(f"recording the preview of inbox row {inbox_id}", note, durable=True)
+        await self._write(f"recording the preview of inbox row {inbox_id}", note, durable=True)
 
     async def inbox_attached(
         self: Transactions,
@@ -291,14 +292,14 @@ class ChatInboxOutbox:
         encoded = dumps([a.to_json() for a in attached])
         now = time.time()
 
-        def note(db: sqlite3.Connection) -> tuple[InboxRow, OutboxRow | None]:
-            row = db.execute(
+        async def note(db: Tx) -> tuple[InboxRow, OutboxRow | None]:
+            row = await db.one(
                 f"UPDATE inbox SET attached = ? WHERE id = ? AND attached IS NULL "
                 f"RETURNING {INBOX_COLS}",
                 (encoded, inbox_id),
-            ).fetchone()
+            )
             if row is None:
-                current = _inbox_row(db, inbox_id)
+                current = await _inbox_row(db, inbox_id)
                 if current is None:
                     raise StoreError(f"{what} failed: no such inbox row")
                 # Recorded before (a turn cut short): that record and its notice stand.
@@ -306,43 +307,41 @@ class ChatInboxOutbox:
             added = None
             if notice is not None:
                 added = outbox_from_row(
-                    db.execute(ADD_OUTBOX, outbound_params(notice, None, now)).fetchone()
+                    await db.one(ADD_OUTBOX, outbound_params(notice, None, now))
                 )
             return inbox_from_row(row), added
 
-        return await self._transact(what, note, durable=notice is not None)
+        return await self._write(what, note, durable=notice is not None)
 
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
-        rows = await self._query(
-            "listing unfinished inbox rows", lambda db: db.execute(sql).fetchall()
-        )
+        rows = await self._read("listing unfinished inbox rows", lambda db: db.all(sql))
         return [inbox_from_row(row) for row in rows]
 
     async def get_inbox(self: Transactions, inbox_id: int) -> InboxRow | None:
-        return await self._query(
+        return await self._read(
             f"reading inbox row {inbox_id}", lambda db: _inbox_row(db, inbox_id)
         )
 
     async def find_inbox(self: Transactions, platform: str, event_id: str) -> InboxRow | None:
         sql = f"SELECT {INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
-        row = await self._query(
+        row = await self._read(
             f"finding event {event_id!r} of {platform!r}",
-            lambda db: db.execute(sql, (platform, event_id)).fetchone(),
+            lambda db: db.one(sql, (platform, event_id)),
         )
         return None if row is None else inbox_from_row(row)
 
     async def inbox_counts(self: Transactions) -> dict[str, int]:
         sql = "SELECT status, COUNT(*) FROM inbox GROUP BY status"
-        rows = await self._query("counting inbox rows", lambda db: db.execute(sql).fetchall())
+        rows = await self._read("counting inbox rows", lambda db: db.all(sql))
         return _counts(rows, _INBOX_STATUSES)
 
     # -- outbox ---------------------------------------------------------------------------
     async def outbox_add(self: Transactions, reply: NewOutbound) -> OutboxRow:
         params = outbound_params(reply, None, time.time())
-        row = await self._transact(
+        row = await self._write(
             f"adding a {reply.kind!r} message to the outbox",
-            lambda db: db.execute(ADD_OUTBOX, params).fetchone(),
+            lambda db: db.one(ADD_OUTBOX, params),
         )
         return outbox_from_row(row)
 
@@ -351,8 +350,8 @@ class ChatInboxOutbox:
         if index < 0:
             raise StoreError(f"{what} failed: a part index must not be negative")
 
-        def begin(db: sqlite3.Connection) -> OutboxRow:
-            current = _pending_outbox_row(db, outbox_id, what)
+        async def begin(db: Tx) -> OutboxRow:
+            current = await _pending_outbox_row(db, outbox_id, what)
             if index in current.sent_parts:
                 # Sending it again would post the same text twice.
                 raise StoreError(f"{what} failed: that part is already sent")
@@ -361,12 +360,10 @@ class ChatInboxOutbox:
                 raise StoreError(
                     f"{what} failed: the outcome of part {current.in_flight} is still unknown"
                 )
-            return outbox_from_row(
-                db.execute(_BEGIN_PART, (index, time.time(), outbox_id)).fetchone()
-            )
+            return outbox_from_row(await db.one(_BEGIN_PART, (index, time.time(), outbox_id)))
 
         # The part is sent next.
-        return await self._transact(what, begin, durable=True)
+        return await self._write(what, begin, durable=True)
 
     async def outbox_part_sent(
         self: Transactions, outbox_id: int, index: int, message_id: str, *, last: bool = False
@@ -375,8 +372,8 @@ class ChatInboxOutbox:
         if index < 0:
             raise StoreError(f"{what} failed: a part index must not be negative")
 
-        def sent(db: sqlite3.Connection) -> OutboxRow:
-            current = _pending_outbox_row(db, outbox_id, what)
+        async def sent(db: Tx) -> OutboxRow:
+            current = await _pending_outbox_row(db, outbox_id, what)
             known = current.sent_parts.get(index)
             if known is not None and known != message_id:
                 raise StoreError(f"{what} failed: it was already sent as {known!r}")
@@ -386,35 +383,35 @@ class ChatInboxOutbox:
             in_flight = None if current.in_flight == index else current.in_flight
             status = "sent" if last else "pending"
             params = (parts, in_flight, status, time.time(), outbox_id)
-            return outbox_from_row(db.execute(_PART_SENT, params).fetchone())
+            return outbox_from_row(await db.one(_PART_SENT, params))
 
-        return await self._transact(what, sent)
+        return await self._write(what, sent)
 
     async def outbox_part_unsent(self: Transactions, outbox_id: int, index: int) -> OutboxRow:
         what = f"recording part {index} of outbox row {outbox_id} as not sent"
 
-        def unsent(db: sqlite3.Connection) -> OutboxRow:
-            current = _pending_outbox_row(db, outbox_id, what)
+        async def unsent(db: Tx) -> OutboxRow:
+            current = await _pending_outbox_row(db, outbox_id, what)
             if index in current.sent_parts:
                 raise StoreError(f"{what} failed: it is already sent")
             if current.in_flight is None:
                 return current
             if current.in_flight != index:
                 raise StoreError(f"{what} failed: part {current.in_flight} is in flight")
-            return outbox_from_row(db.execute(_PART_UNSENT, (time.time(), outbox_id)).fetchone())
+            return outbox_from_row(await db.one(_PART_UNSENT, (time.time(), outbox_id)))
 
-        return await self._transact(what, unsent)
+        return await self._write(what, unsent)
 
     async def outbox_note_blind_resend(self: Transactions, outbox_id: int) -> OutboxRow:
         what = f"counting a blind resend of outbox row {outbox_id}"
 
-        def note(db: sqlite3.Connection) -> OutboxRow:
-            current = _pending_outbox_row(db, outbox_id, what)
+        async def note(db: Tx) -> OutboxRow:
+            current = await _pending_outbox_row(db, outbox_id, what)
             if current.in_flight is None:
                 raise StoreError(f"{what} failed: no part is in flight")
-            return outbox_from_row(db.execute(_BLIND_RESEND, (time.time(), outbox_id)).fetchone())
+            return outbox_from_row(await db.one(_BLIND_RESEND, (time.time(), outbox_id)))
 
-        return await self._transact(what, note, durable=True)
+        return await self._write(what, note, durable=True)
 
     async def outbox_finish(
         self: Transactions, outbox_id: int, status: OutboxFinish, *, error: str = ""
@@ -423,15 +420,15 @@ class ChatInboxOutbox:
         if status not in _OUTBOX_FINISHES:
             raise StoreError(f"{what} failed: status must be one of {sorted(_OUTBOX_FINISHES)}")
 
-        def finish(db: sqlite3.Connection) -> OutboxRow:
-            row = db.execute(_FINISH_OUTBOX, (status, error, time.time(), outbox_id)).fetchone()
+        async def finish(db: Tx) -> OutboxRow:
+            row = await db.one(_FINISH_OUTBOX, (status, error, time.time(), outbox_id))
             if row is None:
-                current = _outbox_row(db, outbox_id)
+                current = await _outbox_row(db, outbox_id)
                 reason = "no such outbox row" if current is None else f"it is {current.status!r}"
                 raise StoreError(f"{what} failed: {reason}; only a pending row can finish")
             return outbox_from_row(row)
 
-        return await self._transact(what, finish)
+        return await self._write(what, finish)
 
     async def outbox_pending(self: Transactions, *, platform: str | None = None) -> list[OutboxRow]:
         where, params = "status = 'pending'", []
@@ -439,60 +436,54 @@ class ChatInboxOutbox:
             where += " AND platform = ?"
             params.append(platform)
         sql = f"SELECT {OUTBOX_COLS} FROM outbox WHERE {where} ORDER BY id"
-        rows = await self._query(
-            "listing pending outbox rows", lambda db: db.execute(sql, params).fetchall()
-        )
+        rows = await self._read("listing pending outbox rows", lambda db: db.all(sql, params))
         return [outbox_from_row(row) for row in rows]
 
     async def get_outbox(self: Transactions, outbox_id: int) -> OutboxRow | None:
-        return await self._query(
+        return await self._read(
             f"reading outbox row {outbox_id}", lambda db: _outbox_row(db, outbox_id)
         )
 
     async def outbox_counts(self: Transactions) -> dict[str, int]:
         sql = "SELECT status, COUNT(*) FROM outbox GROUP BY status"
-        rows = await self._query("counting outbox rows", lambda db: db.execute(sql).fetchall())
+        rows = await self._read("counting outbox rows", lambda db: db.all(sql))
         return _counts(rows, _OUTBOX_STATUSES)
 
     # -- cursors --------------------------------------------------------------------------
     async def get_cursor(self: Transactions, name: str) -> str | None:
         sql = "SELECT value FROM cursors WHERE name = ?"
-        row = await self._query(
-            f"reading cursor {name!r}", lambda db: db.execute(sql, (name,)).fetchone()
-        )
+        row = await self._read(f"reading cursor {name!r}", lambda db: db.one(sql, (name,)))
         return None if row is None else str(row[0])
 
     async def set_cursor(self: Transactions, name: str, value: str) -> None:
         params = (name, value, time.time())
-        await self._transact(
-            f"setting cursor {name!r}", lambda db: db.execute(_SET_CURSOR, params).rowcount
-        )
+        await self._write(f"setting cursor {name!r}", lambda db: db.run(_SET_CURSOR, params))
 
 
-def finishing(ending: InboxEnding) -> tuple[str, Callable[[sqlite3.Connection], InboxFinished]]:
+def finishing(ending: InboxEnding) -> tuple[str, Body[InboxFinished]]:
     """What :meth:`ChatInboxOutbox.inbox_finish` writes, as a function a transaction runs;
-    ``SQLiteStore.checkpoint_ending`` runs it in a checkpoint's transaction."""
+    ``checkpoint_ending`` runs it in a checkpoint's transaction."""
     inbox_id, status = ending.inbox_id, ending.status
     what = f"finishing inbox row {inbox_id} as {status!r}"
     if status not in _INBOX_FINISHES:
         raise StoreError(f"{what} failed: status must be one of {sorted(_INBOX_FINISHES)}")
     now = time.time()
 
-    def finish(db: sqlite3.Connection) -> InboxFinished:
-        row = db.execute(_FINISH_INBOX, (status, ending.detail, now, inbox_id)).fetchone()
+    async def finish(db: Tx) -> InboxFinished:
+        row = await db.one(_FINISH_INBOX, (status, ending.detail, now, inbox_id))
         if row is None:
-            reason = _why_finished(db, inbox_id)
+            reason = await _why_finished(db, inbox_id)
             raise StoreError(f"{what} failed: {reason}; only an unfinished row can finish")
         outbound = None
         if ending.reply is None and _dead_without_reply(status, row["relay_intent"]):
             # A dead letter from now on (chat/deadletters.py); marked for its partial index.
-            db.execute("UPDATE inbox SET no_reply = 1 WHERE id = ?", (inbox_id,))
+            await db.run("UPDATE inbox SET no_reply = 1 WHERE id = ?", (inbox_id,))
         if ending.reply is not None:
             # The answer replaces its streamed preview, if the turn showed one.
             params = outbound_params(ending.reply, inbox_id, now, row["preview"])
-            added = db.execute(ADD_OUTBOX, params).fetchone()
+            added = await db.one(ADD_OUTBOX, params)
             if ending.begin_first_part:
-                added = db.execute(_BEGIN_PART, (0, now, added["id"])).fetchone()
+                added = await db.one(_BEGIN_PART, (0, now, added["id"]))
             outbound = outbox_from_row(added)
         return inbox_from_row(row), outbound
 

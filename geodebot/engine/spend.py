@@ -9,7 +9,7 @@ US dollars per UTC day. If one of them cannot take it, no call is made and
 :class:`BudgetExhausted` says which budget ran out and when it resets. The provider's reported
 usage then settles the reservation.
 
-The counters live in the store (see ``store/sqlite_spend.py``) and the reservation is
+The counters live in the store (see ``store/spend.py``) and the reservation is
 committed durably before the call, so a restart forgets nothing and a crash between
 reservation and settlement leaves the worst case counted: spent budget is never freed. A call
 that got no answer (the provider refused it, the connection failed) is settled at zero.

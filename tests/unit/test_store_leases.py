@@ -46,7 +46,8 @@ async def test_a_held_lease_is_not_taken_and_a_released_one_is(
     refused = await other.lease_acquire(NAME, "web-2", LONG)
     assert (refused.holder, refused.epoch) == ("web-1", 1)  # the lease as it stands
     renewed = await one.lease_renew(mine, LONG)
-    assert renewed is not None and renewed.epoch == 1
+    assert renewed is not None
+    assert renewed.epoch == 1
     assert renewed.expires_at >= mine.expires_at
     assert await one.lease_release(mine)
     assert not await one.lease_release(mine)  # already let go
@@ -80,7 +81,8 @@ async def test_a_holder_renewing_its_own_expired_lease_keeps_the_epoch(
     await expired(one)
     # Nobody took it in between, so nothing it wrote needs fencing off.
     renewed = await one.lease_renew(mine, LONG)
-    assert renewed is not None and renewed.epoch == mine.epoch == 1
+    assert renewed is not None
+    assert renewed.epoch == mine.epoch == 1
     assert (await one.lease_acquire(NAME, "web-1", LONG)).epoch == 1
 
 
@@ -135,7 +137,8 @@ async def test_of_many_candidates_for_an_expired_lease_exactly_one_takes_it(
     winners = {(lease.holder, lease.epoch) for lease in taken}
     assert len(winners) == 1, winners
     ((holder, epoch),) = winners
-    assert epoch == 2 and holder.startswith("web-")
+    assert epoch == 2
+    assert holder.startswith("web-")
 
 
 async def test_a_lease_takes_a_positive_time(stores: tuple[Store, Store]) -> None:

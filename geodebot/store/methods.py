@@ -7,6 +7,7 @@ from geodebot.store.approvals import Approvals
 from geodebot.store.chat import ChatInboxOutbox
 from geodebot.store.deadletters import DeadLetterDecisions
 from geodebot.store.fires import JobsAndFires
+from geodebot.store.leases import Leases
 from geodebot.store.receipts import ReceiptsAndSwitches
 from geodebot.store.relay import Relay
 from geodebot.store.sessions import SessionsAndHistory
@@ -22,6 +23,7 @@ class StoreMethods(
     ChatInboxOutbox,
     DeadLetterDecisions,
     JobsAndFires,
+    Leases,
     Relay,
     Spend,
 ):

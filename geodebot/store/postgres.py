@@ -29,10 +29,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
+from geodebot.store.leases import check_fence
 from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
-from geodebot.store.records import StoreError
-from geodebot.store.rows import Body, Params, Row
+from geodebot.store.records import Lease, StoreError
+from geodebot.store.rows import Body, Params, Row, Tx
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
 
 __all__ = ["PostgresStore", "postgres_ddl", "postgres_sql"]
@@ -73,9 +74,10 @@ _DDL_TYPES = (
 
 
 @functools.lru_cache(maxsize=4096)
-def postgres_sql(sql: str, lock: bool = False) -> str:
+def postgres_sql(sql: str, lock: bool = False, share: bool = False) -> str:
     """The store's portable SQL with psycopg's placeholders (``%s``, ``%(name)s``) and, with
-    ``lock``, ``FOR UPDATE``: the rows read stay locked to the transaction."""
+    ``lock``, ``FOR UPDATE``: the rows read stay locked to the transaction (``share``:
+    ``FOR SHARE``, which other readers may take too)."""
 
     def rewrite(match: re.Match[str]) -> str:
         text = match.group(0)
@@ -88,7 +90,9 @@ def postgres_sql(sql: str, lock: bool = False) -> str:
         return text
 
     rewritten = _TOKENS.sub(rewrite, sql)
-    return f"{rewritten.rstrip()} FOR UPDATE" if lock else rewritten
+    if lock:
+        return f"{rewritten.rstrip()} FOR UPDATE"
+    return f"{rewritten.rstrip()} FOR SHARE" if share else rewritten
 
 
 def postgres_ddl(statement: str) -> str:
@@ -140,9 +144,11 @@ class _PgTx:
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self._conn = conn
 
-    async def one(self, sql: str, params: Params = (), *, lock: bool = False) -> Any:
+    async def one(
+        self, sql: str, params: Params = (), *, lock: bool = False, share: bool = False
+    ) -> Any:
         cursor = self._conn.cursor(row_factory=_named_rows)
-        await cursor.execute(postgres_sql(sql, lock), params)
+        await cursor.execute(postgres_sql(sql, lock, share), params)
         return await cursor.fetchone()
 
     async def all(self, sql: str, params: Params = (), *, lock: bool = False) -> list[Row]:
@@ -169,6 +175,13 @@ class _PgTx:
     async def exclusive(self, key: str) -> None:
         # Held until the transaction ends; a 64-bit hash of the name, so names rarely share.
         await self._conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+
+    async def now(self) -> float:
+        # The server's clock as the statement runs (not the transaction's start, ``now()``).
+        cursor = await self._conn.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
+        row = await cursor.fetchone()
+        assert row is not None
+        return float(row[0])
 
 
 def _reason(exc: psycopg.Error) -> str:
@@ -215,6 +228,7 @@ class PostgresStore(StoreMethods):
         self._timeout_s = timeout_s
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._writes: set[asyncio.Task[Any]] = set()
+        self._fence: Lease | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({_place(self.url)})"
@@ -265,6 +279,10 @@ class PostgresStore(StoreMethods):
             await pool.close()
             raise StoreError(f"{what} failed: {_reason(exc)}") from exc
         self._pool = pool
+
+    def fence(self, lease: Lease | None) -> None:
+        """Write only while ``lease`` is its holder's (see leases.py); None: write freely."""
+        self._fence = lease
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -325,7 +343,9 @@ class PostgresStore(StoreMethods):
         except psycopg.Error as exc:
             raise StoreError(f"{what} failed: {_reason(exc)}") from exc
 
-    async def _write(self, what: str, body: Body[_T], *, durable: bool = False) -> _T:
+    async def _write(
+        self, what: str, body: Body[_T], *, durable: bool = False, fenced: bool = True
+    ) -> _T:
         """``body`` in one transaction, whole or not at all. Every commit is durable (the
         server's ``synchronous_commit``), so ``durable`` asks for nothing more here.
 
@@ -334,6 +354,15 @@ class PostgresStore(StoreMethods):
         has (so what the caller reads next never races its own write).
         """
         pool = self._opened(what)
+        fence = self._fence if fenced else None
+        if fence is not None:
+            inner = body
+
+            async def checked(db: Tx) -> _T:
+                await check_fence(db, fence)
+                return await inner(db)
+
+            body = checked
         task = asyncio.ensure_future(self._transaction(pool, what, body))
         self._writes.add(task)
         task.add_done_callback(_forget(self._writes))

@@ -35,6 +35,7 @@ from geodebot.store.records import (
     InboxFinish,
     InboxFinished,
     InboxRow,
+    Lease,
     MessageRecord,
     ModelCall,
     NewMessage,
@@ -66,6 +67,25 @@ class Store(JobStore, Protocol):
     async def close(self) -> None: ...
 
     async def schema_version(self) -> int: ...
+
+    # -- leases (leases.py) ------------------------------------------------------------------
+    def fence(self, lease: Lease | None) -> None:
+        """From now on, refuse every write (:class:`Fenced`) unless ``lease`` is still its
+        holder's at its epoch, checked in the write's own transaction; None: write freely."""
+
+    async def lease_acquire(self, name: str, holder: str, ttl_s: float) -> Lease:
+        """Take the lease if free or expired, or renew it if ``holder``'s already; the lease
+        as it then stands (held by someone else when it could not be taken)."""
+
+    async def lease_renew(self, lease: Lease, ttl_s: float) -> Lease | None:
+        """Extend a held lease from now; None if another holder has taken it over."""
+
+    async def lease_release(self, lease: Lease) -> bool:
+        """Let the lease go at once; False if it was no longer ``lease``'s."""
+
+    async def lease(self, name: str) -> Lease | None: ...
+
+    async def leases(self) -> list[Lease]: ...
 
     # -- sessions -------------------------------------------------------------------------
     async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:

@@ -25,6 +25,11 @@ class StoreError(Exception):
     """A store operation failed; nothing of that operation was written."""
 
 
+class Fenced(StoreError):
+    """A write refused because the lease it was made under is no longer its writer's: another
+    replica holds it now (see store/leases.py). Nothing was written."""
+
+
 class OutboxRowFinished(StoreError):
     """A write to an outbox row that is no longer pending: another delivery finished it."""
 
@@ -657,3 +662,22 @@ class UsageRow:
     cost_usd: float
     # Calls whose model had no prices: their cost is not in cost_usd.
     unpriced: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease as the store holds it (see store/leases.py). Times are the database's clock:
+    compare them with each other, never with a replica's."""
+
+    name: str
+    holder: str
+    epoch: int
+    expires_at: float
+    acquired_at: float
+    # The database's clock when this copy was read.
+    read_at: float
+
+    @property
+    def remaining_s(self) -> float:
+        """How long the lease had left when it was read (negative: expired)."""
+        return self.expires_at - self.read_at

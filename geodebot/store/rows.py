@@ -80,8 +80,12 @@ class Tx(Protocol):
     database already). Every check-then-change of a row takes its lock this way.
     """
 
-    async def one(self, sql: str, params: Params = (), *, lock: bool = False) -> Any:
-        """The first row (a :class:`Row`), or None."""
+    async def one(
+        self, sql: str, params: Params = (), *, lock: bool = False, share: bool = False
+    ) -> Any:
+        """The first row (a :class:`Row`), or None. ``share``: the rows read cannot change
+        until the write transaction ends, but other transactions may read them so too
+        (``FOR SHARE`` on PostgreSQL)."""
 
     async def all(self, sql: str, params: Params = (), *, lock: bool = False) -> list[Row]: ...
 
@@ -98,6 +102,10 @@ class Tx(Protocol):
         depends on rows that may not exist yet (a count, a budget), where no row can be
         locked. Two writers naming the same key run one after the other."""
 
+    async def now(self) -> float:
+        """The database's clock, in seconds since the epoch: what every replica of one
+        database agrees on (see leases.py)."""
+
 
 Body = Callable[[Tx], Coroutine[Any, Any, _R]]
 
@@ -112,7 +120,12 @@ class Transactions(Protocol):
 
     async def _read(self, what: str, body: Body[_R]) -> _R: ...
 
-    async def _write(self, what: str, body: Body[_R], *, durable: bool = False) -> _R: ...
+    async def _write(
+        self, what: str, body: Body[_R], *, durable: bool = False, fenced: bool = True
+    ) -> _R:
+        """``fenced``: refused (:class:`~geodebot.store.records.Fenced`) when the store writes
+        under a lease that is no longer its own (see leases.py); only the leases' own writes
+        are not."""
 
 
 def drive(work: Coroutine[Any, Any, _R]) -> _R:

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import aiosqlite
 
+from geodebot.store.leases import check_fence
 from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
-from geodebot.store.records import StoreError
-from geodebot.store.rows import Body, Params, Row, drive, dumps
+from geodebot.store.records import Lease, StoreError
+from geodebot.store.rows import Body, Params, Row, Tx, drive, dumps
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
 from geodebot.store.sqlite_commit import GroupCommit
 
@@ -56,6 +57,7 @@ class SQLiteStore(StoreMethods):
         self._db: aiosqlite.Connection | None = None
         self._commits: GroupCommit | None = None
         self._checkpointing: asyncio.Task[None] | None = None
+        self._fence: Lease | None = None
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -239,10 +241,26 @@ class SQLiteStore(StoreMethods):
     async def _read(self, what: str, body: Body[_T]) -> _T:
         return await self._query(what, lambda conn: drive(body(_SQLiteTx(conn))))
 
-    async def _write(self, what: str, body: Body[_T], *, durable: bool = False) -> _T:
+    async def _write(
+        self, what: str, body: Body[_T], *, durable: bool = False, fenced: bool = True
+    ) -> _T:
+        fence = self._fence if fenced else None
+        if fence is None:
+            return await self._transact(
+                what, lambda conn: drive(body(_SQLiteTx(conn))), durable=durable
+            )
+
+        async def checked(db: Tx) -> _T:
+            await check_fence(db, fence)
+            return await body(db)
+
         return await self._transact(
-            what, lambda conn: drive(body(_SQLiteTx(conn))), durable=durable
+            what, lambda conn: drive(checked(_SQLiteTx(conn))), durable=durable
         )
+
+    def fence(self, lease: Lease | None) -> None:
+        """Write only while ``lease`` is its holder's (see leases.py); None: write freely."""
+        self._fence = lease
 
 
 class _SQLiteTx:
@@ -254,7 +272,9 @@ class _SQLiteTx:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
-    async def one(self, sql: str, params: Params = (), *, lock: bool = False) -> Any:
+    async def one(
+        self, sql: str, params: Params = (), *, lock: bool = False, share: bool = False
+    ) -> Any:
         # A write transaction (BEGIN IMMEDIATE) holds the whole database: no row lock needed.
         return self._conn.execute(sql, params).fetchone()
 
@@ -275,6 +295,9 @@ class _SQLiteTx:
 
     async def exclusive(self, key: str) -> None:
         return  # a write transaction holds the whole database already
+
+    async def now(self) -> float:
+        return time.time()  # one machine: its clock is the database's
 
 
 def _version(db: sqlite3.Connection) -> int:

@@ -1,0 +1,183 @@
+"""The daemon's lease, when replicas share a database: one of them serves, the others stand by
+and take over once it stops renewing (store/leases.py).
+
+A replica that holds the lease renews it every third of its time to live and fences its store
+with it, so after a takeover nothing it writes commits. It also keeps its own deadline on the
+local monotonic clock (the time to live from just before its last successful renewal): past
+it, the replica cannot know whether another one took over, so :meth:`DaemonLease.valid` turns
+false and the lease counts as lost. A process paused past its deadline (SIGSTOP, a frozen
+VM) finds that out the moment it runs again, before it sends anything on a platform.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Self
+
+from geodebot.store.protocol import Store
+from geodebot.store.records import Lease, StoreError
+
+__all__ = ["LEASE_NAME", "STANDBY_MARK", "TAKEN_MARK", "DaemonLease", "default_replica_id"]
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "daemon"
+# Logged when a replica starts to wait for the lease, and when it holds it (tests wait for
+# these).
+STANDBY_MARK = "replica: standing by"
+TAKEN_MARK = "replica: serving"
+
+
+def default_replica_id() -> str:
+    """``<hostname>-<pid>``: unique among live processes of one database, and a restarted
+    process is a new replica (it waits for its predecessor's lease to expire)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class DaemonLease:
+    """``async with`` after :meth:`acquire`: renews the lease until the block ends, then lets
+    it go. ``on_lost`` is called once, with why, if the lease is lost meanwhile."""
+
+    def __init__(
+        self,
+        store: Store,
+        replica_id: str,
+        *,
+        ttl_s: float,
+        on_lost: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self.replica_id = replica_id
+        self.ttl_s = ttl_s
+        self._on_lost = on_lost
+        self._clock = clock
+        self.lease: Lease | None = None
+        self._deadline = 0.0
+        self._lost: str | None = None
+        self._renewing: asyncio.Task[None] | None = None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the lease was lost, once it was."""
+        return self._lost
+
+    def valid(self) -> bool:
+        """Whether this replica may still act as the lease's holder: held, not lost, and its
+        local deadline not passed."""
+        return self.lease is not None and self._lost is None and self._clock() < self._deadline
+
+    async def acquire(self, on_standby: Callable[[Lease], None] | None = None) -> Lease:
+        """Wait until this replica holds the lease, then fence the store with it.
+        ``on_standby`` is called each time another holder is found (a new one, or a new
+        epoch). A store that cannot be reached is tried again; cancelling stops the wait."""
+        seen: tuple[str, int] | None = None
+        pause = self.ttl_s / 3
+        while True:
+            asked = self._clock()
+            try:
+                lease = await self._store.lease_acquire(LEASE_NAME, self.replica_id, self.ttl_s)
+            except StoreError as exc:
+                log.warning("replica %s: cannot reach the lease: %s", self.replica_id, exc)
+                await asyncio.sleep(pause)
+                continue
+            if lease.holder == self.replica_id:
+                self._hold(lease, asked)
+                log.info(
+                    "%s: replica %s holds lease %r (epoch %d)",
+                    TAKEN_MARK,
+                    self.replica_id,
+                    LEASE_NAME,
+                    lease.epoch,
+                )
+                return lease
+            if seen != (lease.holder, lease.epoch):
+                seen = (lease.holder, lease.epoch)
+                log.info(
+                    "%s: replica %s waits; lease %r is held by %s (epoch %d) for %.1f s more",
+                    STANDBY_MARK,
+                    self.replica_id,
+                    LEASE_NAME,
+                    lease.holder,
+                    lease.epoch,
+                    max(0.0, lease.remaining_s),
+                )
+                if on_standby is not None:
+                    on_standby(lease)
+            # Just after it would expire if its holder stopped renewing, but never longer than
+            # a renewal period: a holder that lets it go is followed soon.
+            await asyncio.sleep(min(pause, max(0.05, lease.remaining_s + 0.05)))
+
+    def _hold(self, lease: Lease, asked: float) -> None:
+        self.lease = lease
+        # From just before the request: the database counted the time to live from later.
+        self._deadline = asked + self.ttl_s
+        self._store.fence(lease)
+
+    async def __aenter__(self) -> Self:
+        if self.lease is None:
+            raise RuntimeError("acquire() the lease before entering it")
+        self._renewing = asyncio.create_task(self._renew(), name="lease-renewal")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewing
+        lease, self.lease = self.lease, None
+        if lease is not None and self._lost is None:
+            # A standby takes over at once instead of waiting for the lease to expire.
+            try:
+                await self._store.lease_release(lease)
+            except StoreError as error:
+                log.warning("replica %s: cannot release the lease: %s", self.replica_id, error)
+
+    async def _renew(self) -> None:
+        period = self.ttl_s / 3
+        while self._lost is None:
+            await asyncio.sleep(period)
+            lease = self.lease
+            assert lease is not None
+            asked = self._clock()
+            if asked >= self._deadline:
+                # Not renewed within its time to live, or this process did not run (paused):
+                # another replica may hold it now.
+                self._lose(f"not renewed within {self.ttl_s:g} s")
+                return
+            try:
+                renewed = await self._store.lease_renew(lease, self.ttl_s)
+            except StoreError as exc:
+                log.warning("replica %s: cannot renew the lease: %s", self.replica_id, exc)
+                continue
+            if renewed is None:
+                current = await _current(self._store)
+                self._lose(f"taken over by {current}")
+                return
+            self.lease = renewed
+            self._deadline = asked + self.ttl_s
+
+    def _lose(self, why: str) -> None:
+        self._lost = why
+        log.error("replica %s lost lease %r: %s", self.replica_id, LEASE_NAME, why)
+        self._on_lost(why)
+
+
+async def _current(store: Store) -> str:
+    try:
+        lease = await store.lease(LEASE_NAME)
+    except StoreError:
+        return "another replica"
+    return "nobody" if lease is None else f"{lease.holder} (epoch {lease.epoch})"

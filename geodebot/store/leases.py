@@ -1,0 +1,135 @@
+"""Leases, a mixin of both stores (see rows.py): one holder at a time for a named piece of
+work, taken over only once it expires, and fencing for the holder's writes (migration 0013).
+
+A lease is held until ``expires_at`` and renewed before then by its holder. Another holder
+takes it only once it has expired, and the takeover raises ``epoch``. Every time here is the
+database's clock (``Tx.now``), so replicas on machines whose clocks disagree still agree on
+who holds what.
+
+Fencing: a store told to write under a lease (:meth:`Leases.fence`) checks, inside every
+write's own transaction, that the lease is still its holder's at the same epoch, and refuses
+the write (:class:`Fenced`) otherwise. So a replica that was paused or cut off while another
+took its lease over commits nothing after it comes back, whatever it was in the middle of.
+On PostgreSQL the check reads the lease row ``FOR SHARE``: a takeover (an UPDATE of that row)
+waits for the holder's writes in flight, and they cannot commit after it.
+"""
+
+from __future__ import annotations
+
+from geodebot.store.records import Fenced, Lease
+from geodebot.store.rows import Row, Transactions, Tx
+
+__all__ = ["Leases", "check_fence"]
+
+_COLUMNS = "name, holder, epoch, expires_at, acquired_at"
+_READ = f"SELECT {_COLUMNS} FROM leases WHERE name = ?"
+_FENCE = "SELECT holder, epoch FROM leases WHERE name = ?"
+
+
+def _lease(row: Row, now: float) -> Lease:
+    return Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]), now)
+
+
+def _ttl(ttl_s: float) -> float:
+    if not ttl_s > 0:
+        raise ValueError("a lease's ttl_s must be positive")
+    return float(ttl_s)
+
+
+async def check_fence(db: Tx, lease: Lease) -> None:
+    """Raise :class:`Fenced` unless ``lease`` is still its holder's, at its epoch. Run inside
+    the write's transaction, first."""
+    row = await db.one(_FENCE, (lease.name,), share=True)
+    if row is None or (row[0], int(row[1])) != (lease.holder, lease.epoch):
+        now_held = "nobody" if row is None else f"{row[0]!r} (epoch {row[1]})"
+        raise Fenced(
+            f"writes of {lease.holder!r} under lease {lease.name!r} (epoch {lease.epoch}) "
+            f"refused: the lease is held by {now_held} now"
+        )
+
+
+class Leases:
+    async def lease_acquire(self: Transactions, name: str, holder: str, ttl_s: float) -> Lease:
+        """Take or renew the lease ``name`` for ``holder`` for ``ttl_s`` seconds, if it is free,
+        expired or ``holder``'s already; return the lease as it then stands (its holder says
+        whether it was taken). A takeover raises the epoch; a renewal keeps it."""
+        ttl = _ttl(ttl_s)
+
+        async def body(db: Tx) -> Lease:
+            # Two candidates for a lease that does not exist yet: one after the other.
+            await db.exclusive(f"lease:{name}")
+            now = await db.now()
+            row = await db.one(_READ, (name,), lock=True)
+            if row is None:
+                await db.run(
+                    f"INSERT INTO leases ({_COLUMNS}) VALUES (?, ?, 1, ?, ?)",
+                    (name, holder, now + ttl, now),
+                )
+                return Lease(name, holder, 1, now + ttl, now, now)
+            current = _lease(row, now)
+            if current.holder == holder:
+                # Its own lease, even expired: nobody held it in between (the holder would
+                # say so), so the epoch stays and nothing it wrote is fenced.
+                await db.run("UPDATE leases SET expires_at = ? WHERE name = ?", (now + ttl, name))
+                return Lease(name, holder, current.epoch, now + ttl, current.acquired_at, now)
+            if current.expires_at > now:
+                return current
+            epoch = current.epoch + 1
+            await db.run(
+                "UPDATE leases SET holder = ?, epoch = ?, expires_at = ?, acquired_at = ? "
+                "WHERE name = ?",
+                (holder, epoch, now + ttl, now, name),
+            )
+            return Lease(name, holder, epoch, now + ttl, now, now)
+
+        return await self._write(f"acquiring lease {name!r}", body, fenced=False)
+
+    async def lease_renew(self: Transactions, lease: Lease, ttl_s: float) -> Lease | None:
+        """Extend ``lease`` by ``ttl_s`` from now, if it is still its holder's at its epoch;
+        None if it is not (another holder took it over)."""
+        ttl = _ttl(ttl_s)
+
+        async def body(db: Tx) -> Lease | None:
+            now = await db.now()
+            changed = await db.run(
+                "UPDATE leases SET expires_at = ? WHERE name = ? AND holder = ? AND epoch = ?",
+                (now + ttl, lease.name, lease.holder, lease.epoch),
+            )
+            if not changed:
+                return None
+            return Lease(lease.name, lease.holder, lease.epoch, now + ttl, lease.acquired_at, now)
+
+        return await self._write(f"renewing lease {lease.name!r}", body, fenced=False)
+
+    async def lease_release(self: Transactions, lease: Lease) -> bool:
+        """End ``lease`` now, so another holder need not wait for it to expire; False if it was
+        not its holder's any more. The row keeps the holder and epoch: the next one raises it."""
+
+        async def body(db: Tx) -> bool:
+            now = await db.now()
+            changed = await db.run(
+                "UPDATE leases SET expires_at = ? WHERE name = ? AND holder = ? AND epoch = ? "
+                "AND expires_at > ?",
+                (now, lease.name, lease.holder, lease.epoch, now),
+            )
+            return changed > 0
+
+        return await self._write(f"releasing lease {lease.name!r}", body, fenced=False)
+
+    async def leases(self: Transactions) -> list[Lease]:
+        """Every lease, by name, as the database's clock reads now."""
+
+        async def body(db: Tx) -> list[Lease]:
+            now = await db.now()
+            rows = await db.all(f"SELECT {_COLUMNS} FROM leases ORDER BY name")
+            return [_lease(row, now) for row in rows]
+
+        return await self._read("reading the leases", body)
+
+    async def lease(self: Transactions, name: str) -> Lease | None:
+        async def body(db: Tx) -> Lease | None:
+            now = await db.now()
+            row = await db.one(_READ, (name,))
+            return None if row is None else _lease(row, now)
+
+        return await self._read(f"reading lease {name!r}", body)

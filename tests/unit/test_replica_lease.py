@@ -1,0 +1,113 @@
+"""The daemon's lease (app/replica.py) on both stores: a standby waits and takes over once the
+holder lets go or stops renewing, and a holder that stalled past its deadline loses the lease
+and commits nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+
+from geodebot.app.replica import LEASE_NAME, STANDBY_MARK, DaemonLease, default_replica_id
+from geodebot.store.protocol import Store
+from geodebot.store.records import Fenced, Lease
+from tests.support.postgres import Place
+
+TTL = 0.6
+
+
+@pytest.fixture
+async def stores(place: Place) -> AsyncIterator[tuple[Store, Store]]:
+    async with place.store() as one, place.store() as other:  # type: ignore[attr-defined]
+        yield one, other
+
+
+def keeper(store: Store, replica: str, lost: list[str], ttl: float = TTL) -> DaemonLease:
+    return DaemonLease(store, replica, ttl_s=ttl, on_lost=lost.append)
+
+
+async def test_a_standby_takes_over_when_the_holder_lets_go(
+    stores: tuple[Store, Store], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="geodebot.app.replica")
+    one, other = stores
+    lost: list[str] = []
+    first, second = keeper(one, "web-1", lost), keeper(other, "web-2", lost)
+    held = await first.acquire()
+    assert (held.holder, held.epoch) == ("web-1", 1)
+    assert first.valid()
+    seen: list[Lease] = []
+    async with first:
+        waiting = asyncio.create_task(second.acquire(seen.append))
+        # Renewed while held: the standby is still waiting after several times the TTL.
+        await asyncio.sleep(TTL * 3)
+        assert not waiting.done()
+        assert [(lease.holder, lease.epoch) for lease in seen] == [("web-1", 1)]
+        assert any(STANDBY_MARK in r.getMessage() for r in caplog.records)
+    # Let go on leaving: taken over well before the lease would have expired.
+    taken = await asyncio.wait_for(waiting, TTL)
+    assert (taken.holder, taken.epoch) == ("web-2", 2)
+    assert second.valid()
+    assert not lost
+    async with second:
+        await other.ensure_session("served", "channel")
+
+
+async def test_a_holder_that_stalls_loses_the_lease_and_writes_nothing(
+    stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, other = stores
+    lost: list[str] = []
+    first = keeper(one, "web-1", lost)
+    await first.acquire()
+    # The holder's renewals hang (a paused process, a cut network) until released.
+    resume = asyncio.Event()
+    renew = one.lease_renew
+
+    async def stalled(lease: Lease, ttl_s: float) -> Lease | None:
+        await resume.wait()
+        return await renew(lease, ttl_s)
+
+    monkeypatch.setattr(one, "lease_renew", stalled)
+    async with first:
+        taken = await asyncio.wait_for(keeper(other, "web-2", []).acquire(), TTL * 10)
+        assert (taken.holder, taken.epoch) == ("web-2", 2)
+        # Past its own deadline the holder knows it may have lost the lease.
+        assert not first.valid()
+        with pytest.raises(Fenced):
+            await one.ensure_session("late", "channel")
+        resume.set()
+        for _ in range(100):
+            if lost:
+                break
+            await asyncio.sleep(TTL / 10)
+    assert len(lost) == 1
+    assert lost[0].startswith(("not renewed within", "taken over by web-2"))
+    assert await other.get_session("late") is None
+    current = await other.lease(LEASE_NAME)
+    assert current is not None
+    assert (current.holder, current.epoch) == ("web-2", 2)
+
+
+async def test_a_holder_paused_past_its_deadline_knows_before_it_acts(
+    stores: tuple[Store, Store],
+) -> None:
+    one, _ = stores
+    now = [100.0]
+    lost: list[str] = []
+    first = DaemonLease(one, "web-1", ttl_s=30.0, on_lost=lost.append, clock=lambda: now[0])
+    await first.acquire()
+    assert first.valid()
+    now[0] += 29.0
+    assert first.valid()
+    now[0] += 2.0  # the process did not run for a while: its deadline passed meanwhile
+    assert not first.valid()
+
+
+def test_the_default_replica_id_names_the_host_and_process() -> None:
+    import os
+    import socket
+
+    assert default_replica_id() == f"{socket.gethostname()}-{os.getpid()}"

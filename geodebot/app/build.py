@@ -258,6 +258,8 @@ async def build_app(
     redactor = build_redactor(config)
 
     store = await stack.enter_async_context(SQLiteStore(config.db_path))
+    # Left before the store closes: the calls' records still being written go in first.
+    spend = await stack.enter_async_context(SpendGate(store, spend_limits(config)))
     ledger = stack.enter_context(closing(EvidenceLedger(config.ledger_path, redactor)))
     endpoints = [config.model, *config.model.fallbacks]
     chain = [
@@ -321,7 +323,7 @@ async def build_app(
         observers=tuple(observers),
         context_cache=ContextCache(),
         files=FileView(files),
-        spend=SpendGate(store, spend_limits(config)),
+        spend=spend,
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
     return App(config, services, lanes, bindings, tuple(chain), files, relay)

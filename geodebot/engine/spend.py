@@ -25,9 +25,9 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Self
 
 from geodebot.config.schema import Prices
 from geodebot.engine import compaction
@@ -180,6 +180,36 @@ class SpendGate:
         self.limits = limits
         self._clock = clock
         self._refused: dict[str, Exhausted] = {}
+        # Settlements under way (see BudgetedLLM.complete); the gate's exit waits for them.
+        self._settling: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.settled()
+
+    def settle_soon(self, settling: Coroutine[Any, Any, None]) -> None:
+        """Record a call's outcome without its caller waiting for the commit.
+
+        The write is asked for at the loop's next pass, before anything the caller does
+        with the answer reaches the store, so it commits together with the turn's next
+        write (the group commit keeps their order), in one transaction where there were
+        two. What it counts is never less than what was spent: a crash before the commit
+        leaves a reservation at its worst case (an unlimited call goes unrecorded)."""
+        task = asyncio.ensure_future(settling)
+        self._settling.add(task)
+        task.add_done_callback(self._settle_done)
+
+    def _settle_done(self, task: asyncio.Task[None]) -> None:
+        self._settling.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("recording a model call failed", exc_info=error)
+
+    async def settled(self) -> None:
+        """Wait for every settlement asked for so far (before the store closes)."""
+        while self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
 
     def charges(self, scope: SpendScope, day: str) -> list[SpendCharge]:
         limits = self.limits
@@ -328,7 +358,7 @@ class BudgetedLLM:
             response = await self._inner.complete(request, on_stream=on_stream)
         except LLMError:
             # No answer: nothing the provider reports as used.
-            await self._settle(call, charges, limited, replace(call, state="failed"))
+            gate.settle_soon(self._settle(call, charges, limited, replace(call, state="failed")))
             raise
         except asyncio.CancelledError:
             # Cut off mid-call (the turn's time budget): what it spent is unknown, so a
@@ -346,7 +376,7 @@ class BudgetedLLM:
             cache_write_tokens=usage.cache_write_tokens,
         )
         settled = replace(settled, cost_usd=gate.cost(response.provider, response.model, settled))
-        await self._settle(call, charges, limited, settled)
+        gate.settle_soon(self._settle(call, charges, limited, settled))
         return response
 
     async def _settle(

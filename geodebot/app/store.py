@@ -139,9 +139,9 @@ async def opened_store(config: Config, *, create: bool = False) -> AsyncIterator
         await store.open()
     except StoreError as exc:
         if config.store.url is not None and _unreachable(exc):
-            raise StoreError(
-                f"{exc} (is the PostgreSQL server of [store] url up, and the database there?)"
-            ) from exc
+            # libpq's reasons run over several lines; a command's error is one.
+            flat = " ".join(str(exc).split())
+            raise StoreError(f"{flat} (the database of [store] url could not be reached)") from exc
         raise
     try:
         yield store

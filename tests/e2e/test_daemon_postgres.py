@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import psycopg
 import pytest
 import pytest_asyncio
@@ -33,6 +34,7 @@ from tests.support.daemon import DaemonProcess, geodebot_status
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.pg_password import PasswordDatabase, password_database
+from tests.support.ports import free_port
 from tests.support.postgres import Cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -49,6 +51,7 @@ class World:
     llm: FakeLLMServer
     db: PasswordDatabase
     superuser_url: str
+    http: str
     config: Path
     state_dir: Path
     env: dict[str, str]
@@ -89,10 +92,11 @@ async def world(
     db = password_database(postgres_cluster)
     async with FakeTelegram() as telegram, FakeLLMServer() as llm:
         state_dir = tmp / "var"
+        http = f"127.0.0.1:{free_port()}"
         config = tmp / "config.toml"
         config.write_text(
             f'[daemon]\nstate_dir = "{state_dir}"\nreplica_id = "{REPLICA}"\n'
-            "shutdown_grace_s = 5\n"
+            f'shutdown_grace_s = 5\nhttp = "{http}"\n'
             f'[store]\nurl = "{db.url}"\npassword_env = "{PASSWORD_ENV}"\n'
             f'[model]\nprovider = "anthropic"\nname = "pg-e2e-model"\nbase_url = "{llm.url}"\n'
             f'api_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
@@ -107,7 +111,8 @@ async def world(
         env = dict(os.environ, E2E_TELEGRAM_TOKEN=telegram.token, **{PASSWORD_ENV: db.password})
         env[TEST_KEY_ENV] = TEST_KEY
         env.pop("GEODEBOT_CONFIG", None)
-        world = World(telegram, llm, db, postgres_cluster.url(db.dbname), config, state_dir, env)
+        superuser_url = postgres_cluster.url(db.dbname)
+        world = World(telegram, llm, db, superuser_url, http, config, state_dir, env)
         await world.start()
         try:
             yield world
@@ -160,7 +165,16 @@ async def test_status_names_the_replica_and_the_store_without_a_password(world: 
     assert (
         f"replica {REPLICA}, store postgresql 127.0.0.1:{world.db.port}/{world.db.dbname}"
     ) in text.splitlines()
-    for shown in (out, text, err):
+    # /healthz shows the same two facts beside the store's own component.
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{world.http}/healthz") as response,
+    ):
+        health = await response.text()
+    components = json.loads(health)["components"]
+    assert components["replica"] == {"ok": True, "id": REPLICA, "store": answer["store"]}
+    assert components["store"]["ok"] is True
+    for shown in (out, text, err, health):
         assert world.db.password not in shown
 
 

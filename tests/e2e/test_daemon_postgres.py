@@ -39,7 +39,7 @@ from tests.support.postgres import Cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-HELLO, CRASH = -1001, -1002
+HELLO, CRASH, CLI = -1001, -1002, -1003
 ALICE = 4242
 PASSWORD_ENV = "E2E_DB_PASSWORD"
 REPLICA = "tg-replica-1"
@@ -106,6 +106,8 @@ async def world(
             f'[[bindings]]\nplatform = "telegram"\nchannel = "{HELLO}"\nsession = "hello"\n'
             f'allowed_users = ["{ALICE}"]\n'
             f'[[bindings]]\nplatform = "telegram"\nchannel = "{CRASH}"\nsession = "crash"\n'
+            f'allowed_users = ["{ALICE}"]\n'
+            f'[[bindings]]\nplatform = "telegram"\nchannel = "{CLI}"\nsession = "cli"\n'
             f'allowed_users = ["{ALICE}"]\n'
         )
         env = dict(os.environ, E2E_TELEGRAM_TOKEN=telegram.token, **{PASSWORD_ENV: db.password})
@@ -204,18 +206,20 @@ async def test_sigkill_mid_turn_then_restart_answers_exactly_once(world: World) 
 
 
 async def test_the_cli_reads_the_daemons_postgresql_store(world: World) -> None:
+    assert await world.control(CLI) == [CONTROL_ANSWER]  # a model call of this test's own
     config = str(world.config)
     code, out, err = await geodebot("usage", "--by", "binding", "--config", config, env=world.env)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("BINDING")
-    assert any(line.startswith("telegram:") for line in lines[1:]), out
+    assert any(line.startswith(f"telegram:{CLI} ") for line in lines[1:]), out
     code, out, err = await geodebot("usage", "--json", "--config", config, env=world.env)
     assert code == 0, err
     [total] = [json.loads(line) for line in out.splitlines()]
-    # Every model request of the file but the one the SIGKILL cut off: with no budget set,
-    # a call is recorded once answered (nothing is reserved before it).
-    assert (total["calls"], total["unsettled"]) == (len(world.llm.requests) - 1, 0)
+    # Every model request of the file but those a SIGKILL cut off: with no budget set, a
+    # call is recorded once answered (nothing is reserved before it).
+    killed = len(world.daemons) - 1
+    assert (total["calls"], total["unsettled"]) == (len(world.llm.requests) - killed, 0)
     code, out, err = await geodebot("jobs", "list", "--config", config, env=world.env)
     assert code == 0, err
     assert out.split() == ["JOB", "ORIGIN", "SCHEDULE", "NEXT", "FIRE", "LAST"]

@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack, aclosing, closing
 from dataclasses import dataclass
 from typing import Any
 
+from geodebot.app.store import make_store, replica_id
 from geodebot.chat.bindings import BindingIndex, binding_key
 from geodebot.chat.send_file import send_file_spec
 from geodebot.config.schema import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
@@ -50,7 +51,6 @@ from geodebot.relay.tools import ThreadRelay
 from geodebot.scheduler.chat_tools import JobTools
 from geodebot.scheduler.definitions import check_jobs
 from geodebot.store.files import FileStore
-from geodebot.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,9 @@ class App:
     files: FileStore | None = None
     # Thread Relay's tools; the daemon connects its deliveries to the outbox and router.
     relay: ThreadRelay | None = None
+    # This process's name among the replicas of one store ([daemon] replica_id, else made
+    # at start: see app/store.py).
+    replica_id: str = ""
 
     async def load_models(self) -> None:
         """Load the model SDKs now rather than at the first turn (each only once); a failure
@@ -257,7 +260,10 @@ async def build_app(
     system_prompt = load_system_prompt(config)
     redactor = build_redactor(config)
 
-    store = await stack.enter_async_context(SQLiteStore(config.db_path))
+    replica = replica_id(config)
+    store = make_store(config)
+    await store.open()
+    stack.push_async_callback(store.close)
     # Left before the store closes: the calls' records still being written go in first.
     spend = await stack.enter_async_context(SpendGate(store, spend_limits(config)))
     ledger = stack.enter_context(closing(EvidenceLedger(config.ledger_path, redactor)))
@@ -326,4 +332,4 @@ async def build_app(
         spend=spend,
     )
     lanes = Lanes(config.daemon.max_concurrent_sessions)
-    return App(config, services, lanes, bindings, tuple(chain), files, relay)
+    return App(config, services, lanes, bindings, tuple(chain), files, relay, replica)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from geodebot.app.build import App, build_app
+from geodebot.app.store import store_facts, store_place
 from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
@@ -103,7 +104,9 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             ipc = ipc_handler(app, _status_report(app, daemon))
             await stack.enter_async_context(ipc)
             log.info(
-                "geodebot serving: state in %s, chat socket %s, channels: %s",
+                "geodebot serving: replica %s, store %s, state in %s, chat socket %s, channels: %s",
+                app.replica_id,
+                store_place(config),
                 config.state_dir,
                 config.socket_path,
                 ", ".join(daemon.channels) or "none",
@@ -322,13 +325,23 @@ def _health_server(
     async def unanswered_count() -> int:
         return (await store.inbox_unanswered(alert_s)).count
 
+    replica = {"id": app.replica_id, "store": store_facts(config)}
+
+    async def this_replica() -> tuple[bool, dict[str, Any]]:
+        return True, replica
+
     probe = Probe(
         store,
         daemon.channels,
         router_counters=lambda: router.counters,
         load=router.load,
         fire_counts=store.fire_counts,
-        extra={"computer_use": computer_use, "scheduler": jobs, "unanswered": unanswered},
+        extra={
+            "computer_use": computer_use,
+            "scheduler": jobs,
+            "unanswered": unanswered,
+            "replica": this_replica,
+        },
         unanswered=unanswered_count,
         live_clients=lambda: live.clients,
     )
@@ -360,6 +373,8 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
     store = app.services.store
     supervisor, router, channels = daemon.supervisor, daemon.router, daemon.channels
     cache = app.services.context_cache
+    # Which process this is among the replicas, and the store they share (no password).
+    replica = {"replica_id": app.replica_id, "store": store_facts(app.config)}
 
     async def report() -> dict[str, Any]:
         running, queued = router.load()
@@ -367,6 +382,7 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
         now = time.time()
         return {
             "pid": os.getpid(),
+            **replica,
             "uptime_s": round(now - started, 1),
             "ready": all(event.is_set() for event in supervisor.ready.values()),
             "channels": {

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -24,7 +22,7 @@ from typing import Self
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
 
-__all__ = ["LEASE_NAME", "STANDBY_MARK", "TAKEN_MARK", "DaemonLease", "default_replica_id"]
+__all__ = ["LEASE_NAME", "STANDBY_MARK", "TAKEN_MARK", "DaemonLease"]
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +31,6 @@ LEASE_NAME = "daemon"
 # these).
 STANDBY_MARK = "replica: standing by"
 TAKEN_MARK = "replica: serving"
-
-
-def default_replica_id() -> str:
-    """``<hostname>-<pid>``: unique among live processes of one database, and a restarted
-    process is a new replica (it waits for its predecessor's lease to expire)."""
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class DaemonLease:

@@ -16,10 +16,10 @@ import sys
 import time
 from typing import Any
 
+from geodebot.app.store import opened_store
 from geodebot.chat.deadletters import DeadLetters
 from geodebot.config.schema import Config
-from geodebot.store.records import DeadLetter, InboxRow, OutboxRow, StoreError
-from geodebot.store.sqlite import SQLiteStore
+from geodebot.store.records import DeadLetter, InboxRow, OutboxRow
 
 __all__ = ["add_deadletters_parser", "deadletters_command"]
 
@@ -49,10 +49,7 @@ def add_deadletters_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 async def deadletters_command(config: Config, args: argparse.Namespace) -> int:
-    path = config.db_path
-    if not path.exists():
-        raise StoreError(f"no geodebot state at {path} (has the daemon run with this config?)")
-    async with SQLiteStore(path) as store:
+    async with opened_store(config) as store:
         letters = DeadLetters(store)
         if args.action == "list":
             return _list(

@@ -22,11 +22,13 @@ from typing import Any
 from geodebot import __version__
 from geodebot.app.build import build_app, build_redactor
 from geodebot.app.daemon import serve
+from geodebot.app.store import opened_store
 from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.cli.check import format_rows, run_checks
 from geodebot.cli.deadletters import add_deadletters_parser, deadletters_command
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
+from geodebot.cli.store import add_store_parser, store_command
 from geodebot.cli.usage import add_usage_parser, usage_command
 from geodebot.config.schema import Config, ConfigError, config_path, load_config, secret_names
 from geodebot.engine.loop import new_id
@@ -37,7 +39,6 @@ from geodebot.logs.redact import Redactor
 from geodebot.logs.setup import setup_logging
 from geodebot.ops.systemd_unit import CREDENTIALS_DIR, DEFAULT_UNIT_PATH, layout_problems, unit_for
 from geodebot.store.records import StoreError
-from geodebot.store.sqlite import SQLiteStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -102,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     add_relay_parser(sub, common)
     add_deadletters_parser(sub, common)
     add_usage_parser(sub, common)
+    add_store_parser(sub, common)
 
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
     timeline.add_argument("id")
@@ -164,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "relay": relay_command,
         "deadletters": deadletters_command,
         "usage": usage_command,
+        "store": store_command,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))
@@ -218,6 +221,7 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"geodebot pid {answer['pid']}, up {answer['uptime_s']:.0f} s, "
         f"{'ready' if answer['ready'] else 'starting: not every channel connected'}"
     )
+    print(f"replica {answer.get('replica_id', '?')}, store {_store_line(answer.get('store'))}")
     for name, channel in answer["channels"].items():
         state = "connected" if channel["connected"] else f"down ({channel['detail']})"
         print(f"  {name}: {state}")
@@ -263,6 +267,14 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
     for job in answer.get("jobs", []):
         print(f"job {job['id']}: next {job['next']}; last {job['last']}")
     return EXIT_OK
+
+
+def _store_line(store: dict[str, Any] | None) -> str:
+    if not store:
+        return "?"
+    if store.get("kind") == "sqlite":
+        return f"sqlite {store.get('path')}"
+    return f"{store.get('kind')} {store.get('host')}:{store.get('port')}/{store.get('dbname')}"
 
 
 def _desktop_agent(args: argparse.Namespace) -> int:
@@ -369,22 +381,12 @@ def _read_line(prompt: str) -> str | None:
         return None
 
 
-async def _open_store(config: Config, *, create: bool = False) -> SQLiteStore:
-    path = config.db_path
-    if not create and not path.exists():
-        raise StoreError(f"no geodebot state at {path} (has the daemon run with this config?)")
-    store = SQLiteStore(path)
-    await store.open()
-    return store
-
-
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
 async def _sessions(config: Config, args: argparse.Namespace) -> int:
-    store = await _open_store(config)
-    try:
+    async with opened_store(config) as store:
         if args.action == "list":
             rows = await store.list_sessions()
             print(f"{'SESSION':<32} {'MODE':<9} {'GEN':>3} {'TURNS':>5}  UPDATED")
@@ -415,16 +417,11 @@ async def _sessions(config: Config, args: argparse.Namespace) -> int:
         }
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return EXIT_OK
-    finally:
-        await store.close()
 
 
 async def _timeline(config: Config, args: argparse.Namespace) -> int:
-    store = await _open_store(config)
-    try:
+    async with opened_store(config) as store:
         events = await store.timeline(args.id, limit=args.limit)
-    finally:
-        await store.close()
     for e in events:
         if args.json:
             row = {"id": e.id, "ts": e.ts, "turn": e.turn_id, "kind": e.kind, "data": e.data}
@@ -447,8 +444,7 @@ def _duration(text: str) -> float:
 
 
 async def _operator(config: Config, args: argparse.Namespace) -> int:
-    store = await _open_store(config, create=True)
-    try:
+    async with opened_store(config, create=True) as store:
         if args.state == "status":
             switch = await store.get_switch(COMPUTER_USE_SWITCH)
         else:
@@ -460,8 +456,6 @@ async def _operator(config: Config, args: argparse.Namespace) -> int:
                 expires_at=expires,
                 reason=args.reason,
             )
-    finally:
-        await store.close()
     if switch is None or not switch.active(time.time()):
         state = "off"
     else:
@@ -475,8 +469,7 @@ async def _operator(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _receipts(config: Config, args: argparse.Namespace) -> int:
-    store = await _open_store(config)
-    try:
+    async with opened_store(config) as store:
         if args.action == "resolve":
             receipt = await store.resolve_receipt(args.id, args.resolution, by=getpass.getuser())
             print(f"receipt {receipt.id} resolved as {receipt.resolution}")
@@ -487,8 +480,6 @@ async def _receipts(config: Config, args: argparse.Namespace) -> int:
             unresolved_only=args.uncertain,
             limit=args.limit,
         )
-    finally:
-        await store.close()
     print(f"{'RECEIPT':<20} {'STATUS':<10} {'RESOLVED':<8} {'TOOL':<20} {'SESSION':<24} ADMITTED")
     for r in rows:
         print(

@@ -12,10 +12,10 @@ import json
 import time
 from typing import Any
 
+from geodebot.app.store import opened_store
 from geodebot.config.schema import Config
 from geodebot.relay.contracts import schemas
 from geodebot.store.records import RelayDelivery, StoreError
-from geodebot.store.sqlite import SQLiteStore
 
 __all__ = ["add_relay_parser", "print_schema", "relay_command"]
 
@@ -40,10 +40,7 @@ def print_schema() -> int:
 
 
 async def relay_command(config: Config, args: argparse.Namespace) -> int:
-    path = config.db_path
-    if not path.exists():
-        raise StoreError(f"no geodebot state at {path} (has the daemon run with this config?)")
-    async with SQLiteStore(path) as store:
+    async with opened_store(config) as store:
         if args.action == "show":
             found = await store.relay_get(args.id)
             if found is None:

@@ -13,9 +13,9 @@ import dataclasses
 import json
 from typing import Any
 
+from geodebot.app.store import opened_store
 from geodebot.config.schema import Config
-from geodebot.store.records import StoreError, UsageRow
-from geodebot.store.sqlite import SQLiteStore
+from geodebot.store.records import UsageRow
 
 __all__ = ["add_usage_parser", "usage_command"]
 
@@ -34,10 +34,7 @@ def add_usage_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 async def usage_command(config: Config, args: argparse.Namespace) -> int:
-    path = config.db_path
-    if not path.exists():
-        raise StoreError(f"no geodebot state at {path} (has the daemon run with this config?)")
-    async with SQLiteStore(path) as store:
+    async with opened_store(config) as store:
         rows = await store.usage_report(by=args.by or "all", since_day=args.since)
     if args.json:
         for row in rows:

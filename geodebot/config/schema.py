@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import tomli as tomllib
 from pydantic import (
@@ -75,6 +76,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_REPLICA_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
 class DaemonConfig(_Strict):
     state_dir: Path = Path("./var")
     # Default timezone of scheduled jobs.
@@ -106,6 +110,17 @@ class DaemonConfig(_Strict):
     # there): "https://ops.example.com". Forms must then come from that origin rather than
     # from the plain-http one the proxy calls, and cookies are marked Secure.
     console_url: str | None = None
+    # This process's name among the replicas sharing a [store] url: in geodebot status, and
+    # what its work is recorded under. Absent: "<hostname>-<pid>", made when the daemon
+    # starts (so two processes started from one file differ).
+    replica_id: str | None = None
+
+    @field_validator("replica_id")
+    @classmethod
+    def _replica_id(cls, value: str | None) -> str | None:
+        if value is not None and not _REPLICA_ID.fullmatch(value):
+            raise ValueError("must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'")
+        return value
 
     @field_validator("console_url")
     @classmethod
@@ -142,6 +157,52 @@ class DaemonConfig(_Strict):
     @classmethod
     def _timezone(cls, value: str) -> str:
         return check_timezone(value)
+
+
+class StoreConfig(_Strict):
+    """Where the durable state lives: SQLite in the state directory (the default, one process),
+    or a PostgreSQL database several processes share."""
+
+    # postgresql://USER@HOST[:PORT]/DBNAME[?sslmode=...]; absent: SQLite in state_dir.
+    url: str | None = None
+    # The environment variable (or systemd credential) holding the database's password; a
+    # password never sits in url, where backups and logs would keep it.
+    password_env: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        # The messages never repeat the URL: it may hold the very password they refuse.
+        try:
+            parts = urlsplit(value)
+            port = parts.port
+        except ValueError:
+            raise ValueError(
+                "is not a valid URL: write postgresql://USER@HOST[:PORT]/DBNAME"
+            ) from None
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError(
+                "must be a postgresql:// (or postgres://) URL, e.g. "
+                "postgresql://geodebot@db.internal/geodebot"
+            )
+        in_query = any(key == "password" for key, _ in parse_qsl(parts.query))
+        if parts.password is not None or in_query:
+            raise ValueError(
+                "must not hold a password (a config file ends up in backups and logs): put "
+                "the password in an environment variable or systemd credential and name it "
+                "in store.password_env"
+            )
+        if port is not None and not 0 < port < 65536:
+            raise ValueError("has a port outside 1..65535")
+        return value
+
+    @model_validator(mode="after")
+    def _password_needs_url(self) -> StoreConfig:
+        if self.password_env is not None and self.url is None:
+            raise ValueError("password_env needs url (SQLite has no password)")
+        return self
 
 
 _Price = Annotated[float, Field(ge=0, le=10_000)]
@@ -488,6 +549,7 @@ class Config(_Strict):
     bindings: tuple[BindingConfig, ...] = ()
     jobs: tuple[JobConfig, ...] = ()
     relay: RelayConfig = RelayConfig()
+    store: StoreConfig = StoreConfig()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 
@@ -508,6 +570,7 @@ class Config(_Strict):
     # The files the daemon keeps in its state directory.
     @property
     def db_path(self) -> Path:
+        """The SQLite store's file (unused when [store] url names a PostgreSQL database)."""
         return self.state_dir / DB_FILE
 
     @property
@@ -658,6 +721,8 @@ def secret_names(config: Config) -> Iterable[str]:
         yield config.daemon.http_token_env
     for fb in config.model.fallbacks:
         yield fb.key_env
+    if config.store.password_env:
+        yield config.store.password_env
     yield from channel_secret_names(config)
 
 

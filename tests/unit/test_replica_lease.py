@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from geodebot.app.replica import LEASE_NAME, STANDBY_MARK, DaemonLease, default_replica_id
+from geodebot.app.replica import LEASE_NAME, STANDBY_MARK, DaemonLease
 from geodebot.store.protocol import Store
 from geodebot.store.records import Fenced, Lease
 from tests.support.postgres import Place
@@ -104,10 +104,3 @@ async def test_a_holder_paused_past_its_deadline_knows_before_it_acts(
     assert first.valid()
     now[0] += 2.0  # the process did not run for a while: its deadline passed meanwhile
     assert not first.valid()
-
-
-def test_the_default_replica_id_names_the_host_and_process() -> None:
-    import os
-    import socket
-
-    assert default_replica_id() == f"{socket.gethostname()}-{os.getpid()}"

@@ -8,12 +8,13 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from geodebot.app.build import App, build_app
+from geodebot.app.replica import DaemonLease
 from geodebot.app.store import store_facts, store_place
 from geodebot.channels.base import Channel, Destination
 from geodebot.channels.factory import ChannelSupervisor, build_channels
@@ -38,7 +39,7 @@ from geodebot.scheduler.fire_runner import ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow, OutboxRow
+from geodebot.store.records import InboxRow, Lease, OutboxRow
 
 if TYPE_CHECKING:
     from geodebot.ops.console.live import LiveFeed
@@ -71,13 +72,18 @@ async def _sweep_receipts(store: Store) -> None:
         )
 
 
-async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None:
-    """Run until SIGTERM or SIGINT.
+async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str | None:
+    """Run until SIGTERM or SIGINT; or, with a shared store, until this replica loses the
+    daemon's lease, which it returns the reason of (the process then exits non-zero).
 
     Every part that owns I/O is entered on one stack in the order it depends on the others,
     so leaving unwinds it backwards: the IPC socket closes, no new job fires and running
     turns (jobs and chats alike) get ``shutdown_grace_s`` once, their replies go out, and only
     then do the platform connections, the model clients and the store close.
+
+    With ``[store] url`` several replicas may share the database: one serves at a time, under
+    the daemon's lease (app/replica.py). The others stand by, announced to systemd as ready
+    with a status that says so, and take over when the serving one stops.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -86,6 +92,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
     grace = config.daemon.shutdown_grace_s
     notifier = notifier or SystemdNotifier()
     status = _Status()
+    lost: list[str] = []
     try:
         async with AsyncExitStack() as stack:
             stack.enter_context(closing(notifier))
@@ -98,8 +105,19 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
             if metrics is not None:
                 metrics.known_tools = _known_tools(config, app)
             store = app.services.store
+            lease = await _serving(config, app, stack, stop, notifier, lost)
+            if stop.is_set():
+                return None
             await _sweep_receipts(store)
-            daemon = await _enter_daemon(config, app, stack, metrics, Grace(grace), live)
+            daemon = await _enter_daemon(
+                config,
+                app,
+                stack,
+                metrics,
+                Grace(grace),
+                live,
+                may_send=lease.valid if lease is not None else None,
+            )
             status.daemon = daemon
             ipc = ipc_handler(app, _status_report(app, daemon))
             await stack.enter_async_context(ipc)
@@ -119,6 +137,49 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> None
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+    return lost[0] if lost else None
+
+
+async def _serving(
+    config: Config,
+    app: App,
+    stack: AsyncExitStack,
+    stop: asyncio.Event,
+    notifier: SystemdNotifier,
+    lost: list[str],
+) -> DaemonLease | None:
+    """With a shared store, wait until this replica holds the daemon's lease (or ``stop``),
+    then hold it on ``stack``; its loss stops the daemon. None on SQLite, which one process
+    uses at a time."""
+    if config.store.url is None:
+        return None
+
+    def on_lost(why: str) -> None:
+        lost.append(why)
+        stop.set()
+
+    def standing_by(current: Lease) -> None:
+        # Started as far as systemd is concerned: a standby is what this unit is for now.
+        notifier.ready(f"standby: replica {current.holder} serves (epoch {current.epoch})")
+
+    lease = DaemonLease(
+        app.services.store, app.replica_id, ttl_s=config.store.lease_ttl_s, on_lost=on_lost
+    )
+    waiting = asyncio.ensure_future(lease.acquire(standing_by))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not waiting.done():
+            waiting.cancel()
+        await asyncio.gather(waiting, stopped, return_exceptions=True)
+    if waiting.cancelled():
+        return None  # stopped while standing by
+    waiting.result()
+    # Held, even if a stop came at the same time: leaving the stack lets it go at once.
+    await stack.enter_async_context(lease)
+    return lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +200,8 @@ async def _enter_daemon(
     metrics: EngineMetrics | None,
     turns_grace: Grace,
     live: LiveFeed | None = None,
+    *,
+    may_send: Callable[[], bool] | None = None,
 ) -> _Daemon:
     """Build the chat and job paths and enter them on ``stack``, connections first (so they
     close last), then the outbox, the router and the scheduler."""
@@ -162,6 +225,7 @@ async def _enter_daemon(
             if live is None
             else lambda row: live.publish("deadletters", session=row.session_id)
         ),
+        may_send=may_send,
     )
     approvals = ChatApprovals(
         store,

@@ -30,7 +30,7 @@ from geodebot.channels.base import (
 from geodebot.engine.lanes import Grace
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
-from geodebot.store.records import OutboxRow, OutboxRowFinished, StoreError
+from geodebot.store.records import Fenced, OutboxRow, OutboxRowFinished, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,12 @@ class OutboxSender:
         grace: Grace | None = None,
         files: FileStore | None = None,
         on_finished: OnFinished | None = None,
+        may_send: Callable[[], bool] | None = None,
     ) -> None:
         self._store = store
+        # False once this replica may have lost its lease (app/replica.py): a part committed
+        # before is left for the replica that holds it now, never sent by both.
+        self._may_send = may_send
         # Whoever shows what became of replies (the console's open pages); it must return at
         # once and not raise.
         self._on_finished = on_finished
@@ -348,6 +352,8 @@ class OutboxSender:
             if not begun:
                 row = await self._store.outbox_begin_part(row.id, part.index)
             begun = False  # a retry begins the part again, as any send does
+            if self._may_send is not None and not self._may_send():
+                raise Fenced(f"outbox {row.id}: not sent: this replica no longer holds its lease")
             try:
                 sent = await channel.send(part)
             except SendUnknown as exc:

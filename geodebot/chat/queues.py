@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+log = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
 
@@ -85,10 +88,15 @@ class SessionQueues(Generic[Item]):
         workers = [queue.worker for queue in self._queues.values() if queue.worker is not None]
         if not workers:
             return
-        _, pending = await asyncio.wait(workers, timeout=grace_s)
+        done, pending = await asyncio.wait(workers, timeout=grace_s)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            # A failure that could not be recorded while closing (the store refusing writes):
+            # the item stays unfinished in the store, for the next start.
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.warning("a session's queue stopped on: %s", error)
 
     async def _drain(self, session_id: str, queue: SessionQueue[Item]) -> None:
         try:

@@ -331,7 +331,11 @@ def _install_service(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _serve(config: Config, args: argparse.Namespace) -> int:
-    await serve(config)
+    lost = await serve(config)
+    if lost is not None:
+        # Not a clean stop: systemd (Restart=on-failure) starts it again, as a standby.
+        print(f"geodebot: stopped serving: the daemon's lease was lost: {lost}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

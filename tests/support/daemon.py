@@ -27,9 +27,13 @@ class DaemonProcess:
         self.log: list[str] = []
         self._reader: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._mark = READY_MARK
 
-    async def start(self, timeout_s: float = 60.0) -> DaemonProcess:
+    async def start(self, timeout_s: float = 60.0, *, mark: str = READY_MARK) -> DaemonProcess:
+        """Start it and wait for ``mark`` in its log: by default, that it serves (a replica
+        standing by logs app/replica.py's STANDBY_MARK instead)."""
         self._ready.clear()
+        self._mark = mark
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -53,7 +57,9 @@ class DaemonProcess:
             waiter.cancel()
             exited.cancel()
         if not self._ready.is_set():
-            raise RuntimeError("geodebot serve did not get ready:\n" + "\n".join(self.log[-30:]))
+            raise RuntimeError(
+                f"geodebot serve did not log {mark!r}:\n" + "\n".join(self.log[-30:])
+            )
         return self
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
@@ -61,7 +67,7 @@ class DaemonProcess:
         async for raw in proc.stderr:
             line = raw.decode(errors="replace").rstrip()
             self.log.append(line)
-            if READY_MARK in line:
+            if self._mark in line:
                 self._ready.set()
 
     async def wait_for_line(self, text: str, timeout_s: float = 60.0) -> None:

@@ -1,0 +1,148 @@
+"""Several ``geodebot serve`` replicas on one PostgreSQL database: one serves under the
+daemon's lease, the others stand by; a standby takes over when the serving one is killed or
+paused, and a paused one that comes back commits and sends nothing.
+
+Real processes, python-telegram-bot against the fake Bot API (one token: only the serving
+replica polls it), the anthropic SDK against the fake model. The lease lives 3 s, the
+shortest the config allows, so a takeover comes within a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+import pytest_asyncio
+
+from geodebot.app.replica import STANDBY_MARK
+from tests.support.config import TEST_KEY, TEST_KEY_ENV
+from tests.support.daemon import READY_MARK, DaemonProcess
+from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
+from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.postgres import Cluster
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+CHAT, ALICE = -2001, 4242
+TTL_S = 3
+# A takeover: the lease's time to live, a standby's next look, and the new replica's start.
+TAKEOVER_S = TTL_S + 30
+
+
+@dataclass
+class World:
+    telegram: FakeTelegram
+    llm: FakeLLMServer
+    url: str
+    tmp: Path
+    env: dict[str, str]
+    daemons: dict[str, DaemonProcess] = field(default_factory=dict)
+
+    def config(self, replica: str) -> Path:
+        path = self.tmp / f"{replica}.toml"
+        path.write_text(
+            f'[daemon]\nstate_dir = "{self.tmp / replica}"\nreplica_id = "{replica}"\n'
+            "shutdown_grace_s = 2\n"
+            f'[store]\nurl = "{self.url}"\nlease_ttl_s = {TTL_S}\n'
+            f'[model]\nprovider = "anthropic"\nname = "replica-model"\n'
+            f'base_url = "{self.llm.url}"\napi_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
+            '[channels.telegram]\ntoken_env = "E2E_TELEGRAM_TOKEN"\n'
+            f'api_base_url = "{self.telegram.api_base_url}"\npoll_timeout_s = 1\n'
+            f'[[bindings]]\nplatform = "telegram"\nchannel = "{CHAT}"\nsession = "team"\n'
+            f'allowed_users = ["{ALICE}"]\n'
+        )
+        return path
+
+    async def start(self, replica: str, *, standby: bool = False) -> DaemonProcess:
+        daemon = DaemonProcess(self.config(replica), self.env)
+        self.daemons[replica] = daemon
+        return await daemon.start(mark=STANDBY_MARK if standby else READY_MARK)
+
+    def texts(self) -> list[str]:
+        return [m.text for m in self.telegram.sent[CHAT]]
+
+    def holder(self) -> tuple[str, int]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            row = conn.execute("SELECT holder, epoch FROM leases WHERE name = 'daemon'").fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def world(
+    tmp_path_factory: pytest.TempPathFactory, postgres_cluster: Cluster
+) -> AsyncIterator[World]:
+    tmp = tmp_path_factory.mktemp("replicas")
+    async with FakeTelegram() as telegram, FakeLLMServer() as llm:
+        llm.default = Reply("answered")
+        env = dict(os.environ, E2E_TELEGRAM_TOKEN=telegram.token)
+        env[TEST_KEY_ENV] = TEST_KEY
+        env.pop("GEODEBOT_CONFIG", None)
+        world = World(telegram, llm, postgres_cluster.new_database(migrated=True), tmp, env)
+        try:
+            yield world
+        finally:
+            for daemon in world.daemons.values():
+                if daemon.proc is not None and daemon.proc.returncode is None:
+                    daemon.proc.send_signal(signal.SIGCONT)
+                await daemon.kill()
+
+
+async def test_one_replica_serves_and_a_standby_takes_over_a_killed_one(world: World) -> None:
+    await world.start("alpha")
+    await world.start("beta", standby=True)
+    assert world.holder() == ("alpha", 1)
+    world.telegram.push_message(CHAT, "first", user_id=ALICE)
+    await world.telegram.wait_for_sent(CHAT, 1, timeout=30)
+    # The serving replica is killed while the model works on the next message.
+    world.llm.script(Delay(30, Reply("lost with alpha")))
+    asked = len(world.llm.requests)
+    world.telegram.push_message(CHAT, "second", user_id=ALICE)
+    await world.llm.wait_for_requests(asked + 1)
+    await world.daemons["alpha"].kill()
+    beta = world.daemons["beta"]
+    await beta.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    await world.telegram.wait_for_sent(CHAT, 2, timeout=TAKEOVER_S)
+    assert world.texts() == ["answered", "answered"]
+    assert world.holder() == ("beta", 2)
+    # Nothing more comes: the killed replica's turn is answered once, by beta.
+    await asyncio.sleep(1)
+    assert len(world.texts()) == 2
+
+
+async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
+    world: World,
+) -> None:
+    beta = world.daemons["beta"]
+    await world.start("gamma", standby=True)
+    # beta is paused mid-turn: its model call answers while it is stopped.
+    world.llm.script(Delay(TTL_S * 2, Reply("from the paused replica")))
+    asked = len(world.llm.requests)
+    world.telegram.push_message(CHAT, "third", user_id=ALICE)
+    await world.llm.wait_for_requests(asked + 1)
+    assert beta.proc is not None
+    beta.proc.send_signal(signal.SIGSTOP)
+    gamma = world.daemons["gamma"]
+    await gamma.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    await world.telegram.wait_for_sent(CHAT, 3, timeout=TAKEOVER_S)
+    assert world.holder() == ("gamma", 3)
+    beta.proc.send_signal(signal.SIGCONT)
+    # Back, beta finds its lease gone and stops, with a non-zero exit for systemd.
+    async with asyncio.timeout(30):
+        code = await beta.proc.wait()
+    assert code == 1
+    assert "lost lease 'daemon'" in beta.text()
+    assert "Traceback" not in beta.text()
+    assert "never retrieved" not in beta.text()
+    assert world.texts() == ["answered"] * 3
+    assert "from the paused replica" not in world.texts()
+    with psycopg.connect(world.url, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, COUNT(*) FROM inbox GROUP BY status").fetchall()
+    assert rows == [("done", 3)]
+    assert await world.daemons["gamma"].stop() == 0

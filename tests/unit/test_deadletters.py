@@ -588,13 +588,15 @@ async def test_messages_left_without_a_reply_in_an_older_database_are_found(
         lost = await message(store)
         notify = await message(store)
         unfinished = await message(store)
-    # The database as it was before migration 0012, with rows its code left: a message
-    # finished without a reply, a relayed "notify" message, an answered and an open one.
+    # The database as it was before migration 0012 (and the ones after it), with rows its
+    # code left: a message finished without a reply, a relayed "notify" message, an
+    # answered and an open one.
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.executescript(
+            "DROP TABLE leases; "
             "DROP TABLE deadletter_decisions; DROP INDEX inbox_no_reply; "
             "ALTER TABLE inbox DROP COLUMN no_reply; "
-            "DELETE FROM schema_migrations WHERE version = 12;"
+            "DELETE FROM schema_migrations WHERE version >= 12;"
         )
         db.execute(
             "UPDATE inbox SET status = 'failed', detail = 'internal_error' WHERE id = ?",

@@ -71,7 +71,9 @@ class DaemonLease:
         ``on_standby`` is called each time another holder is found (a new one, or a new
         epoch). A store that cannot be reached is tried again; cancelling stops the wait."""
         seen: tuple[str, int] | None = None
-        pause = self.ttl_s / 3
+        # A look a second at most: one query a second per standby, and a lease let go (a
+        # clean stop of the serving replica) is taken within it.
+        pause = min(1.0, self.ttl_s / 3)
         while True:
             asked = self._clock()
             try:

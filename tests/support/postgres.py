@@ -87,12 +87,13 @@ class Cluster:
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[:2])} failed: {done.stdout}{done.stderr}")
 
-    def start(self) -> None:
+    def start(self, *, durable: bool = False) -> None:
+        """Start the server. Tests need no power-cut safety: without ``durable`` (a benchmark's
+        server, which must pay what a real one does) nothing is synced to disk."""
         self._run("initdb", "-D", str(self.data), "-U", USER, "-A", "trust", "--no-sync")
-        options = (
-            f"-p {{port}} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off"
-        )
+        options = f"-p {{port}} -k {self.root} -c listen_addresses=127.0.0.1"
+        if not durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         for attempt in range(3):  # the free port may be taken before the server binds it
             self.port = free_port()
             try:

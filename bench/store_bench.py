@@ -86,10 +86,11 @@ async def failover(
     """SIGKILL ``serving`` mid-turn; seconds until a standby serves, and until the message the
     killed replica was working on is answered."""
     llm.script(Delay(60, Reply("lost with the killed replica")))
-    asked = len(llm.requests)
+    asked = llm.request_count  # (the fake records no requests here: counted instead)
     want = len(telegram.sent[LATENCY_CHAT]) + 1
     telegram.push_message(LATENCY_CHAT, "during the failover", user_id=4242)
     await llm.wait_for_requests(asked + 1)
+    assert llm.pending == 0  # the killed replica's call has the delay, not the next one
     killed = time.perf_counter()
     await serving.kill()
     waits = [asyncio.ensure_future(d.wait_for_line(READY_MARK, 120)) for d in standbys]

@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,7 +116,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 metrics,
                 Grace(grace),
                 live,
-                may_send=lease.valid if lease is not None else None,
+                lease=lease,
             )
             status.daemon = daemon
             ipc = ipc_handler(app, _status_report(app, daemon))
@@ -191,6 +191,8 @@ class _Daemon:
     approvals: ChatApprovals
     # Replays made here (the console) reach the router and outbox at once.
     deadletters: DeadLetters
+    # The daemon's lease, when replicas share the store.
+    lease: DaemonLease | None = None
 
 
 async def _enter_daemon(
@@ -201,7 +203,7 @@ async def _enter_daemon(
     turns_grace: Grace,
     live: LiveFeed | None = None,
     *,
-    may_send: Callable[[], bool] | None = None,
+    lease: DaemonLease | None = None,
 ) -> _Daemon:
     """Build the chat and job paths and enter them on ``stack``, connections first (so they
     close last), then the outbox, the router and the scheduler."""
@@ -225,7 +227,7 @@ async def _enter_daemon(
             if live is None
             else lambda row: live.publish("deadletters", session=row.session_id)
         ),
-        may_send=may_send,
+        may_send=lease.valid if lease is not None else None,
     )
     approvals = ChatApprovals(
         store,
@@ -275,7 +277,7 @@ async def _enter_daemon(
     supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
     feed = ReplayFeed(store, router.take, outbox.submit)
     deadletters = DeadLetters(store, on_replayed=feed.replayed)
-    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters)
+    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters, lease)
     if metrics is not None:
         # Both are made exactly when [daemon] http is set.
         assert live is not None
@@ -343,6 +345,21 @@ def _known_tools(config: Config, app: App) -> frozenset[str]:
     return frozenset(app.services.tools.registry.names()) | frozenset(listed)
 
 
+def _replica_component(
+    config: Config, app: App, lease: DaemonLease | None
+) -> Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]:
+    """/healthz's ``replica``: this process and its store, and, with replicas, the lease
+    (unhealthy once lost: the replica stops serving)."""
+    replica = {"id": app.replica_id, "store": store_facts(config)}
+
+    async def component() -> tuple[bool, dict[str, Any]]:
+        if lease is None:
+            return True, replica
+        return lease.valid(), {**replica, "lease": lease.figures()}
+
+    return component
+
+
 def _health_server(
     config: Config,
     app: App,
@@ -389,11 +406,6 @@ def _health_server(
     async def unanswered_count() -> int:
         return (await store.inbox_unanswered(alert_s)).count
 
-    replica = {"id": app.replica_id, "store": store_facts(config)}
-
-    async def this_replica() -> tuple[bool, dict[str, Any]]:
-        return True, replica
-
     probe = Probe(
         store,
         daemon.channels,
@@ -404,10 +416,11 @@ def _health_server(
             "computer_use": computer_use,
             "scheduler": jobs,
             "unanswered": unanswered,
-            "replica": this_replica,
+            "replica": _replica_component(config, app, daemon.lease),
         },
         unanswered=unanswered_count,
         live_clients=lambda: live.clients,
+        lease=daemon.lease.figures if daemon.lease is not None else None,
     )
     spend = app.services.spend
     if spend is not None:
@@ -447,6 +460,7 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
         return {
             "pid": os.getpid(),
             **replica,
+            "lease": daemon.lease.figures() if daemon.lease is not None else None,
             "uptime_s": round(now - started, 1),
             "ready": all(event.is_set() for event in supervisor.ready.values()),
             "channels": {

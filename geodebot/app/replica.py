@@ -61,6 +61,21 @@ class DaemonLease:
         """Why the lease was lost, once it was."""
         return self._lost
 
+    def figures(self) -> dict[str, object]:
+        """What status, /healthz and /metrics show of it."""
+        lease = self.lease
+        return {
+            "name": LEASE_NAME,
+            "holder": lease.holder if lease is not None else None,
+            "epoch": lease.epoch if lease is not None else None,
+            "serving": self.valid(),
+            # Changes of holder since the database began: each one a takeover or a handover.
+            "takeovers": lease.epoch - 1 if lease is not None else None,
+            "ttl_s": self.ttl_s,
+            "deadline_in_s": round(self._deadline - self._clock(), 1) if lease else None,
+            "lost": self._lost,
+        }
+
     def valid(self) -> bool:
         """Whether this replica may still act as the lease's holder: held, not lost, and its
         local deadline not passed."""

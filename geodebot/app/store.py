@@ -117,7 +117,15 @@ def make_store(config: Config) -> Store:
         return SQLiteStore(config.db_path)
     from geodebot.store.postgres import PostgresStore
 
-    return PostgresStore(config.store.url, password=_password(config))
+    # A transaction left idle for as long as the daemon's lease lasts belongs to a replica
+    # that stopped in its middle (paused, frozen): the server ends it, so that the row locks
+    # it holds (the lease's own, taken by every write's fencing check) do not keep another
+    # replica from taking over.
+    return PostgresStore(
+        config.store.url,
+        password=_password(config),
+        idle_transaction_timeout_s=config.store.lease_ttl_s,
+    )
 
 
 @asynccontextmanager

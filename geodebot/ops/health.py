@@ -145,6 +145,8 @@ class Probe:
     unanswered: Callable[[], Awaitable[int]] | None = None
     # Streams of live updates open now (the console's /events: one per browser).
     live_clients: Callable[[], int] | None = None
+    # The daemon's lease, when replicas share the store (app/replica.py figures()).
+    lease: Callable[[], Mapping[str, Any]] | None = None
     # name -> (ok, detail) for further components (scheduler, computer use, ...).
     extra: dict[str, Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]] = field(
         default_factory=dict
@@ -209,6 +211,18 @@ class _LiveCollector(Collector):
                 "geodebot_unanswered_messages",
                 "Accepted messages still without a reply after [daemon] unanswered_alert_s.",
                 value=self.unanswered,
+            )
+        if self._probe.lease is not None:
+            lease = self._probe.lease()
+            yield GaugeMetricFamily(
+                "geodebot_replica_serving",
+                "1 while this replica holds the daemon's lease and serves, else 0.",
+                value=1 if lease.get("serving") else 0,
+            )
+            yield CounterMetricFamily(
+                "geodebot_lease_takeovers",
+                "Changes of the daemon lease's holder since the database began (its epoch - 1).",
+                value=lease.get("takeovers") or 0,
             )
         if self._probe.live_clients is not None:
             yield GaugeMetricFamily(

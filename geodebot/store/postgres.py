@@ -219,6 +219,7 @@ class PostgresStore(StoreMethods):
         min_connections: int = 1,
         max_connections: int = 8,
         timeout_s: float = 10.0,
+        idle_transaction_timeout_s: float | None = None,
     ) -> None:
         if not 1 <= min_connections <= max_connections:
             raise ValueError("want 1 <= min_connections <= max_connections")
@@ -226,6 +227,12 @@ class PostgresStore(StoreMethods):
         self._password = password
         self._sizes = (min_connections, max_connections)
         self._timeout_s = timeout_s
+        # The server ends a session that leaves a transaction idle this long (a process paused
+        # in its middle), with its locks; the store's transactions never wait on anything but
+        # the database itself.
+        self._idle_transaction_ms = (
+            None if idle_transaction_timeout_s is None else round(idle_transaction_timeout_s * 1000)
+        )
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._writes: set[asyncio.Task[Any]] = set()
         self._fence: Lease | None = None
@@ -243,6 +250,10 @@ class PostgresStore(StoreMethods):
     # -- lifecycle ------------------------------------------------------------------------
     def _connect_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"autocommit": True, "application_name": "geodebot"}
+        if self._idle_transaction_ms is not None:
+            kwargs["options"] = (
+                f"-c idle_in_transaction_session_timeout={self._idle_transaction_ms}"
+            )
         if self._password is not None:
             kwargs["password"] = self._password
         return kwargs

@@ -10,12 +10,14 @@ shortest the config allows, so a takeover comes within a few seconds.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import psycopg
 import pytest
 import pytest_asyncio
@@ -25,6 +27,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import READY_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.ports import free_port
 from tests.support.postgres import Cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -43,12 +46,23 @@ class World:
     tmp: Path
     env: dict[str, str]
     daemons: dict[str, DaemonProcess] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def http(self, replica: str) -> str:
+        return f"127.0.0.1:{self.ports.setdefault(replica, free_port())}"
+
+    async def get(self, replica: str, path: str) -> tuple[int, str]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://{self.http(replica)}{path}") as response,
+        ):
+            return response.status, await response.text()
 
     def config(self, replica: str) -> Path:
         path = self.tmp / f"{replica}.toml"
         path.write_text(
             f'[daemon]\nstate_dir = "{self.tmp / replica}"\nreplica_id = "{replica}"\n'
-            "shutdown_grace_s = 2\n"
+            f'shutdown_grace_s = 2\nhttp = "{self.http(replica)}"\n'
             f'[store]\nurl = "{self.url}"\nlease_ttl_s = {TTL_S}\n'
             f'[model]\nprovider = "anthropic"\nname = "replica-model"\n'
             f'base_url = "{self.llm.url}"\napi_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
@@ -111,6 +125,13 @@ async def test_one_replica_serves_and_a_standby_takes_over_a_killed_one(world: W
     await world.telegram.wait_for_sent(CHAT, 2, timeout=TAKEOVER_S)
     assert world.texts() == ["answered", "answered"]
     assert world.holder() == ("beta", 2)
+    status, body = await world.get("beta", "/healthz")
+    assert status == 200
+    lease = json.loads(body)["components"]["replica"]["lease"]
+    assert (lease["holder"], lease["epoch"], lease["serving"]) == ("beta", 2, True)
+    _, metrics = await world.get("beta", "/metrics")
+    assert "geodebot_replica_serving 1.0" in metrics
+    assert "geodebot_lease_takeovers_total 1.0" in metrics
     # Nothing more comes: the killed replica's turn is answered once, by beta.
     await asyncio.sleep(1)
     assert len(world.texts()) == 2
@@ -129,7 +150,11 @@ async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
     assert beta.proc is not None
     beta.proc.send_signal(signal.SIGSTOP)
     gamma = world.daemons["gamma"]
-    await gamma.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    try:
+        await gamma.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    except TimeoutError:
+        print("GAMMA", gamma.text()[-5000:])
+        raise
     await world.telegram.wait_for_sent(CHAT, 3, timeout=TAKEOVER_S)
     assert world.holder() == ("gamma", 3)
     beta.proc.send_signal(signal.SIGCONT)

@@ -4,6 +4,7 @@ behaviour is tested on both stores by the other test_store files.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from geodebot.store.postgres import PostgresStore, postgres_ddl, postgres_sql
 from geodebot.store.records import StoreError
+from geodebot.store.rows import Tx
 from tests.support.ports import free_port
 from tests.support.postgres import Cluster, Place
 
@@ -111,3 +113,42 @@ def test_a_daemon_on_sqlite_never_imports_psycopg() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+async def test_a_writer_stopped_inside_its_transaction_does_not_block_a_takeover(
+    postgres_cluster: Cluster,
+) -> None:
+    # A replica paused in the middle of a write holds the lease row's share lock (its
+    # fencing check's). The server ends the transaction it left idle, and the takeover goes
+    # on; resumed, the paused writer commits nothing.
+    url = postgres_cluster.new_database(migrated=True)
+    async with (
+        PostgresStore(url, idle_transaction_timeout_s=0.5) as one,
+        PostgresStore(url) as other,
+    ):
+        mine = await one.lease_acquire("daemon", "web-1", 0.3)
+        one.fence(mine)
+        paused, resumed = asyncio.Event(), asyncio.Event()
+
+        async def stalls(db: Tx) -> None:
+            await db.run(
+                "INSERT INTO sessions (id, mode, created_at, updated_at) "
+                "VALUES ('stalled', 'channel', 0, 0)"
+            )
+            paused.set()
+            await resumed.wait()  # the process does not run: nothing more is sent
+            await db.run("SELECT 1")
+
+        stalled = asyncio.ensure_future(one._write("a write that stalls", stalls))
+        await paused.wait()
+        async with asyncio.timeout(10):  # without the server's timeout: for ever
+            for _ in range(1000):
+                taken = await other.lease_acquire("daemon", "web-2", 60)
+                if taken.holder == "web-2":
+                    break
+                await asyncio.sleep(0.05)
+        assert (taken.holder, taken.epoch) == ("web-2", 2)
+        resumed.set()
+        with pytest.raises(StoreError):
+            await stalled
+        assert await other.get_session("stalled") is None

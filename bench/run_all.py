@@ -72,8 +72,16 @@ BENCHES = [
         ["bench/stream_bench.py", "--quick"],
     ),
     Bench(
+        "store",
+        "The daemon on PostgreSQL (durable defaults) against SQLite: latency, throughput and "
+        "CPU per reply; two replicas standing by; failover after a SIGKILL.",
+        ["bench/store_bench.py"],
+        ["bench/store_bench.py", "--quick"],
+    ),
+    Bench(
         "soak",
-        "20,000 turns: RSS series and slope, open files, threads, asyncio tasks.",
+        "20,000 turns: RSS series and slope (whole, and without the bounded context cache), "
+        "open files, threads, asyncio tasks.",
         ["bench/soak.py"],
         ["bench/soak.py", "--turns", "3000", "--every", "500"],
     ),

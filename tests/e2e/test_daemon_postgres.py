@@ -167,14 +167,18 @@ async def test_status_names_the_replica_and_the_store_without_a_password(world: 
     assert (
         f"replica {REPLICA}, store postgresql 127.0.0.1:{world.db.port}/{world.db.dbname}"
     ) in text.splitlines()
-    # /healthz shows the same two facts beside the store's own component.
+    # /healthz shows the same two facts beside the store's own component, and the daemon's
+    # lease, which this replica holds (a restart with the same id keeps holding it).
     async with (
         aiohttp.ClientSession() as http,
         http.get(f"http://{world.http}/healthz") as response,
     ):
         health = await response.text()
     components = json.loads(health)["components"]
+    lease = components["replica"].pop("lease")
     assert components["replica"] == {"ok": True, "id": REPLICA, "store": answer["store"]}
+    assert (lease["holder"], lease["serving"], lease["lost"]) == (REPLICA, True, None)
+    assert answer["lease"]["holder"] == REPLICA
     assert components["store"]["ok"] is True
     for shown in (out, text, err, health):
         assert world.db.password not in shown

@@ -12,9 +12,8 @@ import contextlib
 import os
 import re
 import socket
-import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, closing
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -28,7 +27,6 @@ __all__ = [
     "make_store",
     "opened_store",
     "replica_id",
-    "schema_version_unopened",
     "store_facts",
     "store_place",
 ]
@@ -162,39 +160,3 @@ def _unreachable(exc: StoreError) -> bool:
     import psycopg
 
     return isinstance(exc.__cause__, psycopg.OperationalError)
-
-
-async def schema_version_unopened(config: Config) -> int | None:
-    """The store's schema version before anything migrates it: 0 when there is no store
-    yet, None when it cannot be read (opening the store then says why)."""
-    if config.store.url is None:
-        path = config.db_path
-        if not path.exists():
-            return 0
-        try:
-            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-                return _first_version(db.execute(_VERSION).fetchone())
-        except sqlite3.OperationalError as exc:
-            return 0 if "no such table" in str(exc) else None
-    import psycopg
-
-    kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 10}
-    password = _password(config)
-    if password is not None:
-        kwargs["password"] = password
-    try:
-        async with await psycopg.AsyncConnection.connect(config.store.url, **kwargs) as conn:
-            cursor = await conn.execute(_VERSION)
-            return _first_version(await cursor.fetchone())
-    except psycopg.errors.UndefinedTable:
-        return 0
-    except psycopg.Error:
-        return None
-
-
-# What both stores keep of the migrations they applied (store/schema.py).
-_VERSION = "SELECT MAX(version) FROM schema_migrations"
-
-
-def _first_version(row: Any) -> int:
-    return int(row[0] or 0) if row is not None else 0

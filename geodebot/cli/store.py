@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geodebot.app.store import opened_store, schema_version_unopened, store_place
+from geodebot.app.store import opened_store, store_place
 from geodebot.config.schema import Config
 from geodebot.store.schema import load_migrations
 
@@ -28,14 +28,11 @@ def add_store_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 async def store_command(config: Config, args: argparse.Namespace) -> int:
-    before = await schema_version_unopened(config)
     async with opened_store(config, create=True) as store:
-        after = await store.schema_version()
+        before, after = store.version_found, await store.schema_version()
     where = store_place(config)
     if before == after:
         print(f"store {where}: schema version {after}; nothing pending")
-    elif before is None:
-        print(f"store {where}: schema version now {after}")
     else:
         applied = sum(1 for version, _, _ in load_migrations() if before < version <= after)
         print(

@@ -236,6 +236,7 @@ class PostgresStore(StoreMethods):
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._writes: set[asyncio.Task[Any]] = set()
         self._fence: Lease | None = None
+        self.version_found = 0
 
     def __repr__(self) -> str:
         return f"PostgresStore({_place(self.url)})"
@@ -318,7 +319,7 @@ class PostgresStore(StoreMethods):
             async with conn.transaction():
                 await _PgTx(conn).exclusive(_MIGRATION_LOCK)
                 await conn.execute(_SCHEMA_MIGRATIONS)
-            current = await _version(conn)
+            current = self.version_found = await _version(conn)
         except psycopg.Error as exc:
             raise StoreError(f"opening store {where} failed: {_reason(exc)}") from exc
         refuse_newer(current, migrations, where)

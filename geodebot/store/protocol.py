@@ -68,6 +68,10 @@ class Store(JobStore, Protocol):
 
     async def schema_version(self) -> int: ...
 
+    version_found: int
+    """The schema version :meth:`open` found, before it applied the pending migrations (0 for
+    a new store): with :meth:`schema_version` after it, what this open migrated."""
+
     # -- leases (leases.py) ------------------------------------------------------------------
     def fence(self, lease: Lease | None) -> None:
         """From now on, refuse every write (:class:`Fenced`) unless ``lease`` is still its

@@ -58,6 +58,7 @@ class SQLiteStore(StoreMethods):
         self._commits: GroupCommit | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._fence: Lease | None = None
+        self.version_found = 0
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -166,7 +167,7 @@ class SQLiteStore(StoreMethods):
 
     async def _migrate(self) -> None:
         migrations = load_migrations()
-        current = await self.schema_version()
+        current = self.version_found = await self.schema_version()
         refuse_newer(current, migrations, repr(str(self.path)))
         for version, name, script in migrations:
             if version <= current:

@@ -89,6 +89,7 @@ async def test_migrations_applied_and_version_reported(place: Place) -> None:
     newest = load_migrations()[-1][0]
     async with place.store() as s:
         assert await s.schema_version() == newest >= 1
+        assert s.version_found == 0
     names = place.names()
     versions = [r[0] for r in place.rows("SELECT version FROM schema_migrations ORDER BY 1")]
     if place.kind == "sqlite":
@@ -103,7 +104,7 @@ async def test_reopen_keeps_version_and_data(place: Place) -> None:
         await s.checkpoint("ops", messages=[msg("a"), msg("b")], state={"turns": 1})
         version = await s.schema_version()
     async with place.store() as s:
-        assert await s.schema_version() == version
+        assert await s.schema_version() == s.version_found == version
         record = await s.get_session("ops")
         assert record is not None
         assert record.state == {"turns": 1}
@@ -126,7 +127,7 @@ async def test_new_migration_applies_on_reopen_and_failed_one_changes_nothing(
         await place.store().open()
     monkeypatch.setattr(place.module, "load_migrations", lambda: [*base, extra])
     async with place.store() as s:
-        assert await s.schema_version() == v + 1
+        assert (s.version_found, await s.schema_version()) == (v, v + 1)
     names = place.names()
     assert "jobs" in names
     assert "half" not in names

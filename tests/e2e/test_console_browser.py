@@ -735,8 +735,8 @@ async def roles(pages: list[Page]) -> list[str | None]:
 
 
 async def until_clients(client: HttpClient, count: int, timeout: float = 40.0) -> None:
-    """Until the daemon has ``count`` live streams (one cut off is noticed at its next
-    keep-alive, within 15 s)."""
+    """Until the daemon has ``count`` live streams (a closed one is noticed within a
+    second)."""
     async with asyncio.timeout(timeout):
         while True:
             if await live_clients(client) == count:

@@ -76,6 +76,24 @@ async def test_a_page_hears_engine_events_it_shows_and_keep_alives_when_idle(
         assert await response.content.readline() == b": keep-alive\n"
 
 
+async def test_a_page_that_went_away_gives_its_place_back_before_any_keep_alive() -> None:
+    # No keep-alive for an hour: only a look at the socket can notice the page is gone.
+    feed = LiveFeed(max_clients=1, keep_alive_s=3600, gone_check_s=0.05)
+    app = web.Application()
+    app.router.add_get("/events", feed.stream)
+    async with TestClient(TestServer(app)) as client:
+        async with client.get("/events") as response:
+            assert await response.content.readline() == b"retry: 3000\n"
+            await until_clients(feed, 1)
+            async with client.get("/events") as refused:
+                assert refused.status == 503
+            response.connection.transport.close()  # the tab is closed
+        await until_clients(feed, 0)
+        async with client.get("/events") as again:
+            assert await again.content.readline() == b"retry: 3000\n"
+            await until_clients(feed, 1)
+
+
 async def test_a_page_that_falls_behind_is_dropped_and_its_queue_does_not_grow(
     feed_client: tuple[LiveFeed, TestClient[web.Request, web.Application]],
 ) -> None:

@@ -20,6 +20,9 @@ from aiohttp import web
 MAX_CLIENTS = 16
 QUEUE_SIZE = 64
 KEEP_ALIVE_S = 15.0
+# How soon a page that went away gives its stream's place back: a closed connection is seen
+# at the next look at the socket, where a write would see it only at the next keep-alive.
+GONE_CHECK_S = 1.0
 
 # Engine events and the console topic each one touches (see static/console.js).
 _ENGINE_TOPICS = {
@@ -42,11 +45,13 @@ class LiveFeed:
         max_clients: int = MAX_CLIENTS,
         queue_size: int = QUEUE_SIZE,
         keep_alive_s: float = KEEP_ALIVE_S,
+        gone_check_s: float = GONE_CHECK_S,
     ) -> None:
         self._clients: set[asyncio.Queue[_Event]] = set()
         self._max_clients = max_clients
         self._queue_size = queue_size
         self._keep_alive_s = keep_alive_s
+        self._gone_check_s = min(gone_check_s, keep_alive_s)
         self._closed = False
         self.dropped = 0
 
@@ -109,12 +114,21 @@ class LiveFeed:
         self._clients.add(queue)
         try:
             await response.write(b"retry: 3000\n\n")
+            loop = asyncio.get_running_loop()
+            quiet_since = loop.time()
             while True:
                 try:
-                    message = await asyncio.wait_for(queue.get(), self._keep_alive_s)
+                    message = await asyncio.wait_for(queue.get(), self._gone_check_s)
                 except TimeoutError:
-                    await response.write(b": keep-alive\n\n")
+                    transport = request.transport
+                    if transport is None or transport.is_closing():
+                        break
+                    if loop.time() - quiet_since >= self._keep_alive_s:
+                        # Proxies close a connection that says nothing for long.
+                        await response.write(b": keep-alive\n\n")
+                        quiet_since = loop.time()
                     continue
+                quiet_since = loop.time()
                 if message is None:
                     break
                 topic, data = message

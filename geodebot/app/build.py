@@ -14,10 +14,11 @@ from contextlib import AsyncExitStack, aclosing, closing
 from dataclasses import dataclass
 from typing import Any
 
+from geodebot.app.secrets import build_redactor
 from geodebot.app.store import make_store, replica_id
 from geodebot.chat.bindings import BindingIndex, binding_key
 from geodebot.chat.send_file import send_file_spec
-from geodebot.config.schema import Config, ConfigError, ModelEndpoint, resolve_secret, secret_names
+from geodebot.config.schema import Config, ConfigError, ModelEndpoint, resolve_secret
 from geodebot.engine.attachments import FileView
 from geodebot.engine.context_cache import ContextCache
 from geodebot.engine.hooks import HookRegistry, hooks_from_config, hooks_from_entry_points
@@ -46,7 +47,6 @@ from geodebot.engine.tools.catalog import ToolCatalog, ToolSource
 from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
-from geodebot.logs.redact import Redactor
 from geodebot.relay.tools import ThreadRelay
 from geodebot.scheduler.chat_tools import JobTools
 from geodebot.scheduler.definitions import check_jobs
@@ -55,13 +55,6 @@ from geodebot.store.files import FileStore
 log = logging.getLogger(__name__)
 
 MCP_PREFIX = "mcp__"
-
-
-def build_redactor(config: Config) -> Redactor:
-    redactor = Redactor()
-    for name in secret_names(config):
-        redactor.add(resolve_secret(name))
-    return redactor
 
 
 def load_system_prompt(config: Config) -> str:

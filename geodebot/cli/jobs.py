@@ -20,7 +20,6 @@ from geodebot.chat.bindings import BindingIndex
 from geodebot.config.jobs import JobConfig
 from geodebot.config.schema import Config, ConfigError
 from geodebot.engine.modes import Mode
-from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
 from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.scheduler.chat_tools import JOB_TOOL_NAMES
 from geodebot.scheduler.definitions import (
@@ -158,6 +157,9 @@ def _add_problems(config: Config, index: BindingIndex, args: argparse.Namespace)
         to_label="--deliver-to",
         binding_label="--deliver-binding",
     )
+    # Here, not at the top: the built-in tools bring aiohttp, which only `jobs add` needs.
+    from geodebot.engine.tools.builtin import BuiltinSettings, builtin_tools
+
     known = [spec.name for spec in builtin_tools(BuiltinSettings(config.workspace))]
     problems += [
         f"--tool {p}" for p in allowlist_problems(Mode.DAEMON, job.tools, [*known, *JOB_TOOL_NAMES])

@@ -20,21 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from geodebot import __version__
-from geodebot.app.build import build_app, build_redactor
-from geodebot.app.daemon import serve
+from geodebot.app.secrets import build_redactor
 from geodebot.app.store import opened_store
 from geodebot.channels.ipc import IPCClient, IPCError
-from geodebot.cli.check import format_rows, run_checks
 from geodebot.cli.deadletters import add_deadletters_parser, deadletters_command
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
 from geodebot.cli.store import add_store_parser, store_command
 from geodebot.cli.usage import add_usage_parser, usage_command
 from geodebot.config.schema import Config, ConfigError, config_path, load_config, secret_names
-from geodebot.engine.loop import new_id
-from geodebot.engine.mcp.trust import TrustStore
-from geodebot.engine.modes import Mode
-from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec
 from geodebot.logs.redact import Redactor
 from geodebot.logs.setup import setup_logging
 from geodebot.ops.systemd_unit import CREDENTIALS_DIR, DEFAULT_UNIT_PATH, layout_problems, unit_for
@@ -187,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(config: Config, args: argparse.Namespace) -> int:
+    from geodebot.app.build import build_app
+    from geodebot.engine.loop import new_id
+    from geodebot.engine.modes import Mode
+    from geodebot.engine.session import SessionSpec
+
     async with AsyncExitStack() as stack:
         app = await build_app(config, stack)
         spec = SessionSpec(
@@ -204,6 +203,8 @@ async def _run(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _check(config: Config, args: argparse.Namespace) -> int:
+    from geodebot.cli.check import format_rows, run_checks
+
     rows = await run_checks(config)
     print(format_rows(rows))
     return EXIT_OK if all(row.ok for row in rows) else EXIT_FAILED
@@ -331,6 +332,8 @@ def _install_service(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _serve(config: Config, args: argparse.Namespace) -> int:
+    from geodebot.app.daemon import serve
+
     lost = await serve(config)
     if lost is not None:
         # Not a clean stop: systemd (Restart=on-failure) starts it again, as a standby.
@@ -448,6 +451,8 @@ def _duration(text: str) -> float:
 
 
 async def _operator(config: Config, args: argparse.Namespace) -> int:
+    from geodebot.engine.session import COMPUTER_USE_SWITCH
+
     async with opened_store(config, create=True) as store:
         if args.state == "status":
             switch = await store.get_switch(COMPUTER_USE_SWITCH)
@@ -494,6 +499,8 @@ async def _receipts(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _config(config: Config, args: argparse.Namespace) -> int:
+    from geodebot.engine.mcp.trust import TrustStore
+
     trust = TrustStore(config.trust_path)
     entry = trust.trust(Path(args.path), by=getpass.getuser())
     print(f"trusted {entry.path} (sha256 {entry.sha256[:16]}…); re-run after every change")

@@ -21,7 +21,8 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import BeforeValidator, Field
 
 from geodebot import __version__
-from geodebot.app.build import App, build_app, build_redactor
+from geodebot.app.build import App, build_app
+from geodebot.app.secrets import build_redactor
 from geodebot.config.schema import BudgetConfig, Config
 from geodebot.engine.loop import new_id
 from geodebot.engine.modes import Mode

@@ -175,6 +175,7 @@ async def _serving(
             waiting.cancel()
         await asyncio.gather(waiting, stopped, return_exceptions=True)
     if waiting.cancelled():
+        await lease.leave()
         return None  # stopped while standing by
     waiting.result()
     # Held, even if a stop came at the same time: leaving the stack lets it go at once.
@@ -355,7 +356,7 @@ def _replica_component(
     async def component() -> tuple[bool, dict[str, Any]]:
         if lease is None:
             return True, replica
-        return lease.valid(), {**replica, "lease": lease.figures()}
+        return lease.valid(), {**replica, "lease": lease.figures(), "peers": await lease.peers()}
 
     return component
 
@@ -461,6 +462,7 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
             "pid": os.getpid(),
             **replica,
             "lease": daemon.lease.figures() if daemon.lease is not None else None,
+            "peers": await daemon.lease.peers() if daemon.lease is not None else None,
             "uptime_s": round(now - started, 1),
             "ready": all(event.is_set() for event in supervisor.ready.values()),
             "channels": {

@@ -7,6 +7,9 @@ local monotonic clock (the time to live from just before its last successful ren
 it, the replica cannot know whether another one took over, so :meth:`DaemonLease.valid` turns
 false and the lease counts as lost. A process paused past its deadline (SIGSTOP, a frozen
 VM) finds that out the moment it runs again, before it sends anything on a platform.
+
+Serving or standing by, a replica also says it is there every third of the time to live
+(store/replicas.py) and removes itself when it stops: status pages list its peers from that.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
 from geodebot.store.protocol import Store
-from geodebot.store.records import Lease, StoreError
+from geodebot.store.records import Lease, ReplicaRecord, StoreError
 
 __all__ = ["LEASE_NAME", "STANDBY_MARK", "TAKEN_MARK", "DaemonLease"]
 
@@ -31,6 +36,7 @@ LEASE_NAME = "daemon"
 # these).
 STANDBY_MARK = "replica: standing by"
 TAKEN_MARK = "replica: serving"
+SERVING, STANDBY = "serving", "standby"
 
 
 class DaemonLease:
@@ -55,6 +61,10 @@ class DaemonLease:
         self._deadline = 0.0
         self._lost: str | None = None
         self._renewing: asyncio.Task[None] | None = None
+        self._host = socket.gethostname()
+        self._pid = os.getpid()
+        # When this replica last said it was there, on the local clock, and as what.
+        self._seen: tuple[float, str] | None = None
 
     @property
     def lost(self) -> str | None:
@@ -99,6 +109,7 @@ class DaemonLease:
                 continue
             if lease.holder == self.replica_id:
                 self._hold(lease, asked)
+                await self._say(SERVING)
                 log.info(
                     "%s: replica %s holds lease %r (epoch %d)",
                     TAKEN_MARK,
@@ -120,6 +131,7 @@ class DaemonLease:
                 )
                 if on_standby is not None:
                     on_standby(lease)
+            await self._say(STANDBY)
             # Just after it would expire if its holder stopped renewing, but never longer than
             # a renewal period: a holder that lets it go is followed soon.
             await asyncio.sleep(min(pause, max(0.05, lease.remaining_s + 0.05)))
@@ -153,6 +165,54 @@ class DaemonLease:
                 await self._store.lease_release(lease)
             except StoreError as error:
                 log.warning("replica %s: cannot release the lease: %s", self.replica_id, error)
+        await self.leave()
+
+    async def leave(self) -> None:
+        """This replica stops: it is no one's peer any more."""
+        try:
+            await self._store.replica_gone(self.replica_id)
+        except StoreError as error:
+            log.warning(
+                "replica %s: cannot remove itself from the replicas: %s", self.replica_id, error
+            )
+
+    async def peers(self) -> list[dict[str, object]]:
+        """The other replicas of the database, as each last said it was there."""
+        rows: list[ReplicaRecord] = await self._store.replicas()
+        return [
+            {
+                "id": row.replica_id,
+                "role": row.role,
+                "host": row.host,
+                "pid": row.pid,
+                "seen_s_ago": round(row.seen_s_ago, 1),
+                # Each says it is there every third of the time to live.
+                "silent": row.seen_s_ago > self.ttl_s,
+                "up_s": round(row.read_at - row.started_at, 1),
+            }
+            for row in rows
+            if row.replica_id != self.replica_id
+        ]
+
+    async def _say(self, role: str) -> None:
+        """Tell the database this replica is there, as ``role``: at once when the role
+        changes, else at most every quarter of the time to live (so at every renewal, which
+        come a third apart)."""
+        now = self._clock()
+        if (
+            self._seen is not None
+            and self._seen[1] == role
+            and now - self._seen[0] < self.ttl_s / 4
+        ):
+            return
+        try:
+            await self._store.replica_seen(
+                self.replica_id, role=role, host=self._host, pid=self._pid
+            )
+        except StoreError as error:
+            log.warning("replica %s: cannot say it is there: %s", self.replica_id, error)
+            return
+        self._seen = (now, role)
 
     async def _renew(self) -> None:
         period = self.ttl_s / 3
@@ -177,6 +237,7 @@ class DaemonLease:
                 return
             self.lease = renewed
             self._deadline = asked + self.ttl_s
+            await self._say(SERVING)
 
     def _lose(self, why: str) -> None:
         self._lost = why

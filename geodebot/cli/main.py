@@ -223,6 +223,8 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"{'ready' if answer['ready'] else 'starting: not every channel connected'}"
     )
     print(f"replica {answer.get('replica_id', '?')}, store {_store_line(answer.get('store'))}")
+    for line in _replica_lines(answer.get("lease"), answer.get("peers")):
+        print(line)
     for name, channel in answer["channels"].items():
         state = "connected" if channel["connected"] else f"down ({channel['detail']})"
         print(f"  {name}: {state}")
@@ -268,6 +270,24 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
     for job in answer.get("jobs", []):
         print(f"job {job['id']}: next {job['next']}; last {job['last']}")
     return EXIT_OK
+
+
+def _replica_lines(lease: dict[str, Any] | None, peers: list[dict[str, Any]] | None) -> list[str]:
+    """The daemon's lease and the other replicas, when replicas share the store."""
+    if lease is None:
+        return []
+    lines = [
+        f"lease {lease['name']}: {'serving' if lease['serving'] else 'NOT serving'}, "
+        f"epoch {lease['epoch']}, {lease['takeovers']} takeover(s) so far"
+    ]
+    for peer in peers or []:
+        heard = f"seen {peer['seen_s_ago']:g} s ago" + (" (silent)" if peer["silent"] else "")
+        lines.append(
+            f"  peer {peer['id']}: {peer['role']} on {peer['host']} (pid {peer['pid']}), {heard}"
+        )
+    if not peers:
+        lines.append("  no other replica")
+    return lines
 
 
 def _store_line(store: dict[str, Any] | None) -> str:

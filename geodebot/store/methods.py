@@ -10,6 +10,7 @@ from geodebot.store.fires import JobsAndFires
 from geodebot.store.leases import Leases
 from geodebot.store.receipts import ReceiptsAndSwitches
 from geodebot.store.relay import Relay
+from geodebot.store.replicas import Replicas
 from geodebot.store.sessions import SessionsAndHistory
 from geodebot.store.spend import Spend
 
@@ -25,6 +26,7 @@ class StoreMethods(
     JobsAndFires,
     Leases,
     Relay,
+    Replicas,
     Spend,
 ):
     """The methods; a store adds its lifecycle (open, close, schema_version) and plumbing."""

@@ -48,6 +48,7 @@ from geodebot.store.records import (
     RelayDelivery,
     RelayedMessage,
     RelayRead,
+    ReplicaRecord,
     Resolution,
     SessionRecord,
     SpendCharge,
@@ -90,6 +91,15 @@ class Store(JobStore, Protocol):
     async def lease(self, name: str) -> Lease | None: ...
 
     async def leases(self) -> list[Lease]: ...
+
+    # -- replicas (replicas.py) --------------------------------------------------------------
+    async def replica_seen(self, replica_id: str, *, role: str, host: str, pid: int) -> None:
+        """Record that ``replica_id`` is there now, in ``role`` (serving, standby)."""
+
+    async def replica_gone(self, replica_id: str) -> None: ...
+
+    async def replicas(self) -> list[ReplicaRecord]:
+        """Every replica heard of in the last hour, with how long ago."""
 
     # -- sessions -------------------------------------------------------------------------
     async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:

@@ -681,3 +681,23 @@ class Lease:
     def remaining_s(self) -> float:
         """How long the lease had left when it was read (negative: expired)."""
         return self.expires_at - self.read_at
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """A replica as it last said it was there (see store/replicas.py). Times are the
+    database's clock."""
+
+    replica_id: str
+    # "serving" or "standby"
+    role: str
+    host: str
+    pid: int
+    started_at: float
+    seen_at: float
+    # The database's clock when this copy was read.
+    read_at: float
+
+    @property
+    def seen_s_ago(self) -> float:
+        return max(0.0, self.read_at - self.seen_at)

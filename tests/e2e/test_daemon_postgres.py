@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,17 @@ async def test_status_names_the_replica_and_the_store_without_a_password(world: 
     assert (
         f"replica {REPLICA}, store postgresql 127.0.0.1:{world.db.port}/{world.db.dbname}"
     ) in text.splitlines()
+    lines = text.splitlines()
+    lease_line = (
+        lines.index(
+            f"replica {REPLICA}, store postgresql 127.0.0.1:{world.db.port}/{world.db.dbname}"
+        )
+        + 1
+    )
+    assert re.fullmatch(
+        r"lease daemon: serving, epoch (\d+), (\d+) takeover\(s\) so far", lines[lease_line]
+    )
+    assert lines[lease_line + 1] == "  no other replica"
     # /healthz shows the same two facts beside the store's own component, and the daemon's
     # lease, which this replica holds (a restart with the same id keeps holding it).
     async with (
@@ -176,6 +188,7 @@ async def test_status_names_the_replica_and_the_store_without_a_password(world: 
         health = await response.text()
     components = json.loads(health)["components"]
     lease = components["replica"].pop("lease")
+    assert components["replica"].pop("peers") == answer["peers"] == []
     assert components["replica"] == {"ok": True, "id": REPLICA, "store": answer["store"]}
     assert (lease["holder"], lease["serving"], lease["lost"]) == (REPLICA, True, None)
     assert answer["lease"]["holder"] == REPLICA

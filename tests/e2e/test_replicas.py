@@ -13,7 +13,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ CHAT, ALICE = -2001, 4242
 TTL_S = 3
 # A takeover: the lease's time to live, a standby's next look, and the new replica's start.
 TAKEOVER_S = TTL_S + 30
+Peer = tuple[str, str, bool]  # id, role, silent
 
 
 @dataclass
@@ -81,6 +82,19 @@ class World:
     def texts(self) -> list[str]:
         return [m.text for m in self.telegram.sent[CHAT]]
 
+    async def peers(self, replica: str, until: Callable[[list[Peer]], bool]) -> list[Peer]:
+        """The other replicas as ``replica``'s /healthz lists them (id, role, silent), once
+        ``until`` holds: each says it is there every quarter of the lease's time to live."""
+        async with asyncio.timeout(TAKEOVER_S):
+            while True:
+                status, body = await self.get(replica, "/healthz")
+                assert status == 200, body
+                listed = json.loads(body)["components"]["replica"]["peers"]
+                peers = [(p["id"], p["role"], p["silent"]) for p in listed]
+                if until(peers):
+                    return peers
+                await asyncio.sleep(0.2)
+
     def holder(self) -> tuple[str, int]:
         with psycopg.connect(self.url, autocommit=True) as conn:
             row = conn.execute("SELECT holder, epoch FROM leases WHERE name = 'daemon'").fetchone()
@@ -112,6 +126,7 @@ async def test_one_replica_serves_and_a_standby_takes_over_a_killed_one(world: W
     await world.start("alpha")
     await world.start("beta", standby=True)
     assert world.holder() == ("alpha", 1)
+    assert await world.peers("alpha", lambda peers: bool(peers)) == [("beta", "standby", False)]
     world.telegram.push_message(CHAT, "first", user_id=ALICE)
     await world.telegram.wait_for_sent(CHAT, 1, timeout=30)
     # The serving replica is killed while the model works on the next message.
@@ -132,6 +147,11 @@ async def test_one_replica_serves_and_a_standby_takes_over_a_killed_one(world: W
     _, metrics = await world.get("beta", "/metrics")
     assert "geodebot_replica_serving 1.0" in metrics
     assert "geodebot_lease_takeovers_total 1.0" in metrics
+    # The killed replica could not say it was going: it is listed, as silent, and beta
+    # says it serves now.
+    assert await world.peers("beta", lambda peers: all(silent for *_, silent in peers)) == [
+        ("alpha", "serving", True)
+    ]
     # Nothing more comes: the killed replica's turn is answered once, by beta.
     await asyncio.sleep(1)
     assert len(world.texts()) == 2
@@ -150,11 +170,7 @@ async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
     assert beta.proc is not None
     beta.proc.send_signal(signal.SIGSTOP)
     gamma = world.daemons["gamma"]
-    try:
-        await gamma.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
-    except TimeoutError:
-        print("GAMMA", gamma.text()[-5000:])
-        raise
+    await gamma.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
     await world.telegram.wait_for_sent(CHAT, 3, timeout=TAKEOVER_S)
     assert world.holder() == ("gamma", 3)
     beta.proc.send_signal(signal.SIGCONT)
@@ -170,4 +186,9 @@ async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
     with psycopg.connect(world.url, autocommit=True) as conn:
         rows = conn.execute("SELECT status, COUNT(*) FROM inbox GROUP BY status").fetchall()
     assert rows == [("done", 3)]
+    # Beta removed itself as it stopped; alpha, killed before, is still listed as silent.
+    assert await world.peers("gamma", lambda peers: len(peers) == 1) == [("alpha", "serving", True)]
     assert await world.daemons["gamma"].stop() == 0
+    with psycopg.connect(world.url, autocommit=True) as conn:
+        left = conn.execute("SELECT replica_id FROM replicas ORDER BY replica_id").fetchall()
+    assert left == [("alpha",)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -53,6 +54,30 @@ async def test_a_standby_takes_over_when_the_holder_lets_go(
     assert not lost
     async with second:
         await other.ensure_session("served", "channel")
+
+
+async def test_replicas_say_what_they_are_and_leave_when_they_stop(
+    stores: tuple[Store, Store],
+) -> None:
+    one, other = stores
+    first, second = keeper(one, "web-1", []), keeper(other, "web-2", [])
+    await first.acquire()
+    async with first:
+        waiting = asyncio.create_task(second.acquire())
+        async with asyncio.timeout(5):
+            while True:
+                peers = [(p["id"], p["role"], p["silent"]) for p in await first.peers()]
+                if peers == [("web-2", "standby", False)]:
+                    break
+                await asyncio.sleep(0.02)
+        [serving] = await second.peers()
+        assert (serving["id"], serving["role"], serving["pid"]) == ("web-1", "serving", os.getpid())
+    await asyncio.wait_for(waiting, TTL)
+    # web-1 removed itself on its way out; web-2 says at once that it serves now.
+    assert await second.peers() == []
+    assert [(r.replica_id, r.role) for r in await one.replicas()] == [("web-2", "serving")]
+    await second.leave()
+    assert await one.replicas() == []
 
 
 async def test_a_holder_that_stalls_loses_the_lease_and_writes_nothing(

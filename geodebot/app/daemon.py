@@ -23,6 +23,7 @@ from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.pickup import PickUps, StandbyIngress
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
 from geodebot.config.schema import Config, ConfigError, resolve_secret, split_host_port
@@ -168,7 +169,8 @@ async def _serving(
     waiting = asyncio.ensure_future(lease.acquire(standing_by))
     stopped = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        async with _standby_ingress(config, app):
+            await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
         if not waiting.done():
@@ -181,6 +183,23 @@ async def _serving(
     # Held, even if a stop came at the same time: leaving the stack lets it go at once.
     await stack.enter_async_context(lease)
     return lease
+
+
+@asynccontextmanager
+async def _standby_ingress(config: Config, app: App) -> AsyncIterator[None]:
+    """While standing by, the channels whose platform spreads events over every open
+    connection (Slack) stay connected and commit what they bring, for the serving replica
+    to take up (chat/pickup.py). Leaving closes them, after what was in flight committed;
+    the serving daemon opens its own."""
+    channels = build_channels(config, app.services.store, only=_SPREAD_PLATFORMS)
+    if not channels:
+        yield
+        return
+    ingress = StandbyIngress(app.services.store, app.bindings, app.replica_id, _max_chars(config))
+    supervisor = ChannelSupervisor(channels, ingress.accept, ingress.press)
+    async with supervisor, _running(supervisor.start()):
+        yield
+    log.info("standby ingress closed: %s", dict(sorted(ingress.counters.items())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +287,7 @@ async def _enter_daemon(
             ignore_fire if live is None else lambda fire: live.publish("jobs", job=fire.job_id)
         ),
     )
+    pickups = PickUps(store, router.pick_up) if config.store.url is not None else None
     if app.relay is not None:
 
         def delivered(post: OutboxRow, message: InboxRow) -> None:
@@ -294,10 +314,18 @@ async def _enter_daemon(
     if recovered:
         log.info("answering %s message(s) accepted before the restart", recovered)
     await stack.enter_async_context(_running(feed.run()))
+    if pickups is not None:
+        # What standing-by replicas commit from now on (recover took what was there).
+        await stack.enter_async_context(_running(pickups.run()))
     await supervisor.start()
     # After the channels: a catch-up run's answer can go out as soon as it is ready.
     await stack.enter_async_context(scheduler)
     return daemon
+
+
+# Platforms that spread a bot's events over all of its open connections: a standing-by
+# replica keeps its own open and commits what it brings (Slack Socket Mode: up to ten).
+_SPREAD_PLATFORMS = ("slack",)
 
 
 def _max_chars(config: Config) -> dict[str, int]:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import random
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 from geodebot.channels.base import Channel, ChannelError, InboundSink, PressSink
 from geodebot.config.schema import Config, ConfigError, resolve_secret
@@ -52,26 +52,30 @@ def _secret(problems: list[str], key: str, name: str) -> str:
     return value
 
 
-def build_channels(config: Config, store: Store) -> dict[str, Channel]:
-    """One channel per enabled table; a missing secret is a startup error naming it."""
+def build_channels(
+    config: Config, store: Store, only: Collection[str] | None = None
+) -> dict[str, Channel]:
+    """One channel per enabled table (of the platforms in ``only``, if given); a missing
+    secret is a startup error naming it."""
     problems: list[str] = []
     channels: dict[str, Channel] = {}
     ch = config.channels
-    if ch.telegram is not None and ch.telegram.enabled:
+    wanted = set(only) if only is not None else {"telegram", "slack", "discord"}
+    if ch.telegram is not None and ch.telegram.enabled and "telegram" in wanted:
         token = _secret(problems, "channels.telegram.token_env", ch.telegram.token_env)
         if token:
             with _without(_PTB_UNUSED_EXTRAS):
                 from geodebot.channels.telegram import TelegramChannel
 
             channels["telegram"] = TelegramChannel(ch.telegram, token, cursor_store=store)
-    if ch.slack is not None and ch.slack.enabled:
+    if ch.slack is not None and ch.slack.enabled and "slack" in wanted:
         bot = _secret(problems, "channels.slack.bot_token_env", ch.slack.bot_token_env)
         app = _secret(problems, "channels.slack.app_token_env", ch.slack.app_token_env)
         if bot and app:
             from geodebot.channels.slack import SlackChannel
 
             channels["slack"] = SlackChannel(ch.slack, bot_token=bot, app_token=app)
-    if ch.discord is not None and ch.discord.enabled:
+    if ch.discord is not None and ch.discord.enabled and "discord" in wanted:
         token = _secret(problems, "channels.discord.token_env", ch.discord.token_env)
         if token:
             from geodebot.channels.discord import DiscordChannel
@@ -83,7 +87,7 @@ def build_channels(config: Config, store: Store) -> dict[str, Channel]:
     if problems:
         raise ConfigError(str(config.source or "<config>"), problems)
     for binding in config.bindings:
-        if binding.platform not in channels:
+        if binding.platform not in channels and binding.platform in wanted:
             log.warning(
                 "binding %s (%s %s) has no enabled channel; it will not receive messages",
                 binding.session,

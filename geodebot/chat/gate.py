@@ -77,14 +77,14 @@ def decide(inbound: Inbound, index: BindingIndex, max_chars: int) -> Decision:
         reason = check(inbound, binding)
         if reason is not None:
             return Dropped(reason)
-    session_id = session_for(binding, inbound)
-    if len(inbound.text) > max_chars:
-        return Accepted(
-            binding,
-            session_id,
-            refusal=(
-                f"That message is {len(inbound.text):,} characters long; the limit here is "
-                f"{max_chars:,}. Please send something shorter."
-            ),
-        )
-    return Accepted(binding, session_id)
+    return Accepted(binding, session_for(binding, inbound), too_long(inbound.text, max_chars))
+
+
+def too_long(text: str, max_chars: int) -> str | None:
+    """The refusal for a message too long to run, or None."""
+    if len(text) <= max_chars:
+        return None
+    return (
+        f"That message is {len(text):,} characters long; the limit here is {max_chars:,}. "
+        "Please send something shorter."
+    )

@@ -25,7 +25,7 @@ from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
-from geodebot.chat.gate import Accepted, decide
+from geodebot.chat.gate import Accepted, decide, too_long
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.queues import SessionQueues
 from geodebot.chat.replies import (
@@ -151,44 +151,75 @@ class ChatRouter:
             # A redelivery: it was committed (and will be or was answered) already.
             self.counters["duplicate"] += 1
             return
-        # After the inbox, so redeliveries (Discord's catch-up, Slack's retries) cost the
-        # sender nothing; before the size refusal and commands, whose answers could flood too.
-        if await self._throttled(inbound, row):
-            return
-        self.counters["accepted"] += 1
-        if decision.refusal is not None:
-            self.counters["too_large"] += 1
-            await self._answer(row, "dropped", decision.refusal, detail="too_large")
-            return
-        command = command_of(_LEADING_MENTION.sub("", inbound.text, count=1))
-        if command is not None:
-            text = await self._commands.answer(row.session_id, decision.binding, command)
-            await self._answer(row, "done", text, detail=f"command:{command}")
-            return
-        self._enqueue(row, decision.binding)
+        await self._admit(row, decision.binding, decision.refusal)
 
-    async def _throttled(self, inbound: Inbound, row: InboxRow) -> bool:
+    async def pick_up(self, row: InboxRow) -> bool:
+        """Take up a message a standing-by replica committed (``row.pickup``): what
+        :meth:`accept` does after its commit; True if it did. A row already handled here is
+        left alone; one whose chat no binding has any more is dropped."""
+        if row.id in self._held:
+            return False
+        binding = self._index.find(row.platform, row.channel)
+        if binding is None:
+            await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
+            return False
+        self.counters["picked_up"] += 1
+        limit = self._max_chars.get(row.platform, 16_000)
+        await self._admit(row, binding, too_long(row.text, limit))
+        return True
+
+    async def _admit(self, row: InboxRow, binding: BindingConfig, refusal: str | None) -> None:
+        """A newly committed message: throttled, refused, answered as a command, or queued
+        for its turn. Held from here, so a row found again meanwhile (a pick-up poll) is
+        handled once; until its turn ends when it is queued, else until this returns."""
+        self._held.add(row.id)
+        queued = False
+        try:
+            # After the inbox, so redeliveries (Discord's catch-up, Slack's retries) cost the
+            # sender nothing; before the size refusal and commands, whose answers could flood
+            # too.
+            if await self._throttled(row):
+                return
+            self.counters["accepted"] += 1
+            if refusal is not None:
+                self.counters["too_large"] += 1
+                await self._answer(row, "dropped", refusal, detail="too_large")
+                return
+            command = command_of(_LEADING_MENTION.sub("", row.text, count=1))
+            if command is not None:
+                text = await self._commands.answer(row.session_id, binding, command)
+                await self._answer(row, "done", text, detail=f"command:{command}")
+                return
+            queued = self._enqueue(row, binding)
+        finally:
+            if not queued:
+                self._held.discard(row.id)
+
+    async def _throttled(self, row: InboxRow) -> bool:
         """Drop the message if its sender is over the rate limit (see chat/throttle.py:
         dropped, not queued, so a flood costs no model calls), with one notice per window."""
         if self._limiter is None:
             return False
-        verdict = self._limiter.check(inbound.platform, inbound.user)
+        verdict = self._limiter.check(row.platform, row.user)
         if verdict is Verdict.ALLOW:
             return False
         self.counters["throttled"] += 1
         if verdict is Verdict.THROTTLE_NOTICE:
             self.counters["throttle_notices"] += 1
-            wait = self._limiter.retry_after_s(inbound.platform, inbound.user)
+            wait = self._limiter.retry_after_s(row.platform, row.user)
             await self._answer(row, "dropped", throttle_notice(wait), detail="throttled")
         else:
             await self._store.inbox_finish(row.id, "dropped", detail="throttled")
         return True
 
     async def recover(self) -> int:
-        """Queue what a previous run accepted but did not answer (in arrival order)."""
+        """Queue what a previous run accepted but did not answer (in arrival order), and take
+        up what standing-by replicas committed meanwhile."""
         rows = await self._store.inbox_unfinished()
         for row in rows:
-            if not self.take(row):
+            if row.pickup is not None and row.status == "pending":
+                await self.pick_up(row)
+            elif not self.take(row):
                 await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
         return len(rows)
 
@@ -218,13 +249,16 @@ class ChatRouter:
         await self._queues.close(grace_s)
 
     # -- queued turns -----------------------------------------------------------------------
-    def _enqueue(self, row: InboxRow, binding: BindingConfig) -> None:
+    def _enqueue(self, row: InboxRow, binding: BindingConfig) -> bool:
+        """Queue ``row``'s turn; False (and it is answered busy) if its session's queue is
+        full."""
         if self._queues.offer(row.session_id, (row, binding)):
             self._held.add(row.id)
-            return
+            return True
         self.counters["busy"] += 1
         task = asyncio.create_task(self._answer(row, "dropped", BUSY_TEXT, detail="busy"))
         task.add_done_callback(_log_failure)
+        return False
 
     async def _work(self, item: _Queued) -> None:
         row, binding = item

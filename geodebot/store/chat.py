@@ -47,7 +47,7 @@ _OUTBOX_FINISHES: frozenset[str] = frozenset(get_args(OutboxFinish))
 INBOX_COLS = (
     "id, platform, event_id, session_id, channel, thread, user_id, text, message_id, "
     "received_at, status, attempts, detail, finished_at, preview, files, attached, relay_id, "
-    "relay_intent"
+    "relay_intent, pickup"
 )
 OUTBOX_COLS = (
     "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
@@ -58,8 +58,8 @@ OUTBOX_COLS = (
 # no second look that another writer could race.
 _ADD_INBOX = f"""
 INSERT INTO inbox (platform, event_id, session_id, channel, thread, user_id, text, message_id,
-    received_at, status, attempts, detail, files)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, '', ?)
+    received_at, status, attempts, detail, files, pickup)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, '', ?, ?)
 ON CONFLICT (platform, event_id) DO NOTHING
 RETURNING {INBOX_COLS}
 """
@@ -135,6 +135,7 @@ def inbox_from_row(row: Row) -> InboxRow:
         ),
         relay_id=row["relay_id"],
         relay_intent=row["relay_intent"],
+        pickup=row["pickup"],
     )
 
 
@@ -226,6 +227,7 @@ class ChatInboxOutbox:
         message_id: str,
         cursor: tuple[str, str] | None = None,
         files: Sequence[Mapping[str, Any]] = (),
+        pickup: str | None = None,
     ) -> tuple[InboxRow, bool]:
         what = f"adding event {event_id!r} of {platform!r} to the inbox"
         if not platform or not event_id:
@@ -233,7 +235,7 @@ class ChatInboxOutbox:
             raise StoreError(f"{what} failed: platform and event id must not be empty")
         now = time.time()
         head = (platform, event_id, session_id, channel, thread, user, text, message_id)
-        params = (*head, now, dumps(list(files)))
+        params = (*head, now, dumps(list(files)), pickup)
 
         async def add(db: Tx) -> tuple[InboxRow, bool]:
             inserted = await db.one(_ADD_INBOX, params)
@@ -316,6 +318,14 @@ class ChatInboxOutbox:
     async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
         sql = f"SELECT {INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
         rows = await self._read("listing unfinished inbox rows", lambda db: db.all(sql))
+        return [inbox_from_row(row) for row in rows]
+
+    async def inbox_to_pick_up(self: Transactions) -> list[InboxRow]:
+        sql = (
+            f"SELECT {INBOX_COLS} FROM inbox WHERE pickup IS NOT NULL AND status = 'pending' "
+            "ORDER BY id"
+        )
+        rows = await self._read("listing inbox rows to pick up", lambda db: db.all(sql))
         return [inbox_from_row(row) for row in rows]
 
     async def get_inbox(self: Transactions, inbox_id: int) -> InboxRow | None:

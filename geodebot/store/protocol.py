@@ -318,9 +318,11 @@ class Store(JobStore, Protocol):
         message_id: str,
         cursor: tuple[str, str] | None = None,
         files: Sequence[Mapping[str, Any]] = (),
+        pickup: str | None = None,
     ) -> tuple[InboxRow, bool]:
         """Commit an accepted event as ``pending``; ``(stored, True)``. ``files``: what the
         platform said the message carried (JSON objects), kept on the row as they are.
+        ``pickup``: the standing-by replica committing it, for the serving one to take up.
 
         A second event with the same ``(platform, event_id)`` writes nothing and returns
         ``(existing, False)``, also when the two race. ``cursor`` ``(name, value)`` is set in
@@ -374,6 +376,10 @@ class Store(JobStore, Protocol):
 
     async def inbox_unfinished(self) -> list[InboxRow]:
         """``pending`` and ``running`` rows in arrival order."""
+
+    async def inbox_to_pick_up(self) -> list[InboxRow]:
+        """``pending`` rows a standing-by replica committed (``pickup`` set), in arrival
+        order: the serving replica takes them up."""
 
     async def get_inbox(self, inbox_id: int) -> InboxRow | None: ...
 

@@ -300,6 +300,9 @@ class InboxRow:
     # ("notify": recorded only; "ask": answered too). None for a platform's event.
     relay_id: str | None = None
     relay_intent: str | None = None
+    # The standing-by replica that received it and left it for the serving one to take up
+    # (see Store.inbox_to_pick_up); None for a row the serving replica wrote itself.
+    pickup: str | None = None
 
     @property
     def turn_id(self) -> str:

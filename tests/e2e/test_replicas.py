@@ -3,13 +3,16 @@ daemon's lease, the others stand by; a standby takes over when the serving one i
 paused, and a paused one that comes back commits and sends nothing.
 
 Real processes, python-telegram-bot against the fake Bot API (one token: only the serving
-replica polls it), the anthropic SDK against the fake model. The lease lives 3 s, the
-shortest the config allows, so a takeover comes within a few seconds.
+replica polls it), slack-bolt against the fake Slack, which spreads events over every open
+Socket Mode connection as Slack does (standing-by replicas keep one too), the anthropic SDK
+against the fake model. The lease lives 3 s, the shortest the config allows, so a takeover
+comes within a few seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -26,6 +29,7 @@ from geodebot.app.replica import STANDBY_MARK
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import READY_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
+from tests.support.fakes.slack_server import FakeSlack
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.ports import free_port
 from tests.support.postgres import Cluster
@@ -33,6 +37,8 @@ from tests.support.postgres import Cluster
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 CHAT, ALICE = -2001, 4242
+SLACK_CHANNEL, SLACK_USER = "C0REPLICAS", "U0ALICE01"
+SLACK_TS = itertools.count(1)
 TTL_S = 3
 # A takeover: the lease's time to live, a standby's next look, and the new replica's start.
 TAKEOVER_S = TTL_S + 30
@@ -42,6 +48,7 @@ Peer = tuple[str, str, bool]  # id, role, silent
 @dataclass
 class World:
     telegram: FakeTelegram
+    slack: FakeSlack
     llm: FakeLLMServer
     url: str
     tmp: Path
@@ -69,8 +76,12 @@ class World:
             f'base_url = "{self.llm.url}"\napi_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
             '[channels.telegram]\ntoken_env = "E2E_TELEGRAM_TOKEN"\n'
             f'api_base_url = "{self.telegram.api_base_url}"\npoll_timeout_s = 1\n'
+            '[channels.slack]\nbot_token_env = "E2E_SLACK_BOT"\napp_token_env = "E2E_SLACK_APP"\n'
+            f'api_base_url = "{self.slack.api_base_url}"\n'
             f'[[bindings]]\nplatform = "telegram"\nchannel = "{CHAT}"\nsession = "team"\n'
             f'allowed_users = ["{ALICE}"]\n'
+            f'[[bindings]]\nplatform = "slack"\nchannel = "{SLACK_CHANNEL}"\nsession = "ops"\n'
+            f'allowed_users = ["{SLACK_USER}"]\nstream = false\n'
         )
         return path
 
@@ -95,6 +106,36 @@ class World:
                     return peers
                 await asyncio.sleep(0.2)
 
+    async def slack_message(self, text: str) -> str:
+        """A user's message in the bound Slack channel, once a replica acknowledged it;
+        its ts (what the reply's thread is)."""
+        ts = f"{1_800_000_000 + next(SLACK_TS)}.000100"
+        event = FakeSlack.message_event(SLACK_CHANNEL, SLACK_USER, text, ts=ts)
+        envelope = await self.slack.push_event(event)
+        await self.slack.wait_for_ack(envelope, timeout=30)
+        return ts
+
+    async def slack_replies(self, asked: list[str]) -> None:
+        """Until each message in ``asked`` has its one reply in its thread; then a moment
+        more, in which no second one may come."""
+
+        def threads() -> list[str | None]:
+            return [p.thread_ts for p in self.slack.posted[SLACK_CHANNEL]]
+
+        await self.slack.wait_until(lambda: set(asked) <= set(threads()), TAKEOVER_S)
+        await asyncio.sleep(1)
+        assert sorted(t for t in threads() if t in asked) == sorted(asked)
+        assert len(threads()) == len(asked), threads()
+
+    def slack_rows(self) -> dict[tuple[str | None, str], int]:
+        """Slack's inbox rows by (the standing-by replica that received it, status)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pickup, status, COUNT(*) FROM inbox WHERE platform = 'slack' "
+                "GROUP BY pickup, status"
+            ).fetchall()
+        return {(r[0], r[1]): r[2] for r in rows}
+
     def holder(self) -> tuple[str, int]:
         with psycopg.connect(self.url, autocommit=True) as conn:
             row = conn.execute("SELECT holder, epoch FROM leases WHERE name = 'daemon'").fetchone()
@@ -107,12 +148,16 @@ async def world(
     tmp_path_factory: pytest.TempPathFactory, postgres_cluster: Cluster
 ) -> AsyncIterator[World]:
     tmp = tmp_path_factory.mktemp("replicas")
-    async with FakeTelegram() as telegram, FakeLLMServer() as llm:
+    # Slack redelivers what no connection acknowledged, as the real one does.
+    slack = FakeSlack(spread=True, redeliver_after_s=2.0, max_redeliveries=30)
+    async with FakeTelegram() as telegram, slack, FakeLLMServer() as llm:
         llm.default = Reply("answered")
         env = dict(os.environ, E2E_TELEGRAM_TOKEN=telegram.token)
+        env.update(E2E_SLACK_BOT=slack.bot_token, E2E_SLACK_APP=slack.app_token)
         env[TEST_KEY_ENV] = TEST_KEY
         env.pop("GEODEBOT_CONFIG", None)
-        world = World(telegram, llm, postgres_cluster.new_database(migrated=True), tmp, env)
+        url = postgres_cluster.new_database(migrated=True)
+        world = World(telegram, slack, llm, url, tmp, env)
         try:
             yield world
         finally:
@@ -192,3 +237,25 @@ async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
     with psycopg.connect(world.url, autocommit=True) as conn:
         left = conn.execute("SELECT replica_id FROM replicas ORDER BY replica_id").fetchall()
     assert left == [("alpha",)]
+
+
+async def test_slack_events_a_standby_receives_are_answered_once_by_the_serving_replica(
+    world: World,
+) -> None:
+    await world.start("delta")
+    epsilon = await world.start("epsilon", standby=True)
+    await world.slack.wait_until(lambda: world.slack.open_sockets == 2, 30)
+    asked = [await world.slack_message(f"spread {n}") for n in range(6)]
+    await world.slack_replies(asked)
+    # The events went to both connections in turn: the standby committed its share, which
+    # the serving replica took up and answered.
+    assert world.slack_rows() == {(None, "done"): 3, ("epsilon", "done"): 3}
+
+    # The serving replica dies; until its lease expires nobody serves, and the standby's
+    # connection, the only one left, still takes every event in.
+    await world.daemons["delta"].kill()
+    late = [await world.slack_message(f"while nobody serves {n}") for n in range(2)]
+    await epsilon.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    await world.slack_replies(asked + late)
+    assert world.slack_rows() == {(None, "done"): 3, ("epsilon", "done"): 5}
+    assert await world.daemons["epsilon"].stop() == 0

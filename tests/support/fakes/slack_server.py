@@ -196,6 +196,7 @@ class FakeSlack:
         team_id: str = "TFAKE0001",
         redeliver_after_s: float | None = None,
         max_redeliveries: int = 3,
+        spread: bool = False,
     ) -> None:
         self.bot_token = bot_token
         self.app_token = app_token
@@ -218,6 +219,10 @@ class FakeSlack:
         self._file_ids = itertools.count(1)
         self.redeliver_after_s = redeliver_after_s
         self.max_redeliveries = max_redeliveries
+        # As Slack does with an app's several Socket Mode connections: each envelope goes to
+        # the next open one in turn. Off: the newest open connection gets everything.
+        self.spread = spread
+        self._turn = 0
         self._redeliveries: set[asyncio.Task[None]] = set()
         self._history: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._faults: dict[str, deque[Fault]] = defaultdict(deque)
@@ -474,7 +479,8 @@ class FakeSlack:
     async def push_event(
         self, event: dict[str, Any], *, event_id: str | None = None, retry_attempt: int = 0
     ) -> str:
-        """Deliver ``event`` over the newest open socket; returns the envelope id."""
+        """Deliver ``event`` over the newest open socket (each in turn with ``spread``);
+        returns the envelope id."""
         event_id = event_id or f"Ev{next(self._event_ids):08d}"
         envelope_id = str(uuid.uuid4())
         if event.get("type") == "message" and "subtype" not in event:
@@ -513,7 +519,7 @@ class FakeSlack:
         while True:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.open_sockets > 0)
-            ws = [w for w in self._sockets if not w.closed][-1]
+            ws = self._socket_for_next()
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await ws.send_str(json.dumps(frame))
             with contextlib.suppress(TimeoutError):
@@ -647,8 +653,14 @@ class FakeSlack:
     async def _send(self, frame: dict[str, Any]) -> None:
         async with asyncio.timeout(5.0), self._changed:
             await self._changed.wait_for(lambda: self.open_sockets > 0)
-        ws = [w for w in self._sockets if not w.closed][-1]
-        await ws.send_str(json.dumps(frame))
+        await self._socket_for_next().send_str(json.dumps(frame))
+
+    def _socket_for_next(self) -> web.WebSocketResponse:
+        sockets = [w for w in self._sockets if not w.closed]
+        if not self.spread:
+            return sockets[-1]
+        self._turn += 1
+        return sockets[self._turn % len(sockets)]
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         if request.query.get("ticket") not in self._tickets:

@@ -1,0 +1,111 @@
+"""Messages a standing-by replica receives, and how the serving replica takes them up.
+
+Slack spreads a Socket Mode app's events over all of its open connections, so every replica
+keeps one open, standing by or not. A standing-by replica only commits what its connection
+brings (:class:`StandbyIngress`: the same gate as the router's, then the inbox with
+``pickup`` set to its id) so that the platform is acknowledged; it answers nothing. The
+serving replica takes those rows up (:class:`PickUps`, polling the store) and does with each
+what it does after its own commit: throttle, refuse, answer a command or queue the turn
+(:meth:`ChatRouter.pick_up`). The inbox's ``(platform, event_id)`` key makes an event that
+two connections brought one row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from geodebot.channels.base import Inbound, Press, PressAnswer
+from geodebot.chat.bindings import BindingIndex
+from geodebot.chat.gate import Accepted, decide
+from geodebot.config.schema import BindingConfig
+from geodebot.store.protocol import Store
+from geodebot.store.records import InboxRow, StoreError
+
+__all__ = ["PICKUP_POLL_S", "STANDBY_PRESS", "PickUps", "StandbyIngress"]
+
+log = logging.getLogger(__name__)
+
+# How often the serving replica looks for rows to take up: the longest a message that came
+# through a standing-by replica waits before its turn is queued.
+PICKUP_POLL_S = 0.5
+STANDBY_PRESS = "That press reached a replica that is standing by; please press again."
+
+
+class StandbyIngress:
+    """The inbound sink of a standing-by replica's channels: commit, never answer."""
+
+    def __init__(
+        self,
+        store: Store,
+        bindings: BindingIndex | Sequence[BindingConfig],
+        replica_id: str,
+        max_chars: Mapping[str, int],
+    ) -> None:
+        self._store = store
+        self._index = BindingIndex.of(bindings)
+        self._replica_id = replica_id
+        self._max_chars = max_chars
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    async def accept(self, inbound: Inbound) -> None:
+        """Returns once the message is committed (the adapter then acknowledges it)."""
+        self.counters["received"] += 1
+        decision = decide(inbound, self._index, self._max_chars.get(inbound.platform, 16_000))
+        if not isinstance(decision, Accepted):
+            self.counters[f"dropped:{decision.reason}"] += 1
+            return
+        _, new = await self._store.inbox_add(
+            platform=inbound.platform,
+            event_id=inbound.event_id,
+            session_id=decision.session_id,
+            channel=inbound.channel,
+            thread=inbound.thread,
+            user=inbound.user,
+            text=inbound.text,
+            message_id=inbound.message_id,
+            files=[f.to_json() for f in inbound.files],
+            pickup=self._replica_id,
+        )
+        self.counters["committed" if new else "duplicate"] += 1
+
+    async def press(self, press: Press) -> PressAnswer:
+        """A card's button pressed on this replica's connection: the waiting turn runs on
+        the serving replica, which alone can decide it."""
+        self.counters["presses"] += 1
+        return PressAnswer(counted=False, text=STANDBY_PRESS)
+
+
+class PickUps:
+    """The serving replica's look, every ``poll_s``, for rows standing-by replicas
+    committed; each is handed to ``pick_up`` (the router's, which handles a row once)."""
+
+    def __init__(
+        self,
+        store: Store,
+        pick_up: Callable[[InboxRow], Awaitable[bool]],
+        *,
+        poll_s: float = PICKUP_POLL_S,
+    ) -> None:
+        self._store = store
+        self._pick_up = pick_up
+        self._poll_s = poll_s
+        self.picked = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except StoreError as exc:
+                log.error("cannot read the messages other replicas received: %s", exc)
+            await asyncio.sleep(self._poll_s)
+
+    async def poll(self) -> int:
+        """Hand over what is waiting; returns how many rows were found."""
+        rows = await self._store.inbox_to_pick_up()
+        for row in rows:
+            if await self._pick_up(row):
+                self.picked += 1
+        return len(rows)

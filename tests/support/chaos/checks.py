@@ -245,14 +245,16 @@ def _check_job(seen: _Seen, report: ChaosReport) -> None:
     counts["job fires by outcome"] = dict(sorted(outcomes.items()))
     if len({ms for ms, _ in seen.fires}) != len(seen.fires):
         problems.append("a job fire time was claimed more than once")
+    claimed_twice = len(seen.fires) - len({ms for ms, _ in seen.fires})
     posts = seen.bot.get(_job_chat(), [])
-    resent = 0
+    resent = posted_twice = 0
     for ms, outcome in seen.fires:
         when = f"({format_fire(int(ms), seen.zone)})"
         n = sum(1 for text in posts if when in text)
         if n == 2 and int(ms) in seen.blind_fires:
             resent += 1
             n = 1
+        posted_twice += n > 1
         if n > 1 or (outcome == "ok" and n != 1):
             problems.append(f"job fire {when} ({outcome}) posted {n} times")
     job_effects = sum(n for m, n in seen.per_marker.items() if m.startswith("JOB"))
@@ -260,6 +262,7 @@ def _check_job(seen: _Seen, report: ChaosReport) -> None:
     counts["job effects written"] = job_effects
     counts["job posts"] = len(posts)
     counts["job posts resent blind after a kill"] = resent
+    counts["job fires claimed or posted twice"] = claimed_twice + posted_twice
     if job_effects > ran:
         problems.append(f"{job_effects} job effects for {ran} fires that ran")
 

@@ -34,6 +34,7 @@ from tests.support.chaos.world import (
     DISCORD_TOKEN,
     ChaosGuild,
     ChaosModel,
+    Chat,
     Fakes,
     ReplicaSetup,
     chats,
@@ -48,6 +49,10 @@ from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.postgres import Cluster
 
 __all__ = ["ChaosPlan", "run_chaos"]
+
+
+def discord_ids(bound: list[Chat]) -> list[str]:
+    return [c.channel for c in bound if c.platform == "discord"]
 
 
 @dataclass
@@ -90,8 +95,14 @@ class _Single:
 
 
 async def run_chaos(
-    plan: ChaosPlan, workdir: Path, say: Callable[[str], None] = lambda line: None
+    plan: ChaosPlan,
+    workdir: Path,
+    say: Callable[[str], None] = lambda line: None,
+    *,
+    cluster: Cluster | None = None,
 ) -> ChaosReport:
+    """Play ``plan`` in ``workdir``. With replicas, their database is a new one on
+    ``cluster``, else on a durable cluster of the run's own."""
     began = time.monotonic()
     async with AsyncExitStack() as stack:
         llm = await stack.enter_async_context(FakeLLMServer())
@@ -101,12 +112,18 @@ async def run_chaos(
         slack = FakeSlack(redeliver_after_s=2.0, max_redeliveries=10_000)
         await stack.enter_async_context(slack)
         bound = chats(plan.chats_per_platform)
-        discord_ids = [c.channel for c in bound if c.platform == "discord"]
-        discord = await stack.enter_async_context(ChaosGuild(discord_ids, token=DISCORD_TOKEN))
+        guild = ChaosGuild(discord_ids(bound), token=DISCORD_TOKEN)
+        discord = await stack.enter_async_context(guild)
         fakes = Fakes(telegram, slack, discord, llm.url)
         env = fakes.env(dict(os.environ), TEST_KEY)
         if plan.replicas:
-            return await _run_replicas(plan, workdir, fakes, env, stack, say, began)
+            if cluster is None:
+                # Durable: the database pays for its commits as a real one does.
+                cluster = Cluster()
+                stack.callback(cluster.stop)
+                await asyncio.to_thread(cluster.start, durable=True)
+            url = await asyncio.to_thread(cluster.new_database)
+            return await _run_replicas(plan, workdir, fakes, env, url, stack, say, began)
         return await _run_single(plan, workdir, fakes, env, stack, say, began)
 
 
@@ -154,6 +171,7 @@ async def _run_replicas(
     workdir: Path,
     fakes: Fakes,
     env: dict[str, str],
+    url: str,
     stack: AsyncExitStack,
     say: Callable[[str], None],
     began: float,
@@ -161,11 +179,6 @@ async def _run_replicas(
     outgoing, kills = schedule(plan)
     events = replica_events(plan, kills)
     bound = chats(plan.chats_per_platform)
-    # Durable: the database pays for its commits as a real one does.
-    cluster = Cluster()
-    stack.callback(cluster.stop)
-    await asyncio.to_thread(cluster.start, durable=True)
-    url = await asyncio.to_thread(cluster.new_database)
     workspace = prepare_workspace(workdir / "workspace", bound)
     configs = {}
     for n in range(1, plan.replicas + 1):
@@ -179,7 +192,7 @@ async def _run_replicas(
     store = PostgresDatabase(url)
     traffic = Traffic(plan, fakes, store)
     fleet = await stack.enter_async_context(Fleet(plan, configs, env, url, say))
-    await fleet.start_all()
+    await fleet.start_all(discord_channels=len(discord_ids(bound)))
     say(
         f"{plan.replicas} replicas up; sending {plan.messages} messages, {plan.kills} kills,"
         f" {plan.pauses} pauses (seed {plan.seed})"

@@ -24,7 +24,7 @@ import contextlib
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -35,7 +35,7 @@ from geodebot.app.replica import STANDBY_MARK, TAKEN_MARK
 from tests.support.chaos.checks import ReplicaFigures
 from tests.support.chaos.plan import ChaosPlan, ReplicaEvent
 from tests.support.chaos.traffic import Traffic
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import READY_MARK, DaemonProcess
 
 # app/replica.py: "replica <id> lost lease 'daemon': <why>"
 LOST_MARK = "lost lease"
@@ -93,6 +93,7 @@ class Replica:
 
 
 _EPOCH = re.compile(r"\(epoch (\d+)\)")
+_DISCORD_CURSORS = "SELECT count(*) FROM cursors WHERE name LIKE 'discord:last:%'"
 _HOLDER = (
     "SELECT holder, epoch FROM leases WHERE name = 'daemon'"
     " AND expires_at > EXTRACT(EPOCH FROM clock_timestamp())"
@@ -163,15 +164,35 @@ class Fleet:
 
     async def holder(self) -> tuple[str, int] | None:
         """The lease's holder and epoch, unless the lease expired."""
-        assert self._db is not None
-        async with self._db_lock:
-            row = await (await self._db.execute(_HOLDER)).fetchone()
+        row = await self._row(_HOLDER)
         return None if row is None else (str(row[0]), int(str(row[1])))
 
+    async def _query(self, sql: str) -> int:
+        row = await self._row(sql)
+        return 0 if row is None else int(str(row[0]))
+
+    async def _row(self, sql: str) -> tuple[object, ...] | None:
+        assert self._db is not None
+        async with self._db_lock:
+            return await (await self._db.execute(sql)).fetchone()  # type: ignore[arg-type]
+
     # -- starting ---------------------------------------------------------------------------
-    async def start_all(self) -> None:
-        """All at once, on a database none of them migrated yet, as a deployment starts."""
+    async def start_all(self, discord_channels: int, timeout_s: float = 60) -> None:
+        """All at once, on a database none of them migrated yet, as a deployment starts; then
+        until one serves with its channels connected and each bound Discord channel has its
+        first cursor, as the single daemon has before the first message. (Before its first
+        cursor, a Discord channel's first connection skips the history before it by design:
+        a deployment whose first server lost its lease before saving that cursor loses what
+        came meanwhile; that window is the deployment's first seconds.)"""
         await asyncio.gather(*(self._start(r) for r in self.replicas))
+
+        async def established() -> bool:
+            if not any(READY_MARK in line for r in self.replicas for line in r.run.log):
+                return False
+            return await self._query(_DISCORD_CURSORS) >= discord_channels
+
+        async with asyncio.timeout(timeout_s):
+            await _polled(established)
 
     async def _start(self, replica: Replica) -> None:
         async with self._changed:
@@ -297,13 +318,14 @@ class Fleet:
             await asyncio.sleep(0.1)
 
     async def _taken_from(self, name: str, timeout_s: float) -> bool:
+        async def taken() -> bool:
+            held = await self.holder()
+            return held is not None and held[0] != name
+
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                while True:
-                    held = await self.holder()
-                    if held is not None and held[0] != name:
-                        return True
-                    await asyncio.sleep(0.1)
+                await _polled(taken)
+                return True
         return False
 
     # -- the end ----------------------------------------------------------------------------
@@ -343,6 +365,15 @@ class Fleet:
         if self.pauses_done != self.plan.pauses:
             figures.problems.append(f"{self.pauses_done} pauses done of {self.plan.pauses}")
         return figures
+
+
+async def _polled(check: Callable[[], Awaitable[bool]], every_s: float = 0.05) -> None:
+    """Until ``check`` holds: what the driver waits for is in other processes and the
+    database, which notify nobody."""
+    while True:
+        if await check():
+            return
+        await asyncio.sleep(every_s)
 
 
 def _refused(line: str) -> bool:

@@ -51,6 +51,8 @@ class ReplicaProcess(DaemonProcess):
     def __init__(self, config: Path, env: dict[str, str], on_serving: Callable[[str], None]):
         super().__init__(config, env)
         self.serving_since: float | None = None
+        self.lost_at: float | None = None  # when it logged that its lease was lost
+        self.resumed_from: int | None = None  # its first log line after a SIGCONT
         self.ended: float | None = None
         self.planned_exit = False  # the driver killed, paused or stopped it
         self._on_serving = on_serving
@@ -65,6 +67,8 @@ class ReplicaProcess(DaemonProcess):
                 self._on_serving(line)
             if TAKEN_MARK in line or STANDBY_MARK in line:
                 self._ready.set()
+            if LOST_MARK in line and self.lost_at is None:
+                self.lost_at = time.monotonic()
         self.end()
 
     def end(self) -> None:
@@ -122,6 +126,7 @@ class Fleet:
         self.pauses_done = 0
         self.refused_after_resume = 0
         self.lost_unpaused = 0
+        self.resumes: list[str] = []  # per pause: SIGCONT to "lost lease" / to the exit
         self.closing = False
         self._changed = asyncio.Condition()
         self._watchers: set[asyncio.Task[None]] = set()
@@ -147,7 +152,14 @@ class Fleet:
             await self._db.close()
 
     def logs(self) -> list[str]:
-        return [line for r in self.replicas for run in r.runs for line in run.log]
+        """Every log line, but a paused replica's after its SIGCONT: its refused work."""
+        return [
+            line for r in self.replicas for run in r.runs for line in run.log[: run.resumed_from]
+        ]
+
+    def _after_resumes(self) -> list[str]:
+        runs = [run for r in self.replicas for run in r.runs if run.resumed_from is not None]
+        return [line for run in runs for line in run.log[run.resumed_from :]]
 
     def keep_logs(self) -> None:
         """Each run's log beside its replica's config: ``r2/run-1.log``."""
@@ -282,7 +294,8 @@ class Fleet:
         await asyncio.sleep(hold)
         if not await self._taken_from(replica.name, timeout_s=60):
             self.figures.problems.append(f"no replica took over while {replica.name} was paused")
-        resumed = len(run.log)
+        resumed, resumed_at = len(run.log), time.monotonic()
+        run.resumed_from = resumed
         run.proc.send_signal(signal.SIGCONT)
         try:
             async with asyncio.timeout(30):
@@ -300,7 +313,13 @@ class Fleet:
         if not any(LOST_MARK in line for line in after):
             self.figures.problems.append(f"{replica.name} did not log {LOST_MARK!r} when resumed")
         self.pauses_done += 1
-        self.say(f"{replica.name} resumed, exited {code}; starting it again")
+        exited_s = time.monotonic() - resumed_at
+        noticed = "never" if run.lost_at is None else f"{run.lost_at - resumed_at:.2f} s"
+        self.resumes.append(f"{noticed} / {exited_s:.1f} s")
+        self.say(
+            f"{replica.name} resumed: lease lost noticed after {noticed}, exited {code}"
+            f" after {exited_s:.1f} s; starting it again"
+        )
         await self._start(replica)
 
     async def _claim_serving(self) -> tuple[Replica, int]:
@@ -360,7 +379,10 @@ class Fleet:
         counts = figures.counts
         counts["replicas"] = len(self.replicas)
         counts["pauses (SIGSTOP past the lease TTL)"] = self.pauses_done
+        counts["after SIGCONT: lease loss logged / exit, per pause"] = ", ".join(self.resumes)
         counts["writes/sends refused after SIGCONT"] = self.refused_after_resume
+        after = self._after_resumes()
+        counts["log lines with a traceback after SIGCONT"] = sum("Traceback" in x for x in after)
         counts["leases lost without a pause (exit 1)"] = self.lost_unpaused
         if self.pauses_done != self.plan.pauses:
             figures.problems.append(f"{self.pauses_done} pauses done of {self.plan.pauses}")

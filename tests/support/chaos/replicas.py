@@ -123,7 +123,7 @@ class Fleet:
         self.figures = ReplicaFigures()
         self.start_s: list[float] = []
         self.kills_done = 0
-        self.pauses_done = 0
+        self.pauses_begun = self.pauses_done = 0
         self.refused_after_resume = 0
         self.lost_unpaused = 0
         self.resumes: list[str] = []  # per pause: SIGCONT to "lost lease" / to the exit
@@ -286,9 +286,10 @@ class Fleet:
         run.end()
         run.proc.send_signal(signal.SIGSTOP)
         replica.pauses += 1
+        self.pauses_begun += 1
         hold = self.plan.lease_ttl_s + event.hold_s
         self.say(
-            f"pause {self.pauses_done + 1}/{self.plan.pauses}: {replica.name} (serving, epoch"
+            f"pause {self.pauses_begun}/{self.plan.pauses}: {replica.name} (serving, epoch"
             f" {epoch}) after message {event.after_message}, stopped {hold:.2f} s at least"
         )
         await asyncio.sleep(hold)

@@ -4,6 +4,10 @@
 job, SIGKILLed and restarted at seeded points while messages arrive; then exact counts of
 replies, tool effects, job fires and the store's integrity. Exit status 1 if any promise was
 broken. The driver is ``tests/support/chaos/driver.py``, shared with ``tests/e2e/test_chaos.py``.
+
+``--replicas 3 --pauses 3``: three daemons on one PostgreSQL database (a throwaway cluster,
+durable), one serving under the daemon's lease; the kills hit random replicas, the pauses
+SIGSTOP the serving one past its lease's time to live so another takes over.
 """
 
 from __future__ import annotations
@@ -35,9 +39,17 @@ def main() -> int:
                         help="messages per second, on average")  # fmt: skip
     parser.add_argument("--job-every", type=int, default=defaults.job_every_s,
                         help="seconds between the job's fires")  # fmt: skip
+    parser.add_argument("--replicas", type=int, default=defaults.replicas,
+                        help="daemons on one PostgreSQL (0: one daemon on SQLite)")  # fmt: skip
+    parser.add_argument("--pauses", type=int, default=defaults.pauses,
+                        help="SIGSTOPs of the serving replica past its lease")  # fmt: skip
+    parser.add_argument("--lease-ttl", type=float, default=defaults.lease_ttl_s,
+                        help="[store] lease_ttl_s of the replicas (3..300)")  # fmt: skip
     parser.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s)
     parser.add_argument("--keep", action="store_true", help="keep the state directory")
     args = parser.parse_args()
+    if args.pauses and args.replicas < 2:
+        parser.error("--pauses needs --replicas 2 or more: another replica takes over")
     plan = ChaosPlan(
         seed=args.seed,
         messages=args.messages,
@@ -46,6 +58,9 @@ def main() -> int:
         rate=args.rate,
         job_every_s=args.job_every,
         drain_timeout_s=args.drain_timeout,
+        replicas=args.replicas,
+        pauses=args.pauses,
+        lease_ttl_s=args.lease_ttl,
     )
     # A daemon killed mid-request makes the fakes' aiohttp server log "Connection lost" with a
     # traceback: the expected effect of SIGKILL, not a finding.

@@ -272,7 +272,12 @@ async def _enter_daemon(
         job_status=JobStatus(store).for_binding,
         grace=turns_grace,
         approvals=approvals,
-        streams=ReplyStreams(store, channels, interval_s=config.daemon.stream_edit_interval_s),
+        streams=ReplyStreams(
+            store,
+            channels,
+            interval_s=config.daemon.stream_edit_interval_s,
+            may_send=lease.valid if lease is not None else None,
+        ),
         attachments=Attachments(store, app.files, channels) if app.files is not None else None,
     )
     scheduler = JobScheduler(

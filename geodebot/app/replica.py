@@ -216,8 +216,13 @@ class DaemonLease:
 
     async def _renew(self) -> None:
         period = self.ttl_s / 3
+        # The deadline counts from before the acquire's request, which may have waited (on
+        # the row lock of a holder paused mid-transaction, until the database ended that
+        # transaction): renewed at once if less than two periods are left, not lost unrenewed.
+        wait = min(period, max(0.0, self._deadline - self._clock() - 2 * period))
         while self._lost is None:
-            await asyncio.sleep(period)
+            await asyncio.sleep(wait)
+            wait = period
             lease = self.lease
             assert lease is not None
             asked = self._clock()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from geodebot.channels.base import Channel, ChannelError, Destination, OutboundPart, Platform
@@ -70,16 +70,24 @@ class EditPacer:
 class ReplyStreams:
     """Makes each chat turn's StreamedReply, where its binding streams."""
 
-    def __init__(self, store: Store, channels: Mapping[str, Channel], *, interval_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        channels: Mapping[str, Channel],
+        *,
+        interval_s: float,
+        may_send: Callable[[], bool] | None = None,
+    ) -> None:
         self._store = store
         self._channels = channels
         self._pacer = EditPacer(interval_s)
+        self._may_send = may_send
 
     def for_row(self, row: InboxRow, binding: BindingConfig) -> StreamedReply | None:
         channel = self._channels.get(row.platform)
         if not binding.stream or channel is None:
             return None
-        return StreamedReply(channel, self._store, row, self._pacer)
+        return StreamedReply(channel, self._store, row, self._pacer, may_send=self._may_send)
 
 
 class StreamedReply:
@@ -94,8 +102,13 @@ class StreamedReply:
         pacer: EditPacer,
         *,
         first_after_s: float = FIRST_PREVIEW_AFTER_S,
+        may_send: Callable[[], bool] | None = None,
     ) -> None:
         self._channel = channel
+        # As the outbox's: false once this replica may no longer hold the daemon's lease. A
+        # preview goes on the platform outside the outbox, and one shown by a replica that
+        # lost its lease is recorded nowhere: the new holder's answer would come a second time.
+        self._may_send = may_send
         self._store = store
         self._row = row
         self._pacer = pacer
@@ -202,6 +215,9 @@ class StreamedReply:
         return answer
 
     async def _show(self, text: str) -> None:
+        if self._may_send is not None and not self._may_send():
+            log.info("inbox %s: preview skipped: the daemon's lease is lost", self._row.id)
+            return
         part = OutboundPart(
             self._destination,
             text,

@@ -129,3 +129,29 @@ async def test_a_holder_paused_past_its_deadline_knows_before_it_acts(
     assert first.valid()
     now[0] += 2.0  # the process did not run for a while: its deadline passed meanwhile
     assert not first.valid()
+
+
+async def test_a_takeover_that_waited_renews_at_once_instead_of_losing_the_lease(
+    stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, _ = stores
+    lost: list[str] = []
+    ttl = 0.9
+    taker = keeper(one, "web-2", lost, ttl=ttl)
+    acquire = one.lease_acquire
+
+    async def waited(name: str, holder: str, ttl_s: float) -> Lease:
+        # The takeover's UPDATE waits on the row lock of a holder paused mid-transaction
+        # until the database ends that transaction: most of the TTL goes by before the lease
+        # is taken (and counted from then in the database).
+        await asyncio.sleep(ttl * 0.7)
+        return await acquire(name, holder, ttl_s)
+
+    monkeypatch.setattr(one, "lease_acquire", waited)
+    await taker.acquire()
+    async with taker:
+        # Past the deadline counted from before the request: still held, renewed meanwhile.
+        await asyncio.sleep(ttl * 1.2)
+        assert not lost
+        assert taker.valid()
+        await one.ensure_session("served", "channel")

@@ -251,3 +251,22 @@ def test_the_pace_is_per_chat_whatever_the_thread_and_discord_leaves_room_for_th
         previews.append(now)
         pacer.used(("discord", "D2"), now)
     assert len([t for t in previews if t < 5.0]) == 4
+
+
+async def test_a_replica_that_lost_its_lease_shows_no_preview(store: SQLiteStore) -> None:
+    chat = MemoryChannel()
+    held = [True]
+    row = await inbox_row(store)
+    reply = StreamedReply(
+        chat, store, row, EditPacer(0.0), first_after_s=0.0, may_send=lambda: held[0]
+    )
+    reply.round_started()
+    reply.text("first")
+    await until(chat, lambda: "first" in chat.messages.values())
+    # Paused past its lease, another replica answers now: nothing more goes out from here.
+    held[0] = False
+    reply.text(" and more")
+    reply.tools_started((("read_file", "notes/todo.md"),))
+    await reply.close()
+    assert list(chat.messages.values()) == ["first"]
+    assert chat.edits == []

@@ -411,6 +411,7 @@ async def test_polling_survives_a_502_and_a_409(fake: FakeTelegram, open_channel
     fake.push_message(GROUP, "still here", user_id=42)
     assert [i.text for i in await sink.wait(2)] == ["wake the poll", "still here"]
     assert channel.status().counters["poll_errors"] == 2
+    assert fake.conflicts == 1
 
 
 async def test_stop_lets_a_running_sink_commit(fake: FakeTelegram, open_channel: OpenChannel):

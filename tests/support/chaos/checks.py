@@ -13,13 +13,13 @@ where the store recorded that blind resend for that very row, and both copies ar
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from geodebot.scheduler.schedule import format_fire
+from tests.support.chaos.stores import ChaosStore
 from tests.support.chaos.world import END, JOB_ID, JOB_SESSION, Fakes, Sent, chats
 
 Key = tuple[str, str, str | None]  # platform, channel, the message a bot message answers
@@ -95,35 +95,29 @@ class _Seen:
     blind: set[tuple[str, str]]  # (platform, event id) of replies resent blind
     blind_fires: set[int]  # scheduled_ms of job posts resent blind
     effects: list[tuple[str, str]]
-    integrity: list[str]
-    foreign: list[Any]
+    integrity: dict[str, Any]  # the store's own checks, to print
+    damage: list[str]  # what they found wrong
 
     @property
     def per_marker(self) -> Counter[str]:
         return Counter(marker for marker, _ in self.effects)
 
 
-def _read(fakes: Fakes, workspace: Path, db: Path) -> _Seen:
-    with sqlite3.connect(db) as conn:
-        integrity = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
-        foreign = conn.execute("PRAGMA foreign_key_check").fetchall()
-        inbox_rows = conn.execute("SELECT platform, event_id, status FROM inbox").fetchall()
-        outbox_rows = conn.execute("SELECT status, blind_resends FROM outbox").fetchall()
-        fires = conn.execute(
-            "SELECT scheduled_ms, outcome FROM job_fires WHERE job_id = ?", (JOB_ID,)
-        ).fetchall()
-        receipts = conn.execute("SELECT call_id, status FROM effect_receipts").fetchall()
-        zone = conn.execute(
-            "SELECT timezone FROM scheduled_jobs WHERE id = ?", (JOB_ID,)
-        ).fetchone()
-        blind = conn.execute(
-            "SELECT i.platform, i.event_id FROM outbox o JOIN inbox i ON o.inbox_id = i.id"
-            " WHERE o.blind_resends > 0"
-        ).fetchall()
-        blind_fires = conn.execute(
-            "SELECT f.scheduled_ms FROM job_fires f JOIN outbox o ON f.outbox_id = o.id"
-            " WHERE o.blind_resends > 0"
-        ).fetchall()
+def _read(fakes: Fakes, workspace: Path, store: ChaosStore) -> _Seen:
+    inbox_rows = store.rows("SELECT platform, event_id, status FROM inbox")
+    outbox_rows = store.rows("SELECT status, blind_resends FROM outbox")
+    fires = store.rows("SELECT scheduled_ms, outcome FROM job_fires WHERE job_id = ?", (JOB_ID,))
+    receipts = store.rows("SELECT call_id, status FROM effect_receipts")
+    zone = store.rows("SELECT timezone FROM scheduled_jobs WHERE id = ?", (JOB_ID,))
+    blind = store.rows(
+        "SELECT i.platform, i.event_id FROM outbox o JOIN inbox i ON o.inbox_id = i.id"
+        " WHERE o.blind_resends > 0"
+    )
+    blind_fires = store.rows(
+        "SELECT f.scheduled_ms FROM job_fires f JOIN outbox o ON f.outbox_id = o.id"
+        " WHERE o.blind_resends > 0"
+    )
+    integrity, damage = store.integrity()
     return _Seen(
         fakes=fakes,
         bot=_bot_messages(fakes),
@@ -131,13 +125,13 @@ def _read(fakes: Fakes, workspace: Path, db: Path) -> _Seen:
         inbox_rows=inbox_rows,
         outbox_rows=outbox_rows,
         fires=fires,
-        zone=str(zone[0]) if zone else "UTC",
+        zone=str(zone[0][0]) if zone else "UTC",
         uncertain={str(c) for c, status in receipts if status == "uncertain"},
         blind={(str(p), str(e)) for p, e in blind},
         blind_fires={int(ms) for (ms,) in blind_fires},
         effects=_effects(workspace),
         integrity=integrity,
-        foreign=foreign,
+        damage=damage,
     )
 
 
@@ -251,14 +245,16 @@ def _check_job(seen: _Seen, report: ChaosReport) -> None:
     counts["job fires by outcome"] = dict(sorted(outcomes.items()))
     if len({ms for ms, _ in seen.fires}) != len(seen.fires):
         problems.append("a job fire time was claimed more than once")
+    claimed_twice = len(seen.fires) - len({ms for ms, _ in seen.fires})
     posts = seen.bot.get(_job_chat(), [])
-    resent = 0
+    resent = posted_twice = 0
     for ms, outcome in seen.fires:
         when = f"({format_fire(int(ms), seen.zone)})"
         n = sum(1 for text in posts if when in text)
         if n == 2 and int(ms) in seen.blind_fires:
             resent += 1
             n = 1
+        posted_twice += n > 1
         if n > 1 or (outcome == "ok" and n != 1):
             problems.append(f"job fire {when} ({outcome}) posted {n} times")
     job_effects = sum(n for m, n in seen.per_marker.items() if m.startswith("JOB"))
@@ -266,6 +262,7 @@ def _check_job(seen: _Seen, report: ChaosReport) -> None:
     counts["job effects written"] = job_effects
     counts["job posts"] = len(posts)
     counts["job posts resent blind after a kill"] = resent
+    counts["job fires claimed or posted twice"] = claimed_twice + posted_twice
     if job_effects > ran:
         problems.append(f"{job_effects} job effects for {ran} fires that ran")
 
@@ -275,12 +272,28 @@ def _check_store(seen: _Seen, report: ChaosReport) -> None:
     counts["inbox rows by status"] = dict(sorted(Counter(s for *_, s in seen.inbox_rows).items()))
     counts["outbox rows by status"] = dict(sorted(Counter(s for s, _ in seen.outbox_rows).items()))
     counts["outbox rows resent blind"] = sum(1 for _, blind in seen.outbox_rows if blind)
-    counts["PRAGMA integrity_check"] = ",".join(seen.integrity)
-    counts["PRAGMA foreign_key_check rows"] = len(seen.foreign)
-    if seen.integrity != ["ok"]:
-        report.problems.append(f"integrity_check: {seen.integrity[:5]}")
-    if seen.foreign:
-        report.problems.append(f"foreign_key_check: {seen.foreign[:5]}")
+    counts.update(seen.integrity)
+    report.problems += [f"store damaged: {d}" for d in seen.damage]
+
+
+@dataclass
+class ReplicaFigures:
+    """What the driver saw of the replicas on its way (the store holds the rest)."""
+
+    per_replica: dict[str, str] = field(default_factory=dict)  # name -> one line of figures
+    counts: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def _check_replicas(store: ChaosStore, replicas: ReplicaFigures, report: ChaosReport) -> None:
+    lease = store.rows("SELECT holder, epoch FROM leases WHERE name = 'daemon'")
+    holder, epoch = (str(lease[0][0]), int(lease[0][1])) if lease else ("nobody", 0)
+    report.counts["takeovers (final epoch - 1)"] = max(0, epoch - 1)
+    report.counts["last lease holder (epoch)"] = f"{holder} ({epoch})"
+    report.counts.update(replicas.counts)
+    for name, line in replicas.per_replica.items():
+        report.counts[f"replica {name}"] = line
+    report.problems += replicas.problems
 
 
 def tally(
@@ -288,15 +301,17 @@ def tally(
     plan_line: str,
     fakes: Fakes,
     workspace: Path,
-    db: Path,
+    store: ChaosStore,
     kills_done: int,
     kills_planned: int,
     restart_s: list[float],
     drained: bool,
-    exit_code: int,
+    stops: dict[str, int],
     logs: list[str],
     wall_s: float,
+    replicas: ReplicaFigures | None = None,
 ) -> ChaosReport:
+    """``stops``: the exit code of each daemon's final SIGTERM stop, by name."""
     report = ChaosReport()
     counts, problems = report.counts, report.problems
     counts["plan"] = plan_line
@@ -309,9 +324,13 @@ def tally(
         problems.append(f"{kills_done} kills done of {kills_planned} planned")
     if not drained:
         problems.append("the daemon did not drain (messages unanswered or outbox pending)")
-    if exit_code != 0:
-        problems.append(f"the final SIGTERM stop exited {exit_code}")
-    seen = _read(fakes, workspace, db)
+    for name, code in stops.items():
+        if code != 0:
+            problems.append(f"the final SIGTERM stop of {name} exited {code}")
+    if replicas is not None:
+        _check_replicas(store, replicas, report)
+    counts["telegram getUpdates ended by a newer one (409)"] = fakes.telegram.conflicts
+    seen = _read(fakes, workspace, store)
     _check_messages(seen, report)
     _check_strays(seen, report)
     _check_effects(seen, report)

@@ -179,13 +179,43 @@ class Fakes:
         return env
 
 
-def write_config(path: Path, fakes: Fakes, bound: list[Chat], job_every_s: int) -> Path:
-    state, workspace = path.parent / "var", path.parent / "workspace"
+@dataclass(frozen=True)
+class ReplicaSetup:
+    """What sets one replica's config apart: its name, and the database all of them share."""
+
+    replica_id: str
+    store_url: str
+    lease_ttl_s: float
+
+
+def prepare_workspace(workspace: Path, bound: list[Chat]) -> Path:
+    """The tool's files, each holding only :data:`END`; once per run, shared by every
+    replica as a shared volume would be."""
     workspace.mkdir(parents=True, exist_ok=True)
     for name in [f"{c.session}.log" for c in bound] + [JOB_FILE]:
         (workspace / name).write_text(END + "\n")
-    lines = [
-        "[daemon]",
+    return workspace
+
+
+def write_config(
+    path: Path,
+    fakes: Fakes,
+    bound: list[Chat],
+    job_every_s: int,
+    *,
+    replica: ReplicaSetup | None = None,
+    workspace: Path | None = None,
+) -> Path:
+    """The daemon's config at ``path``, its state in ``var`` beside it. Without ``replica``:
+    one daemon on SQLite, and the workspace beside it prepared here. With it: one replica of
+    several on PostgreSQL, the workspace (``workspace``, prepared once by the caller) shared."""
+    state = path.parent / "var"
+    if workspace is None:
+        workspace = prepare_workspace(path.parent / "workspace", bound)
+    lines = ["[daemon]"]
+    if replica is not None:
+        lines.append(f'replica_id = "{replica.replica_id}"')
+    lines += [
         f'state_dir = "{state}"',
         "max_concurrent_sessions = 6",
         "session_queue = 500",
@@ -193,6 +223,14 @@ def write_config(path: Path, fakes: Fakes, bound: list[Chat], job_every_s: int) 
         # One sender per platform sends hundreds of messages here: flood control would drop
         # them by design, and the run is about crashes, not floods (tests/e2e/test_abuse_*.py).
         "user_rate_per_min = 0",
+    ]
+    if replica is not None:
+        lines += [
+            "[store]",
+            f'url = "{replica.store_url}"',
+            f"lease_ttl_s = {replica.lease_ttl_s:g}",
+        ]
+    lines += [
         "[model]",
         'provider = "anthropic"',
         'name = "chaos-model"',

@@ -9,7 +9,7 @@ Behaviour worth knowing in tests:
 * getUpdates confirms every update below ``offset`` (they are gone for good, like Telegram);
   ``confirmed_offset`` is the highest offset any call confirmed. A long poll that is still
   waiting when another getUpdates arrives is ended with 409 "terminated by other getUpdates
-  request", as Telegram does (the newcomer is served).
+  request", as Telegram does (the newcomer is served); ``conflicts`` counts those 409s.
 * A message in a forum topic carries, as Telegram sends it, ``reply_to_message`` pointing at
   the topic's creation message; here the bot created every topic, the case where a naive
   "reply to the bot" check treats every topic message as addressed to the bot.
@@ -285,6 +285,7 @@ class FakeTelegram:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.webhook_deletes = 0
         self.confirmed_offset = 0
+        self.conflicts = 0  # long polls ended by a newer getUpdates (409)
         self.pushed: dict[int, dict[str, Any]] = {}  # every update queued, by update_id
         self.files: dict[str, StoredFile] = {}  # by file_id
         self.pushed_files: dict[int, StoredFile] = {}  # the file of each push_file, by update_id
@@ -754,6 +755,7 @@ class FakeTelegram:
         try:
             while True:
                 if poll.terminated:
+                    self.conflicts += 1
                     raise ApiError(
                         409,
                         "Conflict: terminated by other getUpdates request; "

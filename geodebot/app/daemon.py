@@ -258,6 +258,7 @@ async def _enter_daemon(
             if live is None
             else lambda request: live.publish("approvals", session=request.session_id)
         ),
+        may_send=lease.valid if lease is not None else None,
     )
     router = ChatRouter(
         app.run_turn,

@@ -32,7 +32,7 @@ from geodebot.channels.base import (
 from geodebot.config.schema import BindingConfig
 from geodebot.logs.redact import Redactor
 from geodebot.store.protocol import Store
-from geodebot.store.records import ApprovalRecord, InboxRow
+from geodebot.store.records import ApprovalRecord, Fenced, InboxRow
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,12 @@ class ChatApprovals:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_change: Callable[[ApprovalRecord], None] | None = None,
+        may_send: Callable[[], bool] | None = None,
     ) -> None:
         self._store = store
+        # As the outbox's: false once this replica may no longer hold the daemon's lease. A
+        # card goes on the platform outside the outbox; the replica that took over shows it.
+        self._may_send = may_send
         # Told when a request is shown or settled here (the console's open pages follow it).
         self._on_change = on_change
         self._channels = channels
@@ -196,6 +200,8 @@ class ChatApprovals:
             "thread": destination.thread,
         }
         await self._store.approval_card(request.id, {**address, "state": "posting"})
+        if not self._sending():
+            raise Fenced(f"approval {request.id}: no card shown: the daemon's lease is lost")
         message_id = await self._post(destination, self._card(request))
         if message_id is None:
             return await self._expire(request)
@@ -280,10 +286,13 @@ class ChatApprovals:
         self._edits.add(task)
         task.add_done_callback(self._edits.discard)
 
+    def _sending(self) -> bool:
+        return self._may_send is None or self._may_send()
+
     async def _edit(self, request: ApprovalRecord, message_id: str) -> None:
         card = request.card
         channel = self._channels.get(str(card.get("platform")))
-        if channel is None:
+        if channel is None or not self._sending():
             return
         destination = Destination(
             cast(Platform, card["platform"]), str(card["channel"]), card.get("thread")

@@ -22,6 +22,7 @@ from geodebot.app.build import App
 from geodebot.channels.base import ApprovalCard, Inbound, Press, PressAnswer
 from geodebot.chat.approvals import NOT_VALID, ChatApprovals
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.replies import STORE_FAILURE_TEXT
 from geodebot.chat.router import ChatRouter
 from geodebot.engine.lanes import Grace
 from geodebot.testing import MemoryChannel
@@ -87,6 +88,7 @@ async def world(
     *,
     chat: MemoryChannel | None = None,
     clock: Callable[[], float] | None = None,
+    may_send: Callable[[], bool] | None = None,
     **extra: Any,
 ) -> AsyncIterator[World]:
     config = with_sections(make_config(tmp_path, llm), bindings=[binding(**extra)])
@@ -96,7 +98,9 @@ async def world(
         app = await open_app(config, stack, marker)
         store = app.services.store
         outbox = OutboxSender(store, {"telegram": chat}, grace=Grace(5.0))
-        approvals = ChatApprovals(store, {"telegram": chat}, **({"clock": clock} if clock else {}))
+        approvals = ChatApprovals(
+            store, {"telegram": chat}, may_send=may_send, **({"clock": clock} if clock else {})
+        )
         router = ChatRouter(
             app.run_turn,
             store,
@@ -336,4 +340,19 @@ async def test_stop_while_a_card_waits_expires_the_request(
     assert not late.counted
     assert request is not None
     assert request.status == "expired"
+    assert marker_lines(w.marker) == []
+
+
+async def test_a_replica_that_lost_its_lease_shows_no_card_and_runs_nothing(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # The daemon's lease (app/replica.py) is no longer valid: the card would be a platform
+    # message outside the outbox, which the replica that took over shows itself.
+    asks_to_write(llm_server)
+    async with world(tmp_path, llm_server, may_send=lambda: False) as w:
+        await w.chat.deliver(message("please deploy"))
+        assert await w.replies(1) == [STORE_FAILURE_TEXT]
+        [request] = await w.app.services.store.approvals_pending(session_id=SESSION)
+        assert request.card.get("state") == "posting"  # for the next holder to post
+    assert not w.chat.cards
     assert marker_lines(w.marker) == []

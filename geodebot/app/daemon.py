@@ -110,14 +110,16 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
             if stop.is_set():
                 return None
             await _sweep_receipts(store)
+            turns_grace, sends_grace = Grace(grace), Grace(grace)
             daemon = await _enter_daemon(
                 config,
                 app,
                 stack,
                 metrics,
-                Grace(grace),
+                turns_grace,
                 live,
                 lease=lease,
+                sends_grace=sends_grace,
             )
             status.daemon = daemon
             ipc = ipc_handler(app, _status_report(app, daemon))
@@ -133,8 +135,15 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
             ready = _ready_when_connected(notifier, daemon.supervisor, status, app)
             await stack.enter_async_context(_running(ready))
             await stop.wait()
-            log.info("shutting down (grace %s s)", grace)
-            notifier.stopping(f"stopping: draining turns for up to {grace:g} s")
+            if lost:
+                # Nothing a turn or the outbox does now can commit or be sent: no waiting.
+                turns_grace.end_now()
+                sends_grace.end_now()
+                log.info("shutting down at once: the daemon's lease was lost")
+                notifier.stopping("stopping: the daemon's lease was lost")
+            else:
+                log.info("shutting down (grace %s s)", grace)
+                notifier.stopping(f"stopping: draining turns for up to {grace:g} s")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -224,6 +233,7 @@ async def _enter_daemon(
     live: LiveFeed | None = None,
     *,
     lease: DaemonLease | None = None,
+    sends_grace: Grace,
 ) -> _Daemon:
     """Build the chat and job paths and enter them on ``stack``, connections first (so they
     close last), then the outbox, the router and the scheduler."""
@@ -237,7 +247,7 @@ async def _enter_daemon(
     outbox = OutboxSender(
         store,
         channels,
-        grace=Grace(turns_grace.seconds),
+        grace=sends_grace,
         files=app.files,
         # A reply given up on is a new dead letter; a replayed one sent at last changes what
         # the decisions show (and a row sent like any other costs one check while no page

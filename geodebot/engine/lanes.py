@@ -72,3 +72,8 @@ class Grace:
         if self._deadline is None:
             self._deadline = now + self.seconds
         return max(0.0, self._deadline - now)
+
+    def end_now(self) -> None:
+        """No grace after all: whoever asks from now on gets none (work that can no longer
+        finish, say: this replica lost the daemon's lease and can commit nothing)."""
+        self._deadline = self._clock()

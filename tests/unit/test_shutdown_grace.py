@@ -102,3 +102,16 @@ async def test_running_turns_get_the_grace_once_not_once_per_service(
         assert await world.sent(1) == [
             f"Job digest ({format_fire(fires[-1].scheduled_ms, 'UTC')}) failed: daemon stopped"
         ]
+
+
+def test_a_grace_ended_now_gives_nothing_to_whoever_asks_before_or_after() -> None:
+    # The daemon's lease was lost: its turns and outbox could commit and send nothing more.
+    now = [100.0]
+    asked_first, untouched = Grace(30, clock=lambda: now[0]), Grace(30, clock=lambda: now[0])
+    assert asked_first.left() == 30
+    now[0] += 5
+    asked_first.end_now()
+    untouched.end_now()
+    assert (asked_first.left(), untouched.left()) == (0.0, 0.0)
+    now[0] += 60
+    assert asked_first.left() == untouched.left() == 0.0

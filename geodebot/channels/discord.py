@@ -17,8 +17,8 @@
   sink again, oldest first (the daemon drops duplicates by ``event_id``). Until that pass
   succeeds live messages do not move the cursor, so it never skips a gap; deliveries per
   channel are serialised so it only moves forward. The first run (no cursor) saves the
-  channel's newest message id as the cursor, so a crash before any message moved it loses
-  nothing sent after that first connect.
+  channel's newest message id as the cursor before the gateway connects, i.e. before the bot
+  shows as online: a crash at any point after loses nothing sent to the online bot.
 * Sending. ``Messageable.send`` has no ``enforce_nonce`` keyword: discord.py sends
   ``enforce_nonce: true`` with every nonce. The nonce hashes the part key, so a resend of a
   part within Discord's window returns the first message. discord.py sleeps through 429s
@@ -372,6 +372,7 @@ class DiscordChannel:
             raise ChannelError("discord: the bot token was rejected", permanent=True) from exc
         except _NET_ERRORS as exc:
             raise ChannelError(f"discord: login failed: {exc!r}") from exc
+        await self._mark_first_runs()
         self._runner = asyncio.create_task(client.connect(reconnect=True))
         self._runner.add_done_callback(self._runner_done)
         ready = asyncio.create_task(self._ready.wait())
@@ -464,6 +465,29 @@ class DiscordChannel:
         if store is not None and message.id > self._cursor.get(channel, 0):
             await store.set_cursor(_CURSOR.format(channel), str(message.id))
             self._cursor[channel] = message.id
+
+    async def _mark_first_runs(self) -> None:
+        """Each bound channel read for the first time gets its place (the newest message
+        now) saved before the gateway connects. Once the bot shows as online, a message sent
+        to it is owed an answer; saved only after the connect (as catch-up would), a crash
+        in between would leave the next start no place, and it would skip what came since.
+        A channel that cannot be read now is left to catch-up's own first run."""
+        if self._cursors is None:
+            return
+        for channel in sorted(self._bound):
+            try:
+                if await self._cursors.get_cursor(_CURSOR.format(channel)):
+                    continue
+                target = await self._messageable(channel)
+                newest = [m async for m in target.history(limit=1)]
+                await self._save_cursor(channel, newest[0].id if newest else 0)
+            except Exception as exc:
+                log.warning(
+                    "discord: %s: first place not saved before connecting: %s",
+                    channel,
+                    exc,
+                    exc_info=True,
+                )
 
     async def _save_cursor(self, channel: str, message_id: int) -> None:
         if self._cursors is not None:

@@ -292,6 +292,31 @@ async def test_first_run_marks_its_place_so_a_message_missed_before_any_other_is
         await again.stop()
 
 
+async def test_first_run_place_is_saved_before_the_bot_shows_as_online(
+    fake: FakeDiscord, sink: Sink
+) -> None:
+    # A crash right after the gateway connected must not leave the next start without a
+    # place: what was sent to the online bot meanwhile is owed an answer.
+    old = fake.push_message(fake.channel_id, "from before geodebot", author_id=USER)
+    identified_at_save: list[int] = []
+
+    class Watching(Cursors):
+        async def set_cursor(self, name: str, value: str) -> None:
+            identified_at_save.append(fake.identify_count)
+            await super().set_cursor(name, value)
+
+    cursors = Watching()
+    channel = make_channel(fake, cursors)
+    before = fake.identify_count
+    await channel.start(sink)
+    try:
+        assert cursors.values[f"discord:last:{fake.channel_id}"] == old
+        assert identified_at_save[0] == before  # saved before the gateway's IDENTIFY
+        assert sink.ids() == []
+    finally:
+        await channel.stop()
+
+
 async def test_failed_commit_is_caught_up(
     fake: FakeDiscord, chan: DiscordChannel, sink: Sink
 ) -> None:

@@ -7,13 +7,16 @@ unmentioned message where a mention is required are dropped without a model call
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import collections
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from geodebot.channels.base import Inbound
 from geodebot.chat.bindings import BindingIndex
 from geodebot.config.schema import BindingConfig
+from geodebot.store.protocol import Store
+from geodebot.store.records import InboxRow
 
 DropReason = Literal["unbound", "self", "bot", "user_not_allowed", "no_mention", "empty"]
 
@@ -88,3 +91,34 @@ def too_long(text: str, max_chars: int) -> str | None:
         f"That message is {len(text):,} characters long; the limit here is {max_chars:,}. "
         "Please send something shorter."
     )
+
+
+async def commit(
+    store: Store,
+    index: BindingIndex,
+    max_chars: Mapping[str, int],
+    inbound: Inbound,
+    counters: collections.Counter[str],
+    *,
+    pickup: str | None = None,
+) -> tuple[Accepted, InboxRow, bool] | None:
+    """The gate, then the inbox: ``(decision, row, new)`` once committed (the platform may
+    then be acknowledged), None if the gate dropped it (counted in ``counters``)."""
+    counters["received"] += 1
+    decision = decide(inbound, index, max_chars.get(inbound.platform, 16_000))
+    if not isinstance(decision, Accepted):
+        counters[f"dropped:{decision.reason}"] += 1
+        return None
+    row, new = await store.inbox_add(
+        platform=inbound.platform,
+        event_id=inbound.event_id,
+        session_id=decision.session_id,
+        channel=inbound.channel,
+        thread=inbound.thread,
+        user=inbound.user,
+        text=inbound.text,
+        message_id=inbound.message_id,
+        files=[f.to_json() for f in inbound.files],
+        pickup=pickup,
+    )
+    return decision, row, new

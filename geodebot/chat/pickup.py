@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from geodebot.channels.base import Inbound, Press, PressAnswer
 from geodebot.chat.bindings import BindingIndex
-from geodebot.chat.gate import Accepted, decide
+from geodebot.chat.gate import commit
 from geodebot.config.schema import BindingConfig
 from geodebot.store.protocol import Store
 from geodebot.store.records import InboxRow, StoreError
@@ -52,23 +52,17 @@ class StandbyIngress:
 
     async def accept(self, inbound: Inbound) -> None:
         """Returns once the message is committed (the adapter then acknowledges it)."""
-        self.counters["received"] += 1
-        decision = decide(inbound, self._index, self._max_chars.get(inbound.platform, 16_000))
-        if not isinstance(decision, Accepted):
-            self.counters[f"dropped:{decision.reason}"] += 1
-            return
-        _, new = await self._store.inbox_add(
-            platform=inbound.platform,
-            event_id=inbound.event_id,
-            session_id=decision.session_id,
-            channel=inbound.channel,
-            thread=inbound.thread,
-            user=inbound.user,
-            text=inbound.text,
-            message_id=inbound.message_id,
-            files=[f.to_json() for f in inbound.files],
+        committed = await commit(
+            self._store,
+            self._index,
+            self._max_chars,
+            inbound,
+            self.counters,
             pickup=self._replica_id,
         )
+        if committed is None:
+            return
+        _, _, new = committed
         self.counters["committed" if new else "duplicate"] += 1
 
     async def press(self, press: Press) -> PressAnswer:

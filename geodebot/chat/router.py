@@ -25,7 +25,7 @@ from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
-from geodebot.chat.gate import Accepted, decide, too_long
+from geodebot.chat.gate import commit, too_long
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.queues import SessionQueues
 from geodebot.chat.replies import (
@@ -131,22 +131,10 @@ class ChatRouter:
 
     # -- the sink ---------------------------------------------------------------------------
     async def accept(self, inbound: Inbound) -> None:
-        self.counters["received"] += 1
-        decision = decide(inbound, self._index, self._max_chars.get(inbound.platform, 16_000))
-        if not isinstance(decision, Accepted):
-            self.counters[f"dropped:{decision.reason}"] += 1
+        committed = await commit(self._store, self._index, self._max_chars, inbound, self.counters)
+        if committed is None:
             return
-        row, new = await self._store.inbox_add(
-            platform=inbound.platform,
-            event_id=inbound.event_id,
-            session_id=decision.session_id,
-            channel=inbound.channel,
-            thread=inbound.thread,
-            user=inbound.user,
-            text=inbound.text,
-            message_id=inbound.message_id,
-            files=[f.to_json() for f in inbound.files],
-        )
+        decision, row, new = committed
         if not new:
             # A redelivery: it was committed (and will be or was answered) already.
             self.counters["duplicate"] += 1

@@ -4,7 +4,8 @@ Slack spreads a Socket Mode app's events over all of its open connections, so ev
 keeps one open, standing by or not. A standing-by replica only commits what its connection
 brings (:class:`StandbyIngress`: the same gate as the router's, then the inbox with
 ``pickup`` set to its id) so that the platform is acknowledged; it answers nothing. The
-serving replica takes those rows up (:class:`PickUps`, polling the store) and does with each
+serving replica takes those rows up (:class:`PickUps`: woken by the standby's commit, and
+looking now and then by itself) and does with each
 what it does after its own commit: throttle, refuse, answer a command or queue the turn
 (:meth:`ChatRouter.pick_up`). The inbox's ``(platform, event_id)`` key makes an event that
 two connections brought one row.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -24,13 +26,14 @@ from geodebot.config.schema import BindingConfig
 from geodebot.store.protocol import Store
 from geodebot.store.records import InboxRow, StoreError
 
-__all__ = ["PICKUP_POLL_S", "STANDBY_PRESS", "PickUps", "StandbyIngress"]
+__all__ = ["PICKUP_POLL_S", "PICKUP_TOPIC", "STANDBY_PRESS", "PickUps", "StandbyIngress"]
 
 log = logging.getLogger(__name__)
 
-# How often the serving replica looks for rows to take up: the longest a message that came
-# through a standing-by replica waits before its turn is queued.
-PICKUP_POLL_S = 0.5
+# A standing-by replica's commit wakes the serving one at once (LISTEN/NOTIFY on PostgreSQL);
+# it also looks this often by itself, for a wake-up that was lost.
+PICKUP_POLL_S = 2.0
+PICKUP_TOPIC = "inbox_pickup"
 STANDBY_PRESS = "That press reached a replica that is standing by; please press again."
 
 
@@ -64,6 +67,12 @@ class StandbyIngress:
             return
         _, _, new = committed
         self.counters["committed" if new else "duplicate"] += 1
+        if new:
+            try:
+                await self._store.wake(PICKUP_TOPIC)
+            except StoreError as exc:
+                # Committed all the same: the serving replica's next look finds it.
+                log.warning("standby ingress: the serving replica was not woken: %s", exc)
 
     async def press(self, press: Press) -> PressAnswer:
         """A card's button pressed on this replica's connection: the waiting turn runs on
@@ -89,12 +98,16 @@ class PickUps:
         self.picked = 0
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.poll()
-            except StoreError as exc:
-                log.error("cannot read the messages other replicas received: %s", exc)
-            await asyncio.sleep(self._poll_s)
+        async with self._store.wakeups(PICKUP_TOPIC) as woken:
+            while True:
+                woken.clear()
+                try:
+                    await self.poll()
+                except StoreError as exc:
+                    log.error("cannot read the messages other replicas received: %s", exc)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._poll_s):
+                        await woken.wait()
 
     async def poll(self) -> int:
         """Hand over what is waiting; returns how many rows were found."""

@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from geodebot.store.leases import check_fence
 from geodebot.store.methods import StoreMethods
+from geodebot.store.pg_wakeups import PgWakeups
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
 from geodebot.store.rows import Body, Params, Row, Tx
@@ -204,7 +205,7 @@ def _place(url: str) -> str:
     return f"'postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}'"
 
 
-class PostgresStore(StoreMethods):
+class PostgresStore(PgWakeups, StoreMethods):
     """A :class:`Store` in a PostgreSQL database, shared by any number of processes.
 
     ``url`` is a libpq connection string or URL; ``password``, when given, is used instead of

@@ -15,7 +15,9 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from geodebot.store.jobs import JobStore
@@ -91,6 +93,15 @@ class Store(JobStore, Protocol):
     async def lease(self, name: str) -> Lease | None: ...
 
     async def leases(self) -> list[Lease]: ...
+
+    # -- wake-ups between processes (pg_wakeups.py) ------------------------------------------
+    async def wake(self, topic: str) -> None:
+        """Tell other processes sharing the store to look at ``topic`` now (PostgreSQL:
+        NOTIFY). A hint only: nothing on SQLite, whose one process needs none."""
+
+    def wakeups(self, topic: str) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set whenever another process calls :meth:`wake` for ``topic`` (on
+        SQLite: never). Waiters look by themselves now and then too: a wake-up may be lost."""
 
     # -- replicas (replicas.py) --------------------------------------------------------------
     async def replica_seen(self, replica_id: str, *, role: str, host: str, pid: int) -> None:

@@ -12,12 +12,13 @@ disk at the configured level (see :meth:`SQLiteStore._transact`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pathlib
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import aiosqlite
@@ -262,6 +263,14 @@ class SQLiteStore(StoreMethods):
     def fence(self, lease: Lease | None) -> None:
         """Write only while ``lease`` is its holder's (see leases.py); None: write freely."""
         self._fence = lease
+
+    async def wake(self, topic: str) -> None:
+        """Nothing: one process uses a SQLite store at a time."""
+
+    @contextlib.asynccontextmanager
+    async def wakeups(self, topic: str) -> AsyncIterator[asyncio.Event]:
+        """An event nothing sets: no other process writes here."""
+        yield asyncio.Event()
 
 
 class _SQLiteTx:

@@ -168,9 +168,12 @@ async def _serving(
         lost.append(why)
         stop.set()
 
+    standby = asyncio.Event()
+
     def standing_by(current: Lease) -> None:
         # Started as far as systemd is concerned: a standby is what this unit is for now.
         notifier.ready(f"standby: replica {current.holder} serves (epoch {current.epoch})")
+        standby.set()
 
     lease = DaemonLease(
         app.services.store, app.replica_id, ttl_s=config.store.lease_ttl_s, on_lost=on_lost
@@ -178,7 +181,7 @@ async def _serving(
     waiting = asyncio.ensure_future(lease.acquire(standing_by))
     stopped = asyncio.ensure_future(stop.wait())
     try:
-        async with _standby_ingress(config, app):
+        async with _running(_standby_ingress(config, app, standby)):
             await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
@@ -194,21 +197,24 @@ async def _serving(
     return lease
 
 
-@asynccontextmanager
-async def _standby_ingress(config: Config, app: App) -> AsyncIterator[None]:
-    """While standing by, the channels whose platform spreads events over every open
-    connection (Slack) stay connected and commit what they bring, for the serving replica
-    to take up (chat/pickup.py). Leaving closes them, after what was in flight committed;
-    the serving daemon opens its own."""
+async def _standby_ingress(config: Config, app: App, standby: asyncio.Event) -> None:
+    """Once this replica stands by (another one serves), the channels whose platform spreads
+    events over every open connection (Slack) connect and commit what they bring, for the
+    serving replica to take up (chat/pickup.py), until cancelled: then they close, after
+    what was in flight committed, and a replica that takes over opens its own. A replica
+    that takes the lease at once opens none."""
+    await standby.wait()
     channels = build_channels(config, app.services.store, only=_SPREAD_PLATFORMS)
     if not channels:
-        yield
         return
     ingress = StandbyIngress(app.services.store, app.bindings, app.replica_id, _max_chars(config))
     supervisor = ChannelSupervisor(channels, ingress.accept, ingress.press)
-    async with supervisor, _running(supervisor.start()):
-        yield
-    log.info("standby ingress closed: %s", dict(sorted(ingress.counters.items())))
+    try:
+        await supervisor.start()
+        await asyncio.Event().wait()
+    finally:
+        await supervisor.stop()
+        log.info("standby ingress closed: %s", dict(sorted(ingress.counters.items())))
 
 
 @dataclass(frozen=True, slots=True)

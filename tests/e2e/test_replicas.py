@@ -149,7 +149,7 @@ async def world(
 ) -> AsyncIterator[World]:
     tmp = tmp_path_factory.mktemp("replicas")
     # Slack redelivers what no connection acknowledged, as the real one does.
-    slack = FakeSlack(spread=True, redeliver_after_s=2.0, max_redeliveries=30)
+    slack = FakeSlack(spread=True, redeliver_after_s=5.0, max_redeliveries=30)
     async with FakeTelegram() as telegram, slack, FakeLLMServer() as llm:
         llm.default = Reply("answered")
         env = dict(os.environ, E2E_TELEGRAM_TOKEN=telegram.token)
@@ -244,6 +244,7 @@ async def test_slack_events_a_standby_receives_are_answered_once_by_the_serving_
 ) -> None:
     await world.start("delta")
     epsilon = await world.start("epsilon", standby=True)
+    await epsilon.wait_for_line("slack: connected", timeout_s=30)
     await world.slack.wait_until(lambda: world.slack.open_sockets == 2, 30)
     asked = [await world.slack_message(f"spread {n}") for n in range(6)]
     await world.slack_replies(asked)
@@ -254,6 +255,7 @@ async def test_slack_events_a_standby_receives_are_answered_once_by_the_serving_
     # The serving replica dies; until its lease expires nobody serves, and the standby's
     # connection, the only one left, still takes every event in.
     await world.daemons["delta"].kill()
+    await world.slack.wait_until(lambda: world.slack.open_sockets == 1, 30)
     late = [await world.slack_message(f"while nobody serves {n}") for n in range(2)]
     await epsilon.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
     await world.slack_replies(asked + late)

@@ -16,14 +16,17 @@ waits for the holder's writes in flight, and they cannot commit after it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from geodebot.store.records import Fenced, Lease
 from geodebot.store.rows import Row, Transactions, Tx
 
-__all__ = ["Leases", "check_fence"]
+__all__ = ["FENCE", "Leases", "check_fence", "fenced"]
 
 _COLUMNS = "name, holder, epoch, expires_at, acquired_at"
 _READ = f"SELECT {_COLUMNS} FROM leases WHERE name = ?"
-_FENCE = "SELECT holder, epoch FROM leases WHERE name = ?"
+# The lease row as the fencing check reads it: (holder, epoch), or no row.
+FENCE = "SELECT holder, epoch FROM leases WHERE name = ?"
 
 
 def _lease(row: Row, now: float) -> Lease:
@@ -39,13 +42,21 @@ def _ttl(ttl_s: float) -> float:
 async def check_fence(db: Tx, lease: Lease) -> None:
     """Raise :class:`Fenced` unless ``lease`` is still its holder's, at its epoch. Run inside
     the write's transaction, first."""
-    row = await db.one(_FENCE, (lease.name,), share=True)
-    if row is None or (row[0], int(row[1])) != (lease.holder, lease.epoch):
-        now_held = "nobody" if row is None else f"{row[0]!r} (epoch {row[1]})"
-        raise Fenced(
-            f"writes of {lease.holder!r} under lease {lease.name!r} (epoch {lease.epoch}) "
-            f"refused: the lease is held by {now_held} now"
-        )
+    refused = fenced(lease, await db.one(FENCE, (lease.name,), share=True))
+    if refused is not None:
+        raise refused
+
+
+def fenced(lease: Lease, row: Row | tuple[Any, ...] | None) -> Fenced | None:
+    """The refusal of a write under ``lease``, given the lease row :data:`FENCE` read in the
+    write's transaction; None while the lease is still its holder's at its epoch."""
+    if row is not None and (row[0], int(row[1])) == (lease.holder, lease.epoch):
+        return None
+    now_held = "nobody" if row is None else f"{row[0]!r} (epoch {row[1]})"
+    return Fenced(
+        f"writes of {lease.holder!r} under lease {lease.name!r} (epoch {lease.epoch}) "
+        f"refused: the lease is held by {now_held} now"
+    )
 
 
 class Leases:

@@ -29,11 +29,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from geodebot.store.leases import check_fence
+from geodebot.store.leases import FENCE, fenced
 from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
-from geodebot.store.rows import Body, Params, Row, Tx
+from geodebot.store.rows import Body, Params, Row
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
 
 __all__ = ["PostgresStore", "postgres_ddl", "postgres_sql"]
@@ -48,6 +48,8 @@ _RETRIED: tuple[type[psycopg.Error], ...] = (
     psycopg.errors.SerializationFailure,
 )
 _ATTEMPTS = 3
+_IN_TRANSACTION = psycopg.pq.TransactionStatus.INTRANS
+_FAILED = psycopg.pq.TransactionStatus.INERROR
 # Migrations, from any number of processes, run one at a time.
 _MIGRATION_LOCK = "geodebot:migrations"
 
@@ -126,14 +128,33 @@ class _Row:
         return list(self._index)
 
 
-def _named_rows(cursor: Any) -> RowMaker[_Row]:
-    description = cursor.description
-    index = {} if description is None else {c.name: i for i, c in enumerate(description)}
+class _NamedRows:
+    """The row factory of one statement: its columns' index, built from the first result's
+    description (a statement's columns never change), and rows that share it."""
 
-    def make(values: Sequence[Any]) -> _Row:
-        return _Row(values, index)
+    __slots__ = ("_index",)
 
-    return make
+    def __init__(self) -> None:
+        self._index: dict[str, int] | None = None
+
+    def __call__(self, cursor: Any) -> RowMaker[_Row]:
+        index = self._index
+        if index is None:
+            description = cursor.description
+            if description is None:
+                index = {}
+            else:
+                index = self._index = {c.name: i for i, c in enumerate(description)}
+
+        def make(values: Sequence[Any]) -> _Row:
+            return _Row(values, index)
+
+        return make
+
+
+@functools.lru_cache(maxsize=4096)
+def _named_rows(sql: str) -> _NamedRows:
+    return _NamedRows()
 
 
 class _PgTx:
@@ -147,13 +168,15 @@ class _PgTx:
     async def one(
         self, sql: str, params: Params = (), *, lock: bool = False, share: bool = False
     ) -> Any:
-        cursor = self._conn.cursor(row_factory=_named_rows)
-        await cursor.execute(postgres_sql(sql, lock, share), params)
+        query = postgres_sql(sql, lock, share)
+        cursor = self._conn.cursor(row_factory=_named_rows(query))
+        await cursor.execute(query, params)
         return await cursor.fetchone()
 
     async def all(self, sql: str, params: Params = (), *, lock: bool = False) -> list[Row]:
-        cursor = self._conn.cursor(row_factory=_named_rows)
-        await cursor.execute(postgres_sql(sql, lock), params)
+        query = postgres_sql(sql, lock)
+        cursor = self._conn.cursor(row_factory=_named_rows(query))
+        await cursor.execute(query, params)
         return list(await cursor.fetchall())
 
     async def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
@@ -367,15 +390,7 @@ class PostgresStore(StoreMethods):
         """
         pool = self._opened(what)
         fence = self._fence if fenced else None
-        if fence is not None:
-            inner = body
-
-            async def checked(db: Tx) -> _T:
-                await check_fence(db, fence)
-                return await inner(db)
-
-            body = checked
-        task = asyncio.ensure_future(self._transaction(pool, what, body))
+        task = asyncio.ensure_future(self._transaction(pool, what, body, fence))
         self._writes.add(task)
         task.add_done_callback(_forget(self._writes))
         try:
@@ -387,12 +402,17 @@ class PostgresStore(StoreMethods):
             raise
 
     async def _transaction(
-        self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], what: str, body: Body[_T]
+        self,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        what: str,
+        body: Body[_T],
+        fence: Lease | None,
     ) -> _T:
+        begin = _BEGIN if fence is None else _fenced_begin(fence.name)
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                async with pool.connection() as conn, conn.transaction():
-                    return await body(_PgTx(conn))
+                async with pool.connection() as conn:
+                    return await _in_transaction(conn, begin, fence, what, body)
             except _RETRIED as exc:
                 if attempt == _ATTEMPTS:
                     raise StoreError(f"{what} failed: {_reason(exc)}") from exc
@@ -400,6 +420,48 @@ class PostgresStore(StoreMethods):
             except psycopg.Error as exc:
                 raise StoreError(f"{what} failed: {_reason(exc)}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+_BEGIN = "BEGIN"
+
+
+@functools.lru_cache(maxsize=64)
+def _fenced_begin(name: str) -> str:
+    """The transaction's start and its fencing check (see leases.py) as one simple query: one
+    round trip, where a statement of its own would cost a second. The lease row is read
+    ``FOR SHARE``: a takeover waits for this transaction to end."""
+    literal = "'" + name.replace("'", "''") + "'"
+    return f"BEGIN; {postgres_sql(FENCE, share=True).replace('%s', literal)}"
+
+
+async def _in_transaction(
+    conn: psycopg.AsyncConnection[Any],
+    begin: str,
+    fence: Lease | None,
+    what: str,
+    body: Body[_T],
+) -> _T:
+    """``body`` between ``begin`` and COMMIT on ``conn`` (in autocommit mode): the commit's
+    own round trip, and nothing more around the body's statements."""
+    try:
+        cursor = conn.cursor(row_factory=tuple_row)
+        await cursor.execute(begin)
+        if fence is not None:
+            cursor.nextset()  # the fencing check's rows, after BEGIN's
+            refused = fenced(fence, await cursor.fetchone())
+            if refused is not None:
+                raise refused
+        result = await body(_PgTx(conn))
+        if conn.info.transaction_status is _FAILED:
+            # A statement failed and the body went on: COMMIT would only roll back.
+            raise StoreError(f"{what} failed: a statement failed, and nothing was written")
+        await conn.execute("COMMIT")
+    except BaseException:
+        if conn.info.transaction_status in (_IN_TRANSACTION, _FAILED):
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("ROLLBACK")
+        raise
+    return result
 
 
 def _forget(tasks: set[asyncio.Task[Any]]) -> Any:

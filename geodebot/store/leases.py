@@ -21,7 +21,7 @@ from typing import Any
 from geodebot.store.records import Fenced, Lease
 from geodebot.store.rows import Row, Transactions, Tx
 
-__all__ = ["FENCE", "Leases", "check_fence", "fenced"]
+__all__ = ["FENCE", "Leases", "check_fence", "fence_holds", "refusal"]
 
 _COLUMNS = "name, holder, epoch, expires_at, acquired_at"
 _READ = f"SELECT {_COLUMNS} FROM leases WHERE name = ?"
@@ -42,16 +42,20 @@ def _ttl(ttl_s: float) -> float:
 async def check_fence(db: Tx, lease: Lease) -> None:
     """Raise :class:`Fenced` unless ``lease`` is still its holder's, at its epoch. Run inside
     the write's transaction, first."""
-    refused = fenced(lease, await db.one(FENCE, (lease.name,), share=True))
-    if refused is not None:
-        raise refused
+    row = await db.one(FENCE, (lease.name,), share=True)
+    if not fence_holds(lease, row):
+        raise refusal(lease, row)
 
 
-def fenced(lease: Lease, row: Row | tuple[Any, ...] | None) -> Fenced | None:
-    """The refusal of a write under ``lease``, given the lease row :data:`FENCE` read in the
-    write's transaction; None while the lease is still its holder's at its epoch."""
-    if row is not None and (row[0], int(row[1])) == (lease.holder, lease.epoch):
-        return None
+def fence_holds(lease: Lease, row: Row | tuple[Any, ...] | None) -> bool:
+    """Whether ``lease`` is still its holder's at its epoch, given the lease row :data:`FENCE`
+    read in the write's transaction."""
+    return row is not None and (row[0], int(row[1])) == (lease.holder, lease.epoch)
+
+
+def refusal(lease: Lease, row: Row | tuple[Any, ...] | None) -> Fenced:
+    """What refuses a write under ``lease`` that :func:`fence_holds` says is no longer its
+    holder's."""
     now_held = "nobody" if row is None else f"{row[0]!r} (epoch {row[1]})"
     return Fenced(
         f"writes of {lease.holder!r} under lease {lease.name!r} (epoch {lease.epoch}) "

@@ -2,15 +2,16 @@
 
 The methods are the mixins the SQLite store has (see rows.py): the same bodies and the same
 portable SQL, its ``?`` and ``:name`` placeholders rewritten here once per statement. Each
-write is one transaction on a pooled connection, READ COMMITTED; where a body decides on a row
-it read (a check, then a change), it reads it with ``lock`` (``SELECT ... FOR UPDATE``), and
-where the decision rests on rows that may not exist yet it takes a named advisory lock
-(:meth:`_PgTx.exclusive`), so two connections, or two processes, cannot both claim the same
-row. Reads run outside any transaction, each statement on what was committed when it began,
-as SQLite's reads do.
+write is one transaction, or one savepoint of a transaction that the writes asked for
+together share (postgres_commit.py), on a pooled connection, READ COMMITTED; where a body
+decides on a row it read (a check, then a change), it reads it with ``lock``
+(``SELECT ... FOR UPDATE``), and where the decision rests on rows that may not exist yet it
+takes a named advisory lock (:meth:`_PgTx.exclusive`), so two connections, or two processes,
+cannot both claim the same row. Reads run outside any transaction, each statement on what was
+committed when it began, as SQLite's reads do.
 
-Only this module imports psycopg, and only a store opened on a PostgreSQL URL imports this
-module: a daemon on SQLite never loads the driver.
+Only this module and postgres_commit.py import psycopg, and only a store opened on a
+PostgreSQL URL imports them: a daemon on SQLite never loads the driver.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,8 +29,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from geodebot.store.leases import FENCE, fenced
 from geodebot.store.methods import StoreMethods
+from geodebot.store.postgres_commit import GroupCommit, reason, transaction
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
 from geodebot.store.rows import Body, Params, Row
@@ -39,17 +39,7 @@ from geodebot.store.schema import load_migrations, refuse_newer, split_statement
 __all__ = ["PostgresStore", "postgres_ddl", "postgres_sql"]
 
 _T = TypeVar("_T")
-log = logging.getLogger(__name__)
 
-# Two writers that lock rows in different orders: PostgreSQL ends one of them, which is run
-# again from the start (its body is a function of what the database holds).
-_RETRIED: tuple[type[psycopg.Error], ...] = (
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.SerializationFailure,
-)
-_ATTEMPTS = 3
-_IN_TRANSACTION = psycopg.pq.TransactionStatus.INTRANS
-_FAILED = psycopg.pq.TransactionStatus.INERROR
 # Migrations, from any number of processes, run one at a time.
 _MIGRATION_LOCK = "geodebot:migrations"
 
@@ -207,15 +197,6 @@ class _PgTx:
         return float(row[0])
 
 
-def _reason(exc: psycopg.Error) -> str:
-    """The server's own message and detail where there are some (which row, which table),
-    without psycopg's context lines; else the driver's message."""
-    primary, detail = exc.diag.message_primary, exc.diag.message_detail
-    if primary is None:
-        return str(exc).strip() or type(exc).__name__
-    return f"{primary} ({detail})" if detail else primary
-
-
 def _place(url: str) -> str:
     """The database a URL names, for messages: never its password."""
     try:
@@ -257,7 +238,8 @@ class PostgresStore(StoreMethods):
             None if idle_transaction_timeout_s is None else round(idle_transaction_timeout_s * 1000)
         )
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
-        self._writes: set[asyncio.Task[Any]] = set()
+        self._commits: GroupCommit | None = None
+        self._writes: set[asyncio.Future[Any]] = set()
         self._fence: Lease | None = None
         self.version_found = 0
 
@@ -294,7 +276,7 @@ class PostgresStore(StoreMethods):
                 self.url, connect_timeout=max(1, round(self._timeout_s)), **kwargs
             )
         except psycopg.Error as exc:
-            raise StoreError(f"{what} failed: {_reason(exc)}") from exc
+            raise StoreError(f"{what} failed: {reason(exc)}") from exc
         try:
             await self._migrate(first)
         finally:
@@ -312,8 +294,9 @@ class PostgresStore(StoreMethods):
             await pool.open(wait=True, timeout=self._timeout_s)
         except psycopg.Error as exc:
             await pool.close()
-            raise StoreError(f"{what} failed: {_reason(exc)}") from exc
+            raise StoreError(f"{what} failed: {reason(exc)}") from exc
         self._pool = pool
+        self._commits = GroupCommit(pool, _PgTx)
 
     def fence(self, lease: Lease | None) -> None:
         """Write only while ``lease`` is its holder's (see leases.py); None: write freely."""
@@ -321,9 +304,12 @@ class PostgresStore(StoreMethods):
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
+        commits, self._commits = self._commits, None
         if pool is None:
             return
         # Writes asked for before the close (their callers may be gone) end first.
+        if commits is not None:
+            await commits.flush()
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
         await pool.close()
@@ -344,7 +330,7 @@ class PostgresStore(StoreMethods):
                 await conn.execute(_SCHEMA_MIGRATIONS)
             current = self.version_found = await _version(conn)
         except psycopg.Error as exc:
-            raise StoreError(f"opening store {where} failed: {_reason(exc)}") from exc
+            raise StoreError(f"opening store {where} failed: {reason(exc)}") from exc
         refuse_newer(current, migrations, where)
         for version, name, script in migrations:
             if version <= current:
@@ -362,7 +348,7 @@ class PostgresStore(StoreMethods):
                         (version, time.time()),
                     )
             except psycopg.Error as exc:
-                raise StoreError(f"applying migration {name} failed: {_reason(exc)}") from exc
+                raise StoreError(f"applying migration {name} failed: {reason(exc)}") from exc
 
     # -- transaction plumbing -------------------------------------------------------------
     def _opened(self, what: str) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
@@ -376,12 +362,14 @@ class PostgresStore(StoreMethods):
             async with pool.connection() as conn:
                 return await body(_PgTx(conn))
         except psycopg.Error as exc:
-            raise StoreError(f"{what} failed: {_reason(exc)}") from exc
+            raise StoreError(f"{what} failed: {reason(exc)}") from exc
 
     async def _write(
         self, what: str, body: Body[_T], *, durable: bool = False, fenced: bool = True
     ) -> _T:
-        """``body`` in one transaction, whole or not at all. Every commit is durable (the
+        """``body`` in one transaction, whole or not at all, committed together with the
+        other fenced writes asked for meanwhile (see postgres_commit.py); the leases' own
+        writes (not ``fenced``) alone, never behind a group. Every commit is durable (the
         server's ``synchronous_commit``), so ``durable`` asks for nothing more here.
 
         The caller being cancelled meanwhile changes nothing, as on SQLite: the transaction
@@ -389,83 +377,24 @@ class PostgresStore(StoreMethods):
         has (so what the caller reads next never races its own write).
         """
         pool = self._opened(what)
-        fence = self._fence if fenced else None
-        task = asyncio.ensure_future(self._transaction(pool, what, body, fence))
-        self._writes.add(task)
-        task.add_done_callback(_forget(self._writes))
+        done: asyncio.Future[_T]
+        if fenced and self._commits is not None:
+            done = self._commits.submit(what, body, self._fence)
+        else:
+            done = asyncio.ensure_future(transaction(pool, _PgTx, None, what, body))
+            self._writes.add(done)
+            done.add_done_callback(_forget(self._writes))
         try:
-            return await asyncio.shield(task)
+            return await asyncio.shield(done)
         except asyncio.CancelledError:
-            while not task.done():
+            while not done.done():
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([task])
+                    await asyncio.wait([done])
             raise
 
-    async def _transaction(
-        self,
-        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
-        what: str,
-        body: Body[_T],
-        fence: Lease | None,
-    ) -> _T:
-        begin = _BEGIN if fence is None else _fenced_begin(fence.name)
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                async with pool.connection() as conn:
-                    return await _in_transaction(conn, begin, fence, what, body)
-            except _RETRIED as exc:
-                if attempt == _ATTEMPTS:
-                    raise StoreError(f"{what} failed: {_reason(exc)}") from exc
-                log.info("store: %s: %s; trying again", what, _reason(exc))
-            except psycopg.Error as exc:
-                raise StoreError(f"{what} failed: {_reason(exc)}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
-
-_BEGIN = "BEGIN"
-
-
-@functools.lru_cache(maxsize=64)
-def _fenced_begin(name: str) -> str:
-    """The transaction's start and its fencing check (see leases.py) as one simple query: one
-    round trip, where a statement of its own would cost a second. The lease row is read
-    ``FOR SHARE``: a takeover waits for this transaction to end."""
-    literal = "'" + name.replace("'", "''") + "'"
-    return f"BEGIN; {postgres_sql(FENCE, share=True).replace('%s', literal)}"
-
-
-async def _in_transaction(
-    conn: psycopg.AsyncConnection[Any],
-    begin: str,
-    fence: Lease | None,
-    what: str,
-    body: Body[_T],
-) -> _T:
-    """``body`` between ``begin`` and COMMIT on ``conn`` (in autocommit mode): the commit's
-    own round trip, and nothing more around the body's statements."""
-    try:
-        cursor = conn.cursor(row_factory=tuple_row)
-        await cursor.execute(begin)
-        if fence is not None:
-            cursor.nextset()  # the fencing check's rows, after BEGIN's
-            refused = fenced(fence, await cursor.fetchone())
-            if refused is not None:
-                raise refused
-        result = await body(_PgTx(conn))
-        if conn.info.transaction_status is _FAILED:
-            # A statement failed and the body went on: COMMIT would only roll back.
-            raise StoreError(f"{what} failed: a statement failed, and nothing was written")
-        await conn.execute("COMMIT")
-    except BaseException:
-        if conn.info.transaction_status in (_IN_TRANSACTION, _FAILED):
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute("ROLLBACK")
-        raise
-    return result
-
-
-def _forget(tasks: set[asyncio.Task[Any]]) -> Any:
-    def done(task: asyncio.Task[Any]) -> None:
+def _forget(tasks: set[asyncio.Future[Any]]) -> Any:
+    def done(task: asyncio.Future[Any]) -> None:
         tasks.discard(task)
         if not task.cancelled():
             task.exception()  # its caller may be gone: retrieved, so never logged as lost

@@ -10,8 +10,11 @@ Fencing: a store told to write under a lease (:meth:`Leases.fence`) checks, insi
 write's own transaction, that the lease is still its holder's at the same epoch, and refuses
 the write (:class:`Fenced`) otherwise. So a replica that was paused or cut off while another
 took its lease over commits nothing after it comes back, whatever it was in the middle of.
-On PostgreSQL the check reads the lease row ``FOR SHARE``: a takeover (an UPDATE of that row)
-waits for the holder's writes in flight, and they cannot commit after it.
+On PostgreSQL the check reads the lease row ``FOR KEY SHARE`` (postgres_commit.py): a takeover,
+which reads the row ``FOR UPDATE`` first, waits for the holder's writes in flight, and they
+cannot commit after it. The holder's renewals (an UPDATE of ``expires_at`` alone) do not wait
+for them: under ``FOR SHARE`` a steady stream of overlapping writes kept the row share-locked
+without a gap, and the renewal waited behind them until the lease expired.
 """
 
 from __future__ import annotations

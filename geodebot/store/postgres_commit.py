@@ -18,7 +18,7 @@ a write alone has; a commit whose outcome is unknown is never run again.
 
 What each caller sees is what a write alone gives: its write happens whole or not at all,
 it returns once its write is committed, and a fenced store's write commits only while the
-lease is its holder's (the group's check reads the lease row ``FOR SHARE`` first, so a
+lease is its holder's (the group's check reads the lease row ``FOR KEY SHARE`` first, so a
 takeover waits for the group to end).
 """
 
@@ -79,12 +79,13 @@ def reason(exc: psycopg.Error) -> str:
 def _begin(fence: str | None, grouped: bool) -> str:
     """The transaction's start, its fencing check (see leases.py) and, for a group, the first
     write's savepoint, as one simple query: one round trip, where each would cost one of its
-    own. The lease row is read ``FOR SHARE`` (before the savepoint, which must not undo it):
-    a takeover waits for this transaction to end."""
+    own. The lease row is read ``FOR KEY SHARE`` (before the savepoint, which must not undo
+    it): a takeover (``FOR UPDATE``) waits for this transaction to end, the holder's renewal
+    (an UPDATE of a column outside any key) does not (see leases.py)."""
     parts = ["BEGIN"]
     if fence is not None:
         literal = "'" + fence.replace("'", "''") + "'"
-        parts.append(f"{FENCE.replace('?', literal)} FOR SHARE")
+        parts.append(f"{FENCE.replace('?', literal)} FOR KEY SHARE")
     if grouped:
         parts.append(_SAVEPOINT)
     return "; ".join(parts)
@@ -188,7 +189,7 @@ class GroupCommit:
     async def flush(self) -> None:
         """Return once every write queued so far has committed or failed."""
         while self._running is not None:
-            await asyncio.shield(self._running)
+            await asyncio.wait([self._running])
 
     async def _run(self) -> None:
         try:

@@ -10,20 +10,26 @@ Fencing: a store told to write under a lease (:meth:`Leases.fence`) checks, insi
 write's own transaction, that the lease is still its holder's at the same epoch, and refuses
 the write (:class:`Fenced`) otherwise. So a replica that was paused or cut off while another
 took its lease over commits nothing after it comes back, whatever it was in the middle of.
-On PostgreSQL the check reads the lease row ``FOR SHARE``: a takeover (an UPDATE of that row)
-waits for the holder's writes in flight, and they cannot commit after it.
+On PostgreSQL the check reads the lease row ``FOR KEY SHARE`` (postgres_commit.py): a takeover,
+which reads the row ``FOR UPDATE`` first, waits for the holder's writes in flight, and they
+cannot commit after it. The holder's renewals (an UPDATE of ``expires_at`` alone) do not wait
+for them: under ``FOR SHARE`` a steady stream of overlapping writes kept the row share-locked
+without a gap, and the renewal waited behind them until the lease expired.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from geodebot.store.records import Fenced, Lease
 from geodebot.store.rows import Row, Transactions, Tx
 
-__all__ = ["Leases", "check_fence"]
+__all__ = ["FENCE", "Leases", "check_fence", "fence_holds", "refusal"]
 
 _COLUMNS = "name, holder, epoch, expires_at, acquired_at"
 _READ = f"SELECT {_COLUMNS} FROM leases WHERE name = ?"
-_FENCE = "SELECT holder, epoch FROM leases WHERE name = ?"
+# The lease row as the fencing check reads it: (holder, epoch), or no row.
+FENCE = "SELECT holder, epoch FROM leases WHERE name = ?"
 
 
 def _lease(row: Row, now: float) -> Lease:
@@ -39,13 +45,25 @@ def _ttl(ttl_s: float) -> float:
 async def check_fence(db: Tx, lease: Lease) -> None:
     """Raise :class:`Fenced` unless ``lease`` is still its holder's, at its epoch. Run inside
     the write's transaction, first."""
-    row = await db.one(_FENCE, (lease.name,), share=True)
-    if row is None or (row[0], int(row[1])) != (lease.holder, lease.epoch):
-        now_held = "nobody" if row is None else f"{row[0]!r} (epoch {row[1]})"
-        raise Fenced(
-            f"writes of {lease.holder!r} under lease {lease.name!r} (epoch {lease.epoch}) "
-            f"refused: the lease is held by {now_held} now"
-        )
+    row = await db.one(FENCE, (lease.name,), share=True)
+    if not fence_holds(lease, row):
+        raise refusal(lease, row)
+
+
+def fence_holds(lease: Lease, row: Row | tuple[Any, ...] | None) -> bool:
+    """Whether ``lease`` is still its holder's at its epoch, given the lease row :data:`FENCE`
+    read in the write's transaction."""
+    return row is not None and (row[0], int(row[1])) == (lease.holder, lease.epoch)
+
+
+def refusal(lease: Lease, row: Row | tuple[Any, ...] | None) -> Fenced:
+    """What refuses a write under ``lease`` that :func:`fence_holds` says is no longer its
+    holder's."""
+    now_held = "nobody" if row is None else f"{row[0]!r} (epoch {row[1]})"
+    return Fenced(
+        f"writes of {lease.holder!r} under lease {lease.name!r} (epoch {lease.epoch}) "
+        f"refused: the lease is held by {now_held} now"
+    )
 
 
 class Leases:

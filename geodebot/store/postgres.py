@@ -2,15 +2,16 @@
 
 The methods are the mixins the SQLite store has (see rows.py): the same bodies and the same
 portable SQL, its ``?`` and ``:name`` placeholders rewritten here once per statement. Each
-write is one transaction on a pooled connection, READ COMMITTED; where a body decides on a row
-it read (a check, then a change), it reads it with ``lock`` (``SELECT ... FOR UPDATE``), and
-where the decision rests on rows that may not exist yet it takes a named advisory lock
-(:meth:`_PgTx.exclusive`), so two connections, or two processes, cannot both claim the same
-row. Reads run outside any transaction, each statement on what was committed when it began,
-as SQLite's reads do.
+write is one transaction, or one savepoint of a transaction that the writes asked for
+together share (postgres_commit.py), on a pooled connection, READ COMMITTED; where a body
+decides on a row it read (a check, then a change), it reads it with ``lock``
+(``SELECT ... FOR UPDATE``), and where the decision rests on rows that may not exist yet it
+takes a named advisory lock (:meth:`_PgTx.exclusive`), so two connections, or two processes,
+cannot both claim the same row. Reads run outside any transaction, each statement on what was
+committed when it began, as SQLite's reads do.
 
-Only this module imports psycopg, and only a store opened on a PostgreSQL URL imports this
-module: a daemon on SQLite never loads the driver.
+Only this module and postgres_commit.py import psycopg, and only a store opened on a
+PostgreSQL URL imports them: a daemon on SQLite never loads the driver.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,26 +29,18 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from geodebot.store.leases import check_fence
 from geodebot.store.methods import StoreMethods
 from geodebot.store.pg_wakeups import PgWakeups
+from geodebot.store.postgres_commit import GroupCommit, reason, transaction
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
-from geodebot.store.rows import Body, Params, Row, Tx
+from geodebot.store.rows import Body, Params, Row
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
 
 __all__ = ["PostgresStore", "postgres_ddl", "postgres_sql"]
 
 _T = TypeVar("_T")
-log = logging.getLogger(__name__)
 
-# Two writers that lock rows in different orders: PostgreSQL ends one of them, which is run
-# again from the start (its body is a function of what the database holds).
-_RETRIED: tuple[type[psycopg.Error], ...] = (
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.SerializationFailure,
-)
-_ATTEMPTS = 3
 # Migrations, from any number of processes, run one at a time.
 _MIGRATION_LOCK = "geodebot:migrations"
 
@@ -127,14 +119,33 @@ class _Row:
         return list(self._index)
 
 
-def _named_rows(cursor: Any) -> RowMaker[_Row]:
-    description = cursor.description
-    index = {} if description is None else {c.name: i for i, c in enumerate(description)}
+class _NamedRows:
+    """The row factory of one statement: its columns' index, built from the first result's
+    description (a statement's columns never change), and rows that share it."""
 
-    def make(values: Sequence[Any]) -> _Row:
-        return _Row(values, index)
+    __slots__ = ("_index",)
 
-    return make
+    def __init__(self) -> None:
+        self._index: dict[str, int] | None = None
+
+    def __call__(self, cursor: Any) -> RowMaker[_Row]:
+        index = self._index
+        if index is None:
+            description = cursor.description
+            if description is None:
+                index = {}
+            else:
+                index = self._index = {c.name: i for i, c in enumerate(description)}
+
+        def make(values: Sequence[Any]) -> _Row:
+            return _Row(values, index)
+
+        return make
+
+
+@functools.lru_cache(maxsize=4096)
+def _named_rows(sql: str) -> _NamedRows:
+    return _NamedRows()
 
 
 class _PgTx:
@@ -148,13 +159,15 @@ class _PgTx:
     async def one(
         self, sql: str, params: Params = (), *, lock: bool = False, share: bool = False
     ) -> Any:
-        cursor = self._conn.cursor(row_factory=_named_rows)
-        await cursor.execute(postgres_sql(sql, lock, share), params)
+        query = postgres_sql(sql, lock, share)
+        cursor = self._conn.cursor(row_factory=_named_rows(query))
+        await cursor.execute(query, params)
         return await cursor.fetchone()
 
     async def all(self, sql: str, params: Params = (), *, lock: bool = False) -> list[Row]:
-        cursor = self._conn.cursor(row_factory=_named_rows)
-        await cursor.execute(postgres_sql(sql, lock), params)
+        query = postgres_sql(sql, lock)
+        cursor = self._conn.cursor(row_factory=_named_rows(query))
+        await cursor.execute(query, params)
         return list(await cursor.fetchall())
 
     async def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
@@ -183,15 +196,6 @@ class _PgTx:
         row = await cursor.fetchone()
         assert row is not None
         return float(row[0])
-
-
-def _reason(exc: psycopg.Error) -> str:
-    """The server's own message and detail where there are some (which row, which table),
-    without psycopg's context lines; else the driver's message."""
-    primary, detail = exc.diag.message_primary, exc.diag.message_detail
-    if primary is None:
-        return str(exc).strip() or type(exc).__name__
-    return f"{primary} ({detail})" if detail else primary
 
 
 def _place(url: str) -> str:
@@ -235,7 +239,8 @@ class PostgresStore(PgWakeups, StoreMethods):
             None if idle_transaction_timeout_s is None else round(idle_transaction_timeout_s * 1000)
         )
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
-        self._writes: set[asyncio.Task[Any]] = set()
+        self._commits: GroupCommit | None = None
+        self._writes: set[asyncio.Future[Any]] = set()
         self._fence: Lease | None = None
         self.version_found = 0
 
@@ -272,7 +277,7 @@ class PostgresStore(PgWakeups, StoreMethods):
                 self.url, connect_timeout=max(1, round(self._timeout_s)), **kwargs
             )
         except psycopg.Error as exc:
-            raise StoreError(f"{what} failed: {_reason(exc)}") from exc
+            raise StoreError(f"{what} failed: {reason(exc)}") from exc
         try:
             await self._migrate(first)
         finally:
@@ -290,8 +295,9 @@ class PostgresStore(PgWakeups, StoreMethods):
             await pool.open(wait=True, timeout=self._timeout_s)
         except psycopg.Error as exc:
             await pool.close()
-            raise StoreError(f"{what} failed: {_reason(exc)}") from exc
+            raise StoreError(f"{what} failed: {reason(exc)}") from exc
         self._pool = pool
+        self._commits = GroupCommit(pool, _PgTx)
 
     def fence(self, lease: Lease | None) -> None:
         """Write only while ``lease`` is its holder's (see leases.py); None: write freely."""
@@ -299,9 +305,12 @@ class PostgresStore(PgWakeups, StoreMethods):
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
+        commits, self._commits = self._commits, None
         if pool is None:
             return
         # Writes asked for before the close (their callers may be gone) end first.
+        if commits is not None:
+            await commits.flush()
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
         await pool.close()
@@ -322,7 +331,7 @@ class PostgresStore(PgWakeups, StoreMethods):
                 await conn.execute(_SCHEMA_MIGRATIONS)
             current = self.version_found = await _version(conn)
         except psycopg.Error as exc:
-            raise StoreError(f"opening store {where} failed: {_reason(exc)}") from exc
+            raise StoreError(f"opening store {where} failed: {reason(exc)}") from exc
         refuse_newer(current, migrations, where)
         for version, name, script in migrations:
             if version <= current:
@@ -340,7 +349,7 @@ class PostgresStore(PgWakeups, StoreMethods):
                         (version, time.time()),
                     )
             except psycopg.Error as exc:
-                raise StoreError(f"applying migration {name} failed: {_reason(exc)}") from exc
+                raise StoreError(f"applying migration {name} failed: {reason(exc)}") from exc
 
     # -- transaction plumbing -------------------------------------------------------------
     def _opened(self, what: str) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
@@ -354,12 +363,14 @@ class PostgresStore(PgWakeups, StoreMethods):
             async with pool.connection() as conn:
                 return await body(_PgTx(conn))
         except psycopg.Error as exc:
-            raise StoreError(f"{what} failed: {_reason(exc)}") from exc
+            raise StoreError(f"{what} failed: {reason(exc)}") from exc
 
     async def _write(
         self, what: str, body: Body[_T], *, durable: bool = False, fenced: bool = True
     ) -> _T:
-        """``body`` in one transaction, whole or not at all. Every commit is durable (the
+        """``body`` in one transaction, whole or not at all, committed together with the
+        other fenced writes asked for meanwhile (see postgres_commit.py); the leases' own
+        writes (not ``fenced``) alone, never behind a group. Every commit is durable (the
         server's ``synchronous_commit``), so ``durable`` asks for nothing more here.
 
         The caller being cancelled meanwhile changes nothing, as on SQLite: the transaction
@@ -367,44 +378,24 @@ class PostgresStore(PgWakeups, StoreMethods):
         has (so what the caller reads next never races its own write).
         """
         pool = self._opened(what)
-        fence = self._fence if fenced else None
-        if fence is not None:
-            inner = body
-
-            async def checked(db: Tx) -> _T:
-                await check_fence(db, fence)
-                return await inner(db)
-
-            body = checked
-        task = asyncio.ensure_future(self._transaction(pool, what, body))
-        self._writes.add(task)
-        task.add_done_callback(_forget(self._writes))
+        done: asyncio.Future[_T]
+        if fenced and self._commits is not None:
+            done = self._commits.submit(what, body, self._fence)
+        else:
+            done = asyncio.ensure_future(transaction(pool, _PgTx, None, what, body))
+            self._writes.add(done)
+            done.add_done_callback(_forget(self._writes))
         try:
-            return await asyncio.shield(task)
+            return await asyncio.shield(done)
         except asyncio.CancelledError:
-            while not task.done():
+            while not done.done():
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([task])
+                    await asyncio.wait([done])
             raise
 
-    async def _transaction(
-        self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], what: str, body: Body[_T]
-    ) -> _T:
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                async with pool.connection() as conn, conn.transaction():
-                    return await body(_PgTx(conn))
-            except _RETRIED as exc:
-                if attempt == _ATTEMPTS:
-                    raise StoreError(f"{what} failed: {_reason(exc)}") from exc
-                log.info("store: %s: %s; trying again", what, _reason(exc))
-            except psycopg.Error as exc:
-                raise StoreError(f"{what} failed: {_reason(exc)}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
-
-def _forget(tasks: set[asyncio.Task[Any]]) -> Any:
-    def done(task: asyncio.Task[Any]) -> None:
+def _forget(tasks: set[asyncio.Future[Any]]) -> Any:
+    def done(task: asyncio.Future[Any]) -> None:
         tasks.discard(task)
         if not task.cancelled():
             task.exception()  # its caller may be gone: retrieved, so never logged as lost

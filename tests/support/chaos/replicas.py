@@ -139,15 +139,17 @@ class Fleet:
 
     async def __aexit__(self, *exc: object) -> None:
         self.closing = True
+        # The watchers first: one restarting a replica meanwhile would leave a daemon (and
+        # its pipes) behind after the kills below.
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         for replica in self.replicas:
             for run in replica.runs:
                 if run.proc is not None and run.proc.returncode is None:
                     run.planned_exit = True
                     run.proc.send_signal(signal.SIGCONT)
                 await run.kill()
-        for task in self._watchers:
-            task.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
         if self._db is not None:
             await self._db.close()
 

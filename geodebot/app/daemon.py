@@ -27,7 +27,7 @@ from geodebot.chat.pickup import PickUps, StandbyIngress
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
 from geodebot.config.schema import Config, ConfigError, resolve_secret, split_host_port
-from geodebot.engine.lanes import Grace
+from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
 from geodebot.engine.spend import utc_day
@@ -609,5 +609,4 @@ async def _running(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait(task)

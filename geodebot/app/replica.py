@@ -15,7 +15,6 @@ Serving or standing by, a replica also says it is there every third of the time 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
+from geodebot.engine.lanes import cancel_and_wait
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, ReplicaRecord, StoreError
 
@@ -155,9 +155,7 @@ class DaemonLease:
         traceback: TracebackType | None,
     ) -> None:
         if self._renewing is not None:
-            self._renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewing
+            await cancel_and_wait(self._renewing)
         lease, self.lease = self.lease, None
         if lease is not None and self._lost is None:
             # A standby takes over at once instead of waiting for the lease to expire.

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 
 class Lanes:
@@ -77,3 +78,16 @@ class Grace:
         """No grace after all: whoever asks from now on gets none (work that can no longer
         finish, say: this replica lost the daemon's lease and can commit nothing)."""
         self._deadline = self._clock()
+
+
+async def cancel_and_wait(task: asyncio.Task[Any], *, again_every_s: float = 1.0) -> None:
+    """Cancel ``task`` and wait until it has ended, its outcome retrieved.
+
+    It is cancelled again every ``again_every_s`` while it still runs: on Python 3.11 a
+    cancellation that arrives just as a timeout-guarded wait inside a driver completes can be
+    lost (``asyncio.wait_for``), and a loop that lost it runs on and keeps a shutdown waiting
+    forever (seen: the job scheduler's store poll, as a replica stopped)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=again_every_s)
+    await asyncio.gather(task, return_exceptions=True)

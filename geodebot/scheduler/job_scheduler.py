@@ -25,7 +25,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from geodebot.chat.bindings import BindingIndex
 from geodebot.config.schema import BindingConfig
-from geodebot.engine.lanes import Grace
+from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.session import TurnRunner
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
 from geodebot.scheduler.definitions import name_delivery_bindings, schedule_of
@@ -167,8 +167,7 @@ class JobScheduler:
         if self._aps is not None and self._aps.running:
             self._aps.shutdown(wait=False)
         if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+            await cancel_and_wait(self._poller)
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
             for task in pending:
@@ -186,7 +185,8 @@ class JobScheduler:
     # -- the store as source of truth -------------------------------------------------------
     async def _poll(self, cut_ms: int) -> None:
         first: int | None = cut_ms
-        while True:
+        # Until stop(): also if a cancellation was lost on the way (see cancel_and_wait).
+        while not self._closing:
             try:
                 await self._refresh(first)
                 if first is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from geodebot.channels.base import Inbound
 from geodebot.chat.router import ChatRouter
-from geodebot.engine.lanes import Grace
+from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.schedule import format_fire
@@ -115,3 +115,25 @@ def test_a_grace_ended_now_gives_nothing_to_whoever_asks_before_or_after() -> No
     assert (asked_first.left(), untouched.left()) == (0.0, 0.0)
     now[0] += 60
     assert asked_first.left() == untouched.left() == 0.0
+
+
+async def test_a_task_that_loses_its_cancellation_is_cancelled_again_until_it_ends() -> None:
+    # What Python 3.11's asyncio.wait_for can do inside a driver: the cancellation arrives as
+    # the wait completes and is lost, and the loop runs on.
+    lost = 0
+
+    async def loop_that_loses_one() -> None:
+        nonlocal lost
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if lost:
+                    raise
+                lost += 1
+
+    task = asyncio.create_task(loop_that_loses_one())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_and_wait(task, again_every_s=0.01), 10)
+    assert task.cancelled()
+    assert lost == 1

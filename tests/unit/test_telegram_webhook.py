@@ -264,6 +264,13 @@ async def test_polling_again_removes_the_webhook_first(
     await hooked.stop()
     assert fake.webhook is not None  # left registered: Telegram keeps updates meanwhile
     queued = fake.push_message(GROUP, "while nobody listened", user_id=42)
+    # Telegram refuses getUpdates while a webhook is set.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{fake.api_base_url}{fake.token}/getUpdates", json={}) as refused,
+    ):
+        assert refused.status == 409
+        assert "webhook is active" in (await refused.json())["description"]
     inbox = Inbox(fake)
     polling = TelegramChannel(
         TelegramConfig(api_base_url=fake.api_base_url, poll_timeout_s=1), fake.token

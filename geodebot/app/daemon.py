@@ -199,12 +199,14 @@ async def _serving(
 
 async def _standby_ingress(config: Config, app: App, standby: asyncio.Event) -> None:
     """Once this replica stands by (another one serves), the channels whose platform spreads
-    events over every open connection (Slack) connect and commit what they bring, for the
-    serving replica to take up (chat/pickup.py), until cancelled: then they close, after
-    what was in flight committed, and a replica that takes over opens its own. A replica
-    that takes the lease at once opens none."""
+    events over every replica (:func:`_spread_platforms`) connect and commit what they bring,
+    for the serving replica to take up (chat/pickup.py), until cancelled: then they close,
+    after what was in flight committed, and a replica that takes over opens its own. A
+    replica that takes the lease at once opens none."""
     await standby.wait()
-    channels = build_channels(config, app.services.store, only=_SPREAD_PLATFORMS)
+    channels = build_channels(
+        config, app.services.store, only=_spread_platforms(config), standby=True
+    )
     if not channels:
         return
     ingress = StandbyIngress(app.services.store, app.bindings, app.replica_id, _max_chars(config))
@@ -345,9 +347,13 @@ async def _enter_daemon(
     return daemon
 
 
-# Platforms that spread a bot's events over all of its open connections: a standing-by
-# replica keeps its own open and commits what it brings (Slack Socket Mode: up to ten).
-_SPREAD_PLATFORMS = ("slack",)
+def _spread_platforms(config: Config) -> tuple[str, ...]:
+    """Platforms that spread a bot's events over every replica: a standing-by replica keeps
+    its own connection open and commits what it brings. Slack Socket Mode (up to ten
+    connections) always; Telegram in webhook mode, where the proxy in front of the replicas'
+    listeners sends each POST to any of them."""
+    telegram = config.channels.telegram
+    return ("slack", "telegram") if telegram is not None and telegram.webhook_url else ("slack",)
 
 
 def _max_chars(config: Config) -> dict[str, int]:

@@ -14,7 +14,13 @@ import sys
 from collections.abc import Collection, Iterator, Mapping
 
 from geodebot.channels.base import Channel, ChannelError, InboundSink, PressSink
-from geodebot.config.schema import Config, ConfigError, resolve_secret
+from geodebot.config.schema import (
+    TELEGRAM_SECRET,
+    Config,
+    ConfigError,
+    TelegramConfig,
+    resolve_secret,
+)
 from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
@@ -52,22 +58,49 @@ def _secret(problems: list[str], key: str, name: str) -> str:
     return value
 
 
+def _webhook_secret(problems: list[str], telegram: TelegramConfig) -> str | None:
+    """The webhook's secret token ("" when polling); None (and a problem) if missing or not
+    what Telegram accepts."""
+    if telegram.webhook_secret_env is None:
+        return ""
+    key = "channels.telegram.webhook_secret_env"
+    value = _secret(problems, key, telegram.webhook_secret_env)
+    if not value:
+        return None
+    if not TELEGRAM_SECRET.fullmatch(value):
+        problems.append(
+            f"{key}: the secret in {telegram.webhook_secret_env} must be 1 to 256 characters "
+            "of A-Z, a-z, 0-9, _ and - (Telegram's rule for secret_token)"
+        )
+        return None
+    return value
+
+
 def build_channels(
-    config: Config, store: Store, only: Collection[str] | None = None
+    config: Config, store: Store, only: Collection[str] | None = None, *, standby: bool = False
 ) -> dict[str, Channel]:
     """One channel per enabled table (of the platforms in ``only``, if given); a missing
-    secret is a startup error naming it."""
+    secret is a startup error naming it. ``standby``: for a replica standing by, channels
+    that only receive (a Telegram webhook listener that leaves setWebhook to the serving
+    replica)."""
     problems: list[str] = []
     channels: dict[str, Channel] = {}
     ch = config.channels
     wanted = set(only) if only is not None else {"telegram", "slack", "discord"}
     if ch.telegram is not None and ch.telegram.enabled and "telegram" in wanted:
         token = _secret(problems, "channels.telegram.token_env", ch.telegram.token_env)
-        if token:
+        hook_secret = _webhook_secret(problems, ch.telegram)
+        if token and hook_secret is not None:
             with _without(_PTB_UNUSED_EXTRAS):
                 from geodebot.channels.telegram import TelegramChannel
 
-            channels["telegram"] = TelegramChannel(ch.telegram, token, cursor_store=store)
+            channels["telegram"] = TelegramChannel(
+                ch.telegram,
+                token,
+                cursor_store=store,
+                webhook_secret=hook_secret or None,
+                standby=standby,
+            )
     if ch.slack is not None and ch.slack.enabled and "slack" in wanted:
         bot = _secret(problems, "channels.slack.bot_token_env", ch.slack.bot_token_env)
         app = _secret(problems, "channels.slack.app_token_env", ch.slack.app_token_env)

@@ -7,6 +7,15 @@ and the offset is persisted so a restart resumes right after the last committed 
 Anything not committed is simply delivered again by Telegram. A press of an approval card's
 button (a callback query) goes the same way: handed to the press sink, answered, then confirmed.
 
+Webhook mode (``webhook_url`` set) replaces the poller: Telegram POSTs each update to the
+channel's own server (telegram_webhook.py), which answers 200 only once the update went the
+same way as a polled one (committed, or a press handled), so Telegram delivers again what was
+not. The channel registers its address with setWebhook when it starts; one made with
+``standby=True`` (a replica standing by, which receives and commits but answers nothing) only
+listens, and leaves registering, the webhook and the commands to the serving replica. Going
+back to polling removes the webhook first (deleteWebhook), since Telegram refuses getUpdates
+while one is set.
+
 Files: a message's photo or document becomes an :class:`InboundFile` carrying its file_id;
 nothing is fetched until ``download`` (getFile, then the file URL under ``file_base_url``,
 read with a cap). That URL holds the bot token in its path: it is built here, fetched, and
@@ -73,6 +82,7 @@ from geodebot.channels.base import (
 )
 from geodebot.channels.render import render_for
 from geodebot.channels.telegram_request import AiohttpRequest, never_sent
+from geodebot.channels.telegram_webhook import WebhookServer
 from geodebot.config.schema import TelegramConfig
 from geodebot.logs.redact import Redactor
 from geodebot.store.records import StoreError
@@ -313,11 +323,34 @@ def _chat_id(channel: str) -> int | str:
 
 class TelegramChannel:
     def __init__(
-        self, config: TelegramConfig, token: str, *, cursor_store: CursorStore | None = None
+        self,
+        config: TelegramConfig,
+        token: str,
+        *,
+        cursor_store: CursorStore | None = None,
+        webhook_secret: str | None = None,
+        standby: bool = False,
     ) -> None:
+        """``webhook_secret`` is required with ``config.webhook_url``; ``standby``: receive
+        only, never calling setWebhook, deleteWebhook or setMyCommands (see the module doc)."""
+        if config.webhook_url is not None and not webhook_secret:
+            raise ValueError("a webhook needs its secret token")
         self._config = config
         self._cursors = cursor_store
-        self._redactor = Redactor([token])
+        self._redactor = Redactor([token, *([webhook_secret] if webhook_secret else [])])
+        self._standby = standby
+        self._webhook_secret = webhook_secret or ""
+        self._webhook: WebhookServer | None = None
+        if config.webhook_url is not None and webhook_secret:
+            listen = config.webhook_listen
+            assert listen is not None  # the config requires it with webhook_url
+            self._webhook = WebhookServer(
+                listen,
+                config.webhook_path,
+                webhook_secret,
+                self._webhook_update,
+                stop_grace_s=_STOP_GRACE_S,
+            )
         self._requests = (
             # One connection for the long poll; PTB adds poll_timeout_s to its read timeout.
             AiohttpRequest(connection_pool_size=1, connect_timeout=10.0),
@@ -367,6 +400,9 @@ class TelegramChannel:
         self._sink, self._presses, self._stopping = sink, presses, False
         try:
             await self._connect()
+            if self._webhook is not None:
+                await self._start_webhook(self._webhook)
+                return
             self._offset = await self._load_offset()
             self._task = asyncio.create_task(self._poll_loop(), name="telegram-poll")
             await self._wait_first_poll(self._task)
@@ -380,19 +416,65 @@ class TelegramChannel:
         try:
             await self._bot.initialize()
             self._me = self._bot.bot
-            # A webhook left behind makes every getUpdates fail with 409.
-            await self._bot.delete_webhook(drop_pending_updates=False)
+            if self._webhook is None:
+                # A webhook left behind (webhook mode before) makes every getUpdates fail
+                # with 409; what it had not delivered yet is kept for the poller.
+                await self._bot.delete_webhook(drop_pending_updates=False)
         except tg.InvalidToken:
             # PTB puts the token itself into this message: never pass it on.
             raise ChannelError("telegram: the bot token was rejected", permanent=True) from None
         except tg.TelegramError as exc:
             raise ChannelError(f"telegram: cannot connect: {self._safe(exc)}") from None
+        if self._standby:
+            return  # the serving replica registers the commands
         try:
             await self._bot.set_my_commands(
                 [BotCommand(c.name, c.description) for c in CHAT_COMMANDS]
             )
         except tg.TelegramError as exc:
             log.warning("telegram: could not register commands: %s", self._safe(exc))
+
+    async def _start_webhook(self, server: WebhookServer) -> None:
+        """Listen first, then (serving) register the address: Telegram may POST at once."""
+        try:
+            await server.start()
+        except OSError as exc:
+            raise ChannelError(f"telegram: webhook server: {exc.strerror}") from None
+        if not self._standby:
+            try:
+                await self._bot.set_webhook(
+                    str(self._config.webhook_url),
+                    allowed_updates=ALLOWED_UPDATES,
+                    drop_pending_updates=False,
+                    secret_token=self._webhook_secret,
+                )
+            except tg.TelegramError as exc:
+                raise ChannelError(f"telegram: setWebhook failed: {self._safe(exc)}") from None
+        self._connected, self._detail = True, ""
+        log.info(
+            "telegram: receiving webhooks as @%s on port %s%s",
+            self.bot_username,
+            server.port,
+            " (standing by)" if self._standby else f", registered as {self._config.webhook_url}",
+        )
+
+    async def _webhook_update(self, data: dict[str, object]) -> bool:
+        """A POSTed update, handed over as a polled one is; True once it may be confirmed."""
+        if self._stopping or self._me is None:
+            return False  # not ready, or going: Telegram delivers it again
+        try:
+            update = Update.de_json(data, self._bot)
+        except Exception:
+            # As when polling: an update that cannot be read would come back forever.
+            self._counters["skipped"] += 1
+            log.exception("telegram: update %s cannot be read; skipped", data.get("update_id"))
+            return True
+        return await self._hand_over(update)
+
+    @property
+    def webhook_port(self) -> int:
+        """The port the webhook server listens on (webhook_listen's, or the one port 0 got)."""
+        return 0 if self._webhook is None else self._webhook.port
 
     async def _wait_first_poll(self, task: asyncio.Task[None]) -> None:
         first = asyncio.ensure_future(self._first_poll.wait())
@@ -405,6 +487,10 @@ class TelegramChannel:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._webhook is not None:
+            # The webhook stays registered: Telegram keeps what comes meanwhile for the next
+            # start (or another replica's listener). POSTs under way get a grace to commit.
+            await self._webhook.stop()
         task, self._task = self._task, None
         if task is not None:
             # A long poll can go at once (its updates are not confirmed); a running sink gets
@@ -976,7 +1062,10 @@ class TelegramChannel:
             log.debug("telegram: typing failed: %s", self._safe(exc))
 
     def status(self) -> ChannelStatus:
-        return ChannelStatus("telegram", self._connected, self._detail, dict(self._counters))
+        counters = dict(self._counters)
+        if self._webhook is not None:
+            counters.update({f"webhook_{k}": v for k, v in self._webhook.counters.items()})
+        return ChannelStatus("telegram", self._connected, self._detail, counters)
 
     def _safe(self, exc: BaseException | None) -> str:
         return self._redactor.redact(str(exc))

@@ -438,6 +438,64 @@ class TelegramConfig(_ChannelBase):
     # token is appended to it, like api_base_url).
     file_base_url: str = "https://api.telegram.org/file/bot"
     poll_timeout_s: Annotated[int, Field(ge=0, le=60)] = 30
+    # Webhook mode instead of long polling: Telegram POSTs every update to this https
+    # address (a reverse proxy ending TLS in front of webhook_listen, where the daemon's own
+    # server listens); each POST must carry the secret named by webhook_secret_env. Every
+    # replica listens; only the serving one registers the address (setWebhook).
+    webhook_url: str | None = None
+    webhook_listen: str | None = None
+    webhook_secret_env: str | None = None
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if not parts.hostname or parts.scheme not in ("http", "https"):
+            raise ValueError("must be an https:// address, e.g. https://bot.example.com/telegram")
+        if parts.scheme == "http" and not is_loopback(parts.hostname):
+            raise ValueError(
+                "must be https:// (Telegram delivers only over TLS); http:// is allowed only "
+                "for 127.0.0.1 or localhost"
+            )
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError("must be scheme, host, port and path only (no query, fragment, user)")
+        return value
+
+    @field_validator("webhook_listen")
+    @classmethod
+    def _webhook_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_complete(self) -> TelegramConfig:
+        if self.webhook_url is None:
+            if self.webhook_listen is not None or self.webhook_secret_env is not None:
+                raise ValueError(
+                    "webhook_listen and webhook_secret_env need webhook_url (without it, "
+                    "the bot polls)"
+                )
+            return self
+        if not self.webhook_secret_env:
+            raise ValueError("webhook_secret_env is required with webhook_url")
+        if self.webhook_listen is None:
+            raise ValueError(
+                "webhook_listen (host:port of the server behind the proxy) is required with "
+                "webhook_url"
+            )
+        return self
+
+    @property
+    def webhook_path(self) -> str:
+        """The path Telegram's POSTs arrive on (the proxy passes it through as it is)."""
+        return urlsplit(self.webhook_url or "").path or "/"
+
+
+# Telegram's rule for setWebhook's secret_token.
+TELEGRAM_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
 class SlackConfig(_ChannelBase):
@@ -734,6 +792,8 @@ def channel_secret_names(config: Config) -> Iterable[str]:
     ch = config.channels
     if ch.telegram is not None and ch.telegram.enabled:
         yield ch.telegram.token_env
+        if ch.telegram.webhook_secret_env:
+            yield ch.telegram.webhook_secret_env
     if ch.slack is not None and ch.slack.enabled:
         yield ch.slack.bot_token_env
         yield ch.slack.app_token_env

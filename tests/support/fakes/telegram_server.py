@@ -49,6 +49,14 @@ Behaviour worth knowing in tests:
   sendPhoto refuses bytes that are no image with "IMAGE_PROCESS_FAILED". Each upload is in
   ``uploads`` and shows in the chat as a message (``sent``) whose text is its caption; an
   uploaded file can be fetched back with getFile like a user's.
+* Webhooks: setWebhook (``webhook`` holds what it registered), deleteWebhook and
+  getWebhookInfo. While a webhook is set, getUpdates is refused with 409 as Telegram refuses
+  it, and the queued updates are POSTed one at a time, oldest first, to the webhook's URL as
+  JSON with the ``X-Telegram-Bot-Api-Secret-Token`` header; one not answered 2xx (or not
+  answered at all) is POSTed again after ``webhook_retry_s``, as Telegram retries, and only a
+  2xx confirms it. ``webhook_targets`` (``host:port``, each in turn) play a load balancer in
+  front of several listeners: each attempt goes to the next, on the URL's path. Every answer
+  is in ``webhook_answers`` (0: no answer, the connection failed).
 """
 
 from __future__ import annotations
@@ -60,14 +68,18 @@ import itertools
 import json
 import re
 import time
+import urllib.parse
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
+import aiohttp
 from aiohttp import web
 
 DEFAULT_TOKEN = "7000001234:AAHfake-token_for-tests-0123456789abcdef"
+WEBHOOK_SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 MAX_TEXT = 4096
 MAX_CAPTION = 1024
 # The cloud Bot API's limits: getFile serves 20 MB at most, uploads take 50 MB (photos 10 MB).
@@ -187,6 +199,15 @@ class SentAction:
     thread_id: int | None
 
 
+@dataclass(frozen=True)
+class WebhookAnswer:
+    """One POST of an update to the webhook: where it went and the status (0: no answer)."""
+
+    update_id: int
+    target: str  # host:port
+    status: int
+
+
 @dataclass
 class _Failure:
     status: int
@@ -284,6 +305,14 @@ class FakeTelegram:
         self.commands: list[dict[str, str]] | None = None
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.webhook_deletes = 0
+        # What setWebhook registered (url, secret_token, allowed_updates); None: polling.
+        self.webhook: dict[str, Any] | None = None
+        self.webhook_sets = 0
+        self.webhook_targets: list[str] = []
+        self.webhook_retry_s = 0.05
+        self.webhook_answers: list[WebhookAnswer] = []
+        self._delivery: asyncio.Task[None] | None = None
+        self._turns = itertools.count()
         self.confirmed_offset = 0
         self.conflicts = 0  # long polls ended by a newer getUpdates (409)
         self.pushed: dict[int, dict[str, Any]] = {}  # every update queued, by update_id
@@ -350,6 +379,7 @@ class FakeTelegram:
             return
         self._closing = True
         self._notify()
+        await self._stop_delivery()
         await runner.cleanup()
 
     async def __aenter__(self) -> Self:
@@ -721,7 +751,102 @@ class FakeTelegram:
 
     async def _m_deletewebhook(self, params: dict[str, Any]) -> Any:
         self.webhook_deletes += 1
+        self.webhook = None
+        if _flag(params.get("drop_pending_updates")):
+            self._updates.clear()
+        await self._stop_delivery()
         return True
+
+    async def _m_setwebhook(self, params: dict[str, Any]) -> Any:
+        url = str(params.get("url") or "")
+        if not url:  # an empty url is how the Bot API removes a webhook too
+            return await self._m_deletewebhook(params)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "https" and parts.hostname not in ("127.0.0.1", "localhost"):
+            raise ApiError(400, "Bad Request: bad webhook: An HTTPS URL must be provided")
+        secret = params.get("secret_token")
+        if secret is not None and not _WEBHOOK_SECRET.fullmatch(str(secret)):
+            raise ApiError(400, "Bad Request: secret token contains unallowed characters")
+        if _flag(params.get("drop_pending_updates")):
+            self._updates.clear()
+        if "allowed_updates" in params:
+            self._allowed = set(params["allowed_updates"] or ())
+        self.webhook = {
+            "url": url,
+            "secret_token": secret,
+            "allowed_updates": sorted(self._allowed),
+        }
+        self.webhook_sets += 1
+        if self._delivery is None or self._delivery.done():
+            self._delivery = asyncio.create_task(self._deliver_webhooks())
+        return True
+
+    async def _m_getwebhookinfo(self, params: dict[str, Any]) -> Any:
+        info: dict[str, Any] = {"url": "", "has_custom_certificate": False}
+        info["pending_update_count"] = len(self._deliverable(len(self._updates)))
+        if self.webhook is not None:
+            info["url"] = self.webhook["url"]
+            info["allowed_updates"] = self.webhook["allowed_updates"]
+            failed = [a for a in self.webhook_answers if not 200 <= a.status < 300]
+            if failed:
+                info["last_error_message"] = f"Wrong response from the webhook: {failed[-1].status}"
+        return info
+
+    async def _stop_delivery(self) -> None:
+        task, self._delivery = self._delivery, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _deliver_webhooks(self) -> None:
+        """POST the queued updates to the webhook, oldest first, until each got a 2xx."""
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while self.webhook is not None and not self._closing:
+                batch = self._deliverable(1)
+                if not batch:
+                    changed = self._changed
+                    await changed.wait()
+                    continue
+                update = batch[0]
+                status = await self._post_update(session, self.webhook, update)
+                if 200 <= status < 300:
+                    if update in self._updates:
+                        self._updates.remove(update)
+                    self._notify()
+                else:
+                    await asyncio.sleep(self.webhook_retry_s)
+
+    async def _post_update(
+        self, session: aiohttp.ClientSession, webhook: Mapping[str, Any], update: dict[str, Any]
+    ) -> int:
+        parts = urllib.parse.urlsplit(str(webhook["url"]))
+        target = parts.netloc
+        if self.webhook_targets:
+            target = self.webhook_targets[next(self._turns) % len(self.webhook_targets)]
+        url = urllib.parse.urlunsplit((parts.scheme, target, parts.path or "/", "", ""))
+        headers = {}
+        if webhook.get("secret_token"):
+            headers[WEBHOOK_SECRET_HEADER] = str(webhook["secret_token"])
+        try:
+            async with session.post(url, json=update, headers=headers) as response:
+                await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError):
+            status = 0
+        self.webhook_answers.append(WebhookAnswer(int(update["update_id"]), target, status))
+        self._notify()
+        return status
+
+    def webhook_statuses(self, update_id: int) -> list[int]:
+        """Every answer the webhook gave to POSTs of update ``update_id``, in order."""
+        return [a.status for a in self.webhook_answers if a.update_id == update_id]
+
+    async def wait_for_webhook_ok(self, update_id: int, timeout: float = 5.0) -> None:
+        """Until a POST of update ``update_id`` was answered 2xx (it is confirmed then)."""
+        await self._wait(
+            lambda: any(200 <= s < 300 for s in self.webhook_statuses(update_id)), timeout
+        )
 
     async def _m_setmycommands(self, params: dict[str, Any]) -> Any:
         commands = params.get("commands")
@@ -738,6 +863,12 @@ class FakeTelegram:
         return True
 
     async def _m_getupdates(self, params: dict[str, Any]) -> Any:
+        if self.webhook is not None:
+            raise ApiError(
+                409,
+                "Conflict: can't use getUpdates method while webhook is active; "
+                "use deleteWebhook to delete the webhook first",
+            )
         offset = int(params.get("offset") or 0)
         limit = int(params.get("limit") or 100)
         timeout = float(params.get("timeout") or 0)
@@ -1037,6 +1168,11 @@ async def _params(request: web.Request) -> dict[str, Any]:
         else:
             params[key] = value
     return params
+
+
+def _flag(value: object) -> bool:
+    """A boolean parameter as PTB's form or a JSON body carries it."""
+    return value is True or str(value).lower() == "true"
 
 
 def _error(status: int, description: str, retry_after: float | None = None) -> web.Response:

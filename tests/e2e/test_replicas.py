@@ -226,7 +226,9 @@ async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
     except TimeoutError:
         # Its log without the Telegram poller's lines, which a resumed poller repeats.
         lines = [line for line in beta.log if "geodebot.channels.telegram" not in line]
-        raise AssertionError("beta still runs after its SIGCONT:\n" + "\n".join(lines[-60:]))
+        raise AssertionError(
+            "beta still runs after its SIGCONT:\n" + "\n".join(lines[-60:])
+        ) from None
     assert code == 1
     assert "lost lease 'daemon'" in beta.text()
     assert "Traceback" not in beta.text()

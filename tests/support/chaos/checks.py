@@ -48,14 +48,21 @@ def _bot_messages(fakes: Fakes) -> dict[Key, list[str]]:
     for chat_id, sent in fakes.telegram.sent.items():
         for m in sent:
             reply = None if m.reply_to_message_id is None else str(m.reply_to_message_id)
-            found[("telegram", str(chat_id), reply)].append(m.text)
+            # As it reads now, like the other two below (a preview edited into the answer).
+            found[("telegram", str(chat_id), reply)].append(
+                fakes.telegram.shown(chat_id, m.message_id).text
+            )
     for channel, posted in fakes.slack.posted.items():
         for p in posted:
             found[("slack", channel, p.thread_ts)].append(p.text)
     for channel, created in fakes.discord.posted.items():
         for c in created:
             reply = (c.get("message_reference") or {}).get("message_id")
-            found[("discord", channel, None if reply is None else str(reply))].append(c["content"])
+            # As it reads now: a streamed preview was edited into the answer after it was
+            # created.
+            revisions = fakes.discord.revisions.get(str(c["id"]))
+            text = revisions[-1].text if revisions else c["content"]
+            found[("discord", channel, None if reply is None else str(reply))].append(text)
     return found
 
 

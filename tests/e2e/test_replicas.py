@@ -32,7 +32,7 @@ from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.fakes.slack_server import FakeSlack
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.ports import free_port
-from tests.support.postgres import Cluster
+from tests.support.postgres import Cluster, inbox_by_pickup
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -128,13 +128,7 @@ class World:
         assert len(threads()) == len(asked), threads()
 
     def slack_rows(self) -> dict[tuple[str | None, str], int]:
-        """Slack's inbox rows by (the standing-by replica that received it, status)."""
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT pickup, status, COUNT(*) FROM inbox WHERE platform = 'slack' "
-                "GROUP BY pickup, status"
-            ).fetchall()
-        return {(r[0], r[1]): r[2] for r in rows}
+        return inbox_by_pickup(self.url, "slack")
 
     def holder(self) -> tuple[str, int]:
         with psycopg.connect(self.url, autocommit=True) as conn:

@@ -27,7 +27,7 @@ from tests.support.daemon import READY_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.ports import free_port
-from tests.support.postgres import Cluster
+from tests.support.postgres import Cluster, inbox_by_pickup
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -183,14 +183,8 @@ async def replicas(
 
 
 def inbox_rows(world: World) -> dict[tuple[str | None, str], int]:
-    """Telegram's inbox rows by (the standing-by replica that received it, status)."""
     assert world.store_url is not None
-    with psycopg.connect(world.store_url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pickup, status, COUNT(*) FROM inbox WHERE platform = 'telegram' "
-            "GROUP BY pickup, status"
-        ).fetchall()
-    return {(r[0], r[1]): r[2] for r in rows}
+    return inbox_by_pickup(world.store_url, "telegram")
 
 
 def outbox_rows(world: World) -> dict[str, int]:

@@ -287,3 +287,17 @@ def place(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Place:
         return Place("sqlite", path=path)
     cluster: Cluster = request.getfixturevalue("postgres_cluster")
     return Place("postgres", path=path, cluster=cluster)
+
+
+def inbox_by_pickup(url: str, platform: str) -> dict[tuple[str | None, str], int]:
+    """A platform's inbox rows in the database at ``url``, counted by (the standing-by
+    replica that received it, or None, and status)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pickup, status, COUNT(*) FROM inbox WHERE platform = %s "
+            "GROUP BY pickup, status",
+            (platform,),
+        ).fetchall()
+    return {(r[0], r[1]): r[2] for r in rows}

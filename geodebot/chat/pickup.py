@@ -1,14 +1,14 @@
 """Messages a standing-by replica receives, and how the serving replica takes them up.
 
-Slack spreads a Socket Mode app's events over all of its open connections, so every replica
-keeps one open, standing by or not. A standing-by replica only commits what its connection
-brings (:class:`StandbyIngress`: the same gate as the router's, then the inbox with
+Some platforms spread a bot's traffic over every replica: Slack over all of an app's open
+Socket Mode connections, Telegram in webhook mode over the listeners behind its proxy. So
+every replica keeps those open, standing by or not. A standing-by replica only commits what
+they bring (:class:`StandbyIngress`: the same gate as the router's, then the inbox with
 ``pickup`` set to its id) so that the platform is acknowledged; it answers nothing. The
 serving replica takes those rows up (:class:`PickUps`: woken by the standby's commit, and
-looking now and then by itself) and does with each
-what it does after its own commit: throttle, refuse, answer a command or queue the turn
-(:meth:`ChatRouter.pick_up`). The inbox's ``(platform, event_id)`` key makes an event that
-two connections brought one row.
+looking now and then by itself) and does with each what it does after its own commit:
+throttle, refuse, answer a command or queue the turn (:meth:`ChatRouter.pick_up`). The
+inbox's ``(platform, event_id)`` key makes an event that two replicas took in one row.
 """
 
 from __future__ import annotations

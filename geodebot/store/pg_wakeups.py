@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from geodebot.store.postgres_commit import reason
 from geodebot.store.records import StoreError
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class PgWakeups:
             async with self._opened(what).connection() as conn:
                 await conn.execute("SELECT pg_notify(%s, '')", (channel,))
         except psycopg.Error as exc:
-            raise StoreError(f"{what} failed: {exc}") from exc
+            raise StoreError(f"{what} failed: {reason(exc)}") from exc
 
     @contextlib.asynccontextmanager
     async def wakeups(self, topic: str) -> AsyncIterator[asyncio.Event]:
@@ -85,7 +86,10 @@ class PgWakeups:
                         event.set()
             except psycopg.Error as exc:
                 log.warning(
-                    "store: listening on %s failed (%s); again in %.1f s", channel, exc, pause
+                    "store: listening on %s failed (%s); again in %.1f s",
+                    channel,
+                    reason(exc),
+                    pause,
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, _RELISTEN_MAX_S)

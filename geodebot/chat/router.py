@@ -45,10 +45,10 @@ from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, Mo
 from geodebot.engine.lanes import Grace
 from geodebot.engine.llm.types import Block
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import TurnResult, TurnRunner
+from geodebot.engine.session import Ending, TurnResult, TurnRunner
 from geodebot.logs.context import log_context
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxEnding, InboxRow, StoreError
+from geodebot.store.records import InboxEnding, InboxFinished, InboxRow, OutboxRow, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -282,29 +282,51 @@ class ChatRouter:
             if self._streams is not None and not _recorded_only(row)
             else None
         )
+        reply = _Reply()
         try:
-            result = await self._run(row, binding, stream)
+            result = await self._run(row, binding, stream, reply)
         except BaseException:
             # The turn's own failure (or a stop) is what propagates, not the start's.
             await asyncio.gather(started, return_exceptions=True)
             raise
         if result.ended is not None:
             # The turn's last commit finished the row and wrote its reply, begun: it goes
-            # out at once. The start, which committed before it, has nothing left to say.
+            # out at once, unless it went already. The start, which committed before it, has
+            # nothing left to say.
             _, outbound = result.ended
-            if outbound is not None:
-                if stream is not None and stream.preview_id and not outbound.preview:
-                    # Shown after that commit: the store has it now, this copy not yet.
-                    outbound = dataclasses.replace(outbound, preview=stream.preview_id)
-                self._outbox.submit(outbound, first_part_begun=True)
+            if outbound is not None and not reply.submitted:
+                self._submit(outbound, stream)
             await asyncio.gather(started, return_exceptions=True)
             return
         await started
         status, text, detail = closing(result)
         await self._record(row, status, text, detail=detail)
 
+    def _submit(self, outbound: OutboxRow, stream: StreamedReply | None) -> None:
+        if stream is not None and stream.preview_id and not outbound.preview:
+            # Shown after the commit that wrote the reply: the store has it, this copy not.
+            outbound = dataclasses.replace(outbound, preview=stream.preview_id)
+        self._outbox.submit(outbound, first_part_begun=True)
+
+    def _written(
+        self, stream: StreamedReply | None, reply: _Reply, stop_typing: Callable[[], None]
+    ) -> Callable[[InboxFinished], None]:
+        """What the turn calls once its last commit wrote the reply: send it now, before the
+        turn's bookkeeping, unless something must be waited for first (a preview request
+        under way), which :meth:`_turn_answering` then does."""
+
+        def written(ended: InboxFinished) -> None:
+            _, outbound = ended
+            if outbound is None or (stream is not None and not stream.close_now()):
+                return
+            stop_typing()
+            reply.submitted = True
+            self._submit(outbound, stream)
+
+        return written
+
     async def _run(
-        self, row: InboxRow, binding: BindingConfig, stream: StreamedReply | None
+        self, row: InboxRow, binding: BindingConfig, stream: StreamedReply | None, reply: _Reply
     ) -> TurnResult:
         destination = Destination(
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
@@ -325,6 +347,7 @@ class ChatRouter:
             else None
         )
         outlet = OutboxOutlet.answering(self._store, row, self._outbox.submit)
+        written = self._written(stream, reply, functools.partial(_stop_typing, start, typing))
         try:
             attachments: tuple[Block, ...] = ()
             if self._attachments is not None:
@@ -351,7 +374,7 @@ class ChatRouter:
                 row.text,
                 # Named after the row: a row recovered after a crash continues its turn.
                 turn_id=row.turn_id,
-                ending=functools.partial(self._ending, row),
+                ending=Ending(functools.partial(self._ending, row), written),
                 attachments=attachments,
                 record_only=_recorded_only(row),
             )
@@ -423,6 +446,20 @@ class ChatRouter:
             )
             if outbound is not None:
                 self._outbox.submit(outbound, first_part_begun=True)
+
+
+def _stop_typing(start: asyncio.TimerHandle | None, typing: list[asyncio.Task[None]]) -> None:
+    """No typing indicator after the reply: the one due is not started, one running stops."""
+    if start is not None:
+        start.cancel()
+    for task in typing:
+        task.cancel()
+
+
+class _Reply:
+    """Whether a turn's reply was handed to the outbox as soon as it was committed."""
+
+    submitted = False
 
 
 def _recorded_only(row: InboxRow) -> bool:

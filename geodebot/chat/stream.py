@@ -166,6 +166,17 @@ class StreamedReply:
             await asyncio.gather(sending, return_exceptions=True)
         return self.preview_id
 
+    def close_now(self) -> bool:
+        """:meth:`close` when it need not wait (no preview request under way); False, and
+        still open, when it must."""
+        if self._sending is not None and not self._sending.done():
+            return False
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return True
+
     def waiting(self, note: str) -> None:
         """Show what the turn waits for (a person's decision) instead of a progress line."""
         self._status = f"({note})"

@@ -42,9 +42,18 @@ Outcome = Literal[
 
 # Lifecycle observers see what happens and never decide; see engine/hooks for decisions.
 Observer = Callable[[str, Mapping[str, Any]], None]
-# What a turn's caller writes with the turn's last checkpoint, in the same commit: the inbox
-# row it answers and the reply, built from the result the turn is about to return.
-Ending = Callable[["TurnResult"], InboxEnding]
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """What a turn's caller writes with the turn's last checkpoint, in the same commit: the
+    inbox row it answers and the reply, built by ``write`` from the result the turn is about
+    to return. ``written`` is called with what that commit wrote as soon as it returns,
+    before the turn's own bookkeeping (its log line, observers, unwinding): a reply it hands
+    over goes out first."""
+
+    write: Callable[[TurnResult], InboxEnding]
+    written: Callable[[InboxFinished], None] | None = None
 
 
 class TurnListener(Protocol):

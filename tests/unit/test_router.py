@@ -24,6 +24,7 @@ from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.pickup import STANDBY_PRESS, PickUps, StandbyIngress
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import BindingConfig
+from geodebot.engine.session import Observer
 from geodebot.store.protocol import Store
 from geodebot.store.records import ApprovalRecord, InboxRow, NewOutbound, OutboxRow
 from geodebot.testing import MemoryChannel
@@ -99,6 +100,7 @@ async def harness(
     daemon: Mapping[str, Any] | None = None,
     limit: int = 50,
     typing_after_s: float = 0.5,
+    also: Observer | None = None,
 ) -> AsyncIterator[Harness]:
     config = with_sections(
         make_config(tmp_path, llm),
@@ -115,6 +117,8 @@ async def harness(
             peaks[0] = max(peaks[0], running)
         elif event == "turn_finished":
             running -= 1
+        if also is not None:
+            also(event, data)
 
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, tmp_path / "marker", observers=(observe,))
@@ -178,6 +182,35 @@ async def test_bound_message_is_answered_in_its_chat(
         assert (part.destination.channel, part.destination.reply_to) == ("c1", inbound.message_id)
         # The answer came at once: no typing indicator was worth a request.
         assert h.chat.typing_calls == []
+
+
+async def test_the_reply_is_sent_before_the_turns_own_bookkeeping(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # The commit that ends the turn hands the reply over, and the sender runs before the
+    # turn's log line and observers: the answer is not kept waiting for them.
+    llm_server.script(Reply("first out"), Reply("second out"))
+    sent_when_finished: list[int] = []
+    chat: list[MemoryChannel] = []
+    both = asyncio.Event()
+
+    def finished(event: str, data: Mapping[str, Any]) -> None:
+        if event == "turn_finished":
+            sent_when_finished.append(len(chat[0].sent))
+            if len(sent_when_finished) == 2:
+                both.set()
+
+    async with harness(tmp_path, llm_server, also=finished) as h:
+        chat.append(h.chat)
+        await h.chat.deliver(message("one"))
+        assert await h.replies(1) == ["first out"]
+        await h.chat.deliver(message("two"))
+        assert await h.replies(2) == ["first out", "second out"]
+        async with asyncio.timeout(5):
+            await both.wait()
+    assert sent_when_finished == [1, 2]
+    # Handed over once: nothing more arrives after the turn's own hand-over would have come.
+    assert [p.text for p in h.chat.sent] == ["first out", "second out"]
 
 
 async def test_a_slow_turn_shows_typing_in_its_chat(

@@ -79,6 +79,14 @@ BENCHES = [
         ["bench/store_bench.py", "--quick"],
     ),
     Bench(
+        "replicas",
+        "Closed-loop throughput and CPU per reply with 1, 2 and 3 replicas on one PostgreSQL "
+        "(Telegram webhooks behind a balancer, Slack spread; zero-latency and 50 ms model), "
+        "and how the sessions spread.",
+        ["bench/replicas_bench.py"],
+        ["bench/replicas_bench.py", "--quick"],
+    ),
+    Bench(
         "soak",
         "20,000 turns: RSS series and slope (whole, and without the bounded context cache), "
         "open files, threads, asyncio tasks.",

@@ -8,10 +8,11 @@ so a change in the machine's speed meets both alike:
 
 * sequential latency (p50, p99) of one chat: what PostgreSQL's round trips add to a turn;
 * closed-loop throughput over ``--chats`` chats and the daemon's CPU per reply;
-* the same throughput with two more replicas standing by on the database (one serves at a
-  time: app/replica.py), and what a standby costs while it waits;
-* failover: SIGKILL the serving replica, time until a standby serves and until it has
-  answered the message the killed one was working on.
+* the same throughput with two more replicas on the database (members: every Telegram
+  message reaches the leader, whose poller takes the chats' sessions; app/replica.py,
+  chat/leases.py), and what an idle member costs;
+* failover: SIGKILL the leader, time until a member leads and until it has answered the
+  message the killed one was working on.
 
 Figures only (no targets: the issue asks what PostgreSQL adds, not a bound).
 Run from the repo root: ``.venv/bin/python bench/store_bench.py [--quick]``.
@@ -51,8 +52,8 @@ from telegram_bench import (
     stop_daemon,
 )
 
-from geodebot.app.replica import STANDBY_MARK
-from tests.support.daemon import MODELS_MARK, READY_MARK, DaemonProcess
+from geodebot.app.replica import LEAD_MARK, MEMBER_MARK
+from tests.support.daemon import MODELS_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.postgres import Cluster
@@ -73,7 +74,8 @@ async def standby(
 ) -> DaemonProcess:
     config = geodebot_config(tmp / f"{name}.toml", telegram, llm, [LATENCY_CHAT])
     daemon = DaemonProcess(with_store(config, url, name), geodebot_env(telegram))
-    await daemon.start(timeout_s=60, mark=STANDBY_MARK)
+    await daemon.start(timeout_s=60)
+    await daemon.wait_for_line(MEMBER_MARK, 60)
     return daemon
 
 
@@ -83,7 +85,7 @@ async def failover(
     telegram: FakeTelegram,
     llm: FakeLLMServer,
 ) -> tuple[float, float]:
-    """SIGKILL ``serving`` mid-turn; seconds until a standby serves, and until the message the
+    """SIGKILL ``serving`` mid-turn; seconds until a member leads, and until the message the
     killed replica was working on is answered."""
     llm.script(Delay(60, Reply("lost with the killed replica")))
     asked = llm.request_count  # (the fake records no requests here: counted instead)
@@ -93,7 +95,7 @@ async def failover(
     assert llm.pending == 0  # the killed replica's call has the delay, not the next one
     killed = time.perf_counter()
     await serving.kill()
-    waits = [asyncio.ensure_future(d.wait_for_line(READY_MARK, 120)) for d in standbys]
+    waits = [asyncio.ensure_future(d.wait_for_line(LEAD_MARK, 120)) for d in standbys]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     serving_after = time.perf_counter() - killed
     for w in waits:
@@ -160,7 +162,7 @@ async def amain(sizes: Sizes) -> int:
                         idle.append((cpu_seconds(daemon.proc.pid) - before) / STANDBY_IDLE_S)
                     replicated = System(on_pg, pg.proc.pid, Figures("postgresql, 3 replicas"))
                     await step(
-                        "throughput with two replicas standing by",
+                        "throughput with two more replicas",
                         lambda: alternating_throughput((systems[1], replicated), chats, sizes),
                     )
                     took = await failover(pg, standbys, on_pg, llm)
@@ -182,7 +184,7 @@ async def amain(sizes: Sizes) -> int:
     ]
     table.append(
         (
-            "throughput, 1 serving + 2 standing by (msg/s)",
+            "throughput, leader + 2 members (msg/s)",
             "-",
             f"{replicated.fig.mps:.1f}",
             f"{replicated.fig.mps / pg_fig.mps:.2f}x of 1 replica",
@@ -192,7 +194,7 @@ async def amain(sizes: Sizes) -> int:
     )
     table.append(
         (
-            f"a standby's CPU while it waits ({STANDBY_IDLE_S:g} s)",
+            f"an idle member's CPU ({STANDBY_IDLE_S:g} s)",
             "-",
             " / ".join(f"{100 * c:.2f} %" for c in idle),
             "",
@@ -202,7 +204,7 @@ async def amain(sizes: Sizes) -> int:
     )
     table.append(
         (
-            f"failover after SIGKILL (lease {LEASE_TTL_S} s): serving / answered (s)",
+            f"failover after SIGKILL (lease {LEASE_TTL_S} s): leading / answered (s)",
             "-",
             f"{took[0]:.1f} / {took[1]:.1f}",
             "",

@@ -139,8 +139,15 @@ class MemoryChannel:
     def platform(self) -> Platform:
         return self._platform
 
+    @property
+    def ingesting(self) -> bool:
+        return self.sink is not None
+
     async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
         self.sink, self.presses = sink, presses
+
+    async def start_ingest(self) -> None:
+        """Nothing to add: ``deliver`` works once started."""
 
     async def stop(self) -> None:
         self.sink = None

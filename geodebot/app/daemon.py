@@ -22,8 +22,9 @@ from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed
+from geodebot.chat.leases import SessionLeases
 from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.pickup import PickUps, StandbyIngress
+from geodebot.chat.pickup import SessionPickUps
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
 from geodebot.config.schema import Config, ConfigError, resolve_secret, split_host_port
@@ -40,7 +41,7 @@ from geodebot.scheduler.fire_runner import ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow, Lease, OutboxRow
+from geodebot.store.records import InboxRow, OutboxRow
 
 if TYPE_CHECKING:
     from geodebot.ops.console.live import LiveFeed
@@ -49,13 +50,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def ipc_handler(app: App, on_status: StatusHandler | None = None) -> IPCServer:
+def ipc_handler(
+    app: App, on_status: StatusHandler | None = None, sessions: SessionLeases | None = None
+) -> IPCServer:
+    """The local chat socket. With replicas, a turn runs here only while this replica holds
+    its session (chat/leases.py), as a chat's does."""
     tools = app.config.tools.ipc_tools
     run_turn = app.run_turn
 
     async def on_turn(session_id: str, text: str, approver: Approver) -> TurnResult:
         spec = SessionSpec(session_id, tools=tools, approver=approver)
-        return await run_turn(Mode.IPC, spec, text)
+        if sessions is None:
+            return await run_turn(Mode.IPC, spec, text)
+        lease = await sessions.hold(session_id)
+        if lease is None:
+            busy = f"Session {session_id} is running on another replica; ask that one."
+            return TurnResult(session_id, "", "store_error", busy, error="SessionElsewhere")
+        with app.services.store.fenced(lease), sessions.using(session_id):
+            return await run_turn(Mode.IPC, spec, text)
 
     return IPCServer(app.config.socket_path, on_turn, on_status)
 
@@ -106,10 +118,11 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
             if metrics is not None:
                 metrics.known_tools = _known_tools(config, app)
             store = app.services.store
-            lease = await _serving(config, app, stack, stop, notifier, lost)
-            if stop.is_set():
-                return None
-            await _sweep_receipts(store)
+            shared = await _shared(config, app, stack, stop, lost)
+            if shared is None:
+                # No call can still be running: one process uses this store. With replicas,
+                # a session's calls are swept by whoever takes the session over.
+                await _sweep_receipts(store)
             turns_grace, sends_grace = Grace(grace), Grace(grace)
             daemon = await _enter_daemon(
                 config,
@@ -118,11 +131,13 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 metrics,
                 turns_grace,
                 live,
-                lease=lease,
+                shared=shared,
                 sends_grace=sends_grace,
             )
             status.daemon = daemon
-            ipc = ipc_handler(app, _status_report(app, daemon))
+            ipc = ipc_handler(
+                app, _status_report(app, daemon), shared.sessions if shared is not None else None
+            )
             await stack.enter_async_context(ipc)
             log.info(
                 "geodebot serving: replica %s, store %s, state in %s, chat socket %s, channels: %s",
@@ -150,17 +165,25 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     return lost[0] if lost else None
 
 
-async def _serving(
-    config: Config,
-    app: App,
-    stack: AsyncExitStack,
-    stop: asyncio.Event,
-    notifier: SystemdNotifier,
-    lost: list[str],
-) -> DaemonLease | None:
-    """With a shared store, wait until this replica holds the daemon's lease (or ``stop``),
-    then hold it on ``stack``; its loss stops the daemon. None on SQLite, which one process
-    uses at a time."""
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """What replicas sharing a store hold (app/replica.py, chat/leases.py)."""
+
+    # The daemon's lease: its holder takes in what one replica at a time may (Telegram's
+    # poller or webhook registration, Discord's gateway) and runs the scheduler.
+    lease: DaemonLease
+    # The sessions whose turns run here.
+    sessions: SessionLeases
+
+
+async def _shared(
+    config: Config, app: App, stack: AsyncExitStack, stop: asyncio.Event, lost: list[str]
+) -> _Shared | None:
+    """With a shared store, the leases this replica will hold; None on SQLite, which one
+    process uses at a time. Every replica serves: it takes in what its platforms spread over
+    all of them, runs the turns of the sessions it holds and sends their replies. The loss of
+    the daemon's lease stops the replica (it was paused or cut off: the process exits non-zero
+    and its supervisor starts it afresh)."""
     if config.store.url is None:
         return None
 
@@ -168,55 +191,33 @@ async def _serving(
         lost.append(why)
         stop.set()
 
-    standby = asyncio.Event()
+    store = app.services.store
+    ttl = config.store.lease_ttl_s
+    lease = DaemonLease(store, app.replica_id, ttl_s=ttl, on_lost=on_lost)
+    sessions = SessionLeases(store, app.replica_id, ttl_s=ttl)
+    # Left after everything that runs turns: the sessions are let go once their work stopped.
+    await stack.enter_async_context(sessions)
+    return _Shared(lease, sessions)
 
-    def standing_by(current: Lease) -> None:
-        # Started as far as systemd is concerned: a standby is what this unit is for now.
-        notifier.ready(f"standby: replica {current.holder} serves (epoch {current.epoch})")
-        standby.set()
 
-    lease = DaemonLease(
-        app.services.store, app.replica_id, ttl_s=config.store.lease_ttl_s, on_lost=on_lost
-    )
-    waiting = asyncio.ensure_future(lease.acquire(standing_by))
-    stopped = asyncio.ensure_future(stop.wait())
+async def _lead(
+    shared: _Shared, store: Store, supervisor: ChannelSupervisor, scheduler: JobScheduler
+) -> None:
+    """Wait for the daemon's lease, then, fenced by it, take in what only its holder may and
+    run the scheduler (whose claims decide each fire), until cancelled."""
+    daemon_lease = shared.lease
     try:
-        async with _running(_standby_ingress(config, app, standby)):
-            await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not waiting.done():
-            waiting.cancel()
-        await asyncio.gather(waiting, stopped, return_exceptions=True)
-    if waiting.cancelled():
-        await lease.leave()
-        return None  # stopped while standing by
-    waiting.result()
-    # Held, even if a stop came at the same time: leaving the stack lets it go at once.
-    await stack.enter_async_context(lease)
-    return lease
-
-
-async def _standby_ingress(config: Config, app: App, standby: asyncio.Event) -> None:
-    """Once this replica stands by (another one serves), the channels whose platform spreads
-    events over every replica (:func:`_spread_platforms`) connect and commit what they bring,
-    for the serving replica to take up (chat/pickup.py), until cancelled: then they close,
-    after what was in flight committed, and a replica that takes over opens its own. A
-    replica that takes the lease at once opens none."""
-    await standby.wait()
-    channels = build_channels(
-        config, app.services.store, only=_spread_platforms(config), standby=True
-    )
-    if not channels:
-        return
-    ingress = StandbyIngress(app.services.store, app.bindings, app.replica_id, _max_chars(config))
-    supervisor = ChannelSupervisor(channels, ingress.accept, ingress.press)
-    try:
-        await supervisor.start()
-        await asyncio.Event().wait()
-    finally:
-        await supervisor.stop()
-        log.info("standby ingress closed: %s", dict(sorted(ingress.counters.items())))
+        lease = await daemon_lease.acquire()
+    except asyncio.CancelledError:
+        await daemon_lease.leave()
+        raise
+    async with daemon_lease:
+        # The poller's, the gateway's and the scheduler's tasks start in here, and keep the
+        # fence: a holder that lost the lease commits neither a cursor nor a fire claim.
+        with store.fenced(lease):
+            await supervisor.start_ingest()
+            async with scheduler:
+                await asyncio.Event().wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +229,12 @@ class _Daemon:
     approvals: ChatApprovals
     # Replays made here (the console) reach the router and outbox at once.
     deadletters: DeadLetters
-    # The daemon's lease, when replicas share the store.
-    lease: DaemonLease | None = None
+    # The leases held, when replicas share the store.
+    shared: _Shared | None = None
+
+    @property
+    def lease(self) -> DaemonLease | None:
+        return None if self.shared is None else self.shared.lease
 
 
 async def _enter_daemon(
@@ -240,13 +245,16 @@ async def _enter_daemon(
     turns_grace: Grace,
     live: LiveFeed | None = None,
     *,
-    lease: DaemonLease | None = None,
+    shared: _Shared | None = None,
     sends_grace: Grace,
 ) -> _Daemon:
     """Build the chat and job paths and enter them on ``stack``, connections first (so they
     close last), then the outbox, the router and the scheduler."""
     store = app.services.store
-    channels = build_channels(config, store)
+    sessions = shared.sessions if shared is not None else None
+    # With replicas the channels take in only what every replica may until this one holds
+    # the daemon's lease (see _lead).
+    channels = build_channels(config, store, ingest_later=shared is not None)
 
     async def typing(destination: Destination) -> None:
         await channels[destination.platform].typing(destination)
@@ -265,7 +273,7 @@ async def _enter_daemon(
             if live is None
             else lambda row: live.publish("deadletters", session=row.session_id)
         ),
-        may_send=lease.valid if lease is not None else None,
+        leases=sessions,
     )
     approvals = ChatApprovals(
         store,
@@ -276,7 +284,8 @@ async def _enter_daemon(
             if live is None
             else lambda request: live.publish("approvals", session=request.session_id)
         ),
-        may_send=lease.valid if lease is not None else None,
+        may_send=sessions.valid if sessions is not None else None,
+        shared=sessions is not None,
     )
     router = ChatRouter(
         app.run_turn,
@@ -295,9 +304,10 @@ async def _enter_daemon(
             store,
             channels,
             interval_s=config.daemon.stream_edit_interval_s,
-            may_send=lease.valid if lease is not None else None,
+            may_send=sessions.valid if sessions is not None else None,
         ),
         attachments=Attachments(store, app.files, channels) if app.files is not None else None,
+        leases=sessions,
     )
     scheduler = JobScheduler(
         app.run_turn,
@@ -310,8 +320,15 @@ async def _enter_daemon(
         on_fire=(
             ignore_fire if live is None else lambda fire: live.publish("jobs", job=fire.job_id)
         ),
+        leases=sessions,
     )
-    pickups = PickUps(store, router.pick_up) if config.store.url is not None else None
+    pickups = None
+    if sessions is not None:
+        sessions.wire(
+            on_lost=router.session_lost,
+            in_use=lambda sid: router.session_in_use(sid) or outbox.sending(sid),
+        )
+        pickups = SessionPickUps(store, sessions, router.take_up, outbox.kick)
     if app.relay is not None:
 
         def delivered(post: OutboxRow, message: InboxRow) -> None:
@@ -322,7 +339,7 @@ async def _enter_daemon(
     supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
     feed = ReplayFeed(store, router.take, outbox.submit)
     deadletters = DeadLetters(store, on_replayed=feed.replayed)
-    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters, lease)
+    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters, shared)
     if metrics is not None:
         # Both are made exactly when [daemon] http is set.
         assert live is not None
@@ -339,21 +356,16 @@ async def _enter_daemon(
         log.info("answering %s message(s) accepted before the restart", recovered)
     await stack.enter_async_context(_running(feed.run()))
     if pickups is not None:
-        # What standing-by replicas commit from now on (recover took what was there).
+        # Sessions with work nobody does: left by a replica that stopped, or committed by
+        # another replica for a session held here.
         await stack.enter_async_context(_running(pickups.run()))
     await supervisor.start()
-    # After the channels: a catch-up run's answer can go out as soon as it is ready.
-    await stack.enter_async_context(scheduler)
+    if shared is None:
+        # After the channels: a catch-up run's answer can go out as soon as it is ready.
+        await stack.enter_async_context(scheduler)
+    else:
+        await stack.enter_async_context(_running(_lead(shared, store, supervisor, scheduler)))
     return daemon
-
-
-def _spread_platforms(config: Config) -> tuple[str, ...]:
-    """Platforms that spread a bot's events over every replica: a standing-by replica keeps
-    its own connection open and commits what it brings. Slack Socket Mode (up to ten
-    connections) always; Telegram in webhook mode, where the proxy in front of the replicas'
-    listeners sends each POST to any of them."""
-    telegram = config.channels.telegram
-    return ("slack", "telegram") if telegram is not None and telegram.webhook_url else ("slack",)
 
 
 def _max_chars(config: Config) -> dict[str, int]:
@@ -403,16 +415,23 @@ def _known_tools(config: Config, app: App) -> frozenset[str]:
 
 
 def _replica_component(
-    config: Config, app: App, lease: DaemonLease | None
+    config: Config, app: App, shared: _Shared | None
 ) -> Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]:
-    """/healthz's ``replica``: this process and its store, and, with replicas, the lease
-    (unhealthy once lost: the replica stops serving)."""
+    """/healthz's ``replica``: this process and its store, and, with replicas, the daemon's
+    lease, the sessions held and the peers (unhealthy once the daemon's lease was lost: the
+    replica stops)."""
     replica = {"id": app.replica_id, "store": store_facts(config)}
 
     async def component() -> tuple[bool, dict[str, Any]]:
-        if lease is None:
+        if shared is None:
             return True, replica
-        return lease.valid(), {**replica, "lease": lease.figures(), "peers": await lease.peers()}
+        lease = shared.lease
+        return lease.lost is None, {
+            **replica,
+            "lease": lease.figures(),
+            "sessions": shared.sessions.figures(),
+            "peers": await lease.peers(),
+        }
 
     return component
 
@@ -473,7 +492,7 @@ def _health_server(
             "computer_use": computer_use,
             "scheduler": jobs,
             "unanswered": unanswered,
-            "replica": _replica_component(config, app, daemon.lease),
+            "replica": _replica_component(config, app, daemon.shared),
         },
         unanswered=unanswered_count,
         live_clients=lambda: live.clients,
@@ -518,6 +537,7 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
             "pid": os.getpid(),
             **replica,
             "lease": daemon.lease.figures() if daemon.lease is not None else None,
+            "sessions": daemon.shared.sessions.figures() if daemon.shared is not None else None,
             "peers": await daemon.lease.peers() if daemon.lease is not None else None,
             "uptime_s": round(now - started, 1),
             "ready": all(event.is_set() for event in supervisor.ready.values()),

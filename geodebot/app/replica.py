@@ -1,14 +1,20 @@
-"""The daemon's lease, when replicas share a database: one of them serves, the others stand by
-and take over once it stops renewing (store/leases.py).
+"""The daemon's lease, when replicas share a database (store/leases.py).
 
-A replica that holds the lease renews it every third of its time to live and fences its store
-with it, so after a takeover nothing it writes commits. It also keeps its own deadline on the
+Every replica serves: it takes in what its platforms spread over all replicas and runs the
+turns of the sessions it holds (chat/leases.py). What only one replica at a time may do is
+done by the holder of this lease, the leader: Telegram's poller (or its webhook registration),
+Discord's gateway and the scheduler. The others are members, and one of them takes over once
+the leader stops renewing.
+
+The leader renews the lease every third of its time to live, and what it does under the lease
+is fenced with it (``Store.fenced``), so after a takeover nothing of that commits. It also
+keeps its own deadline on the
 local monotonic clock (the time to live from just before its last successful renewal): past
 it, the replica cannot know whether another one took over, so :meth:`DaemonLease.valid` turns
 false and the lease counts as lost. A process paused past its deadline (SIGSTOP, a frozen
 VM) finds that out the moment it runs again, before it sends anything on a platform.
 
-Serving or standing by, a replica also says it is there every third of the time to live
+Leading or not, a replica also says it is there every third of the time to live
 (store/replicas.py) and removes itself when it stops: status pages list its peers from that.
 """
 
@@ -27,16 +33,16 @@ from geodebot.engine.lanes import cancel_and_wait
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, ReplicaRecord, StoreError
 
-__all__ = ["LEASE_NAME", "STANDBY_MARK", "TAKEN_MARK", "DaemonLease"]
+__all__ = ["LEAD_MARK", "LEASE_NAME", "MEMBER_MARK", "DaemonLease"]
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "daemon"
-# Logged when a replica starts to wait for the lease, and when it holds it (tests wait for
+# Logged when a replica finds another one leading, and when it leads itself (tests wait for
 # these).
-STANDBY_MARK = "replica: standing by"
-TAKEN_MARK = "replica: serving"
-SERVING, STANDBY = "serving", "standby"
+MEMBER_MARK = "replica: member"
+LEAD_MARK = "replica: leading"
+LEADER, MEMBER = "leader", "member"
 
 
 class DaemonLease:
@@ -78,7 +84,7 @@ class DaemonLease:
             "name": LEASE_NAME,
             "holder": lease.holder if lease is not None else None,
             "epoch": lease.epoch if lease is not None else None,
-            "serving": self.valid(),
+            "leading": self.valid(),
             # Changes of holder since the database began: each one a takeover or a handover.
             "takeovers": lease.epoch - 1 if lease is not None else None,
             "ttl_s": self.ttl_s,
@@ -92,12 +98,12 @@ class DaemonLease:
         return self.lease is not None and self._lost is None and self._clock() < self._deadline
 
     async def acquire(self, on_standby: Callable[[Lease], None] | None = None) -> Lease:
-        """Wait until this replica holds the lease, then fence the store with it.
-        ``on_standby`` is called each time another holder is found (a new one, or a new
-        epoch). A store that cannot be reached is tried again; cancelling stops the wait."""
+        """Wait until this replica holds the lease (what it then does, the caller fences
+        with it). ``on_standby`` is called each time another holder is found (a new one, or a
+        new epoch). A store that cannot be reached is tried again; cancelling stops the wait."""
         seen: tuple[str, int] | None = None
-        # A look a second at most: one query a second per standby, and a lease let go (a
-        # clean stop of the serving replica) is taken within it.
+        # A look a second at most: one query a second per member, and a lease let go (a
+        # clean stop of the leader) is taken within it.
         pause = min(1.0, self.ttl_s / 3)
         while True:
             asked = self._clock()
@@ -109,10 +115,10 @@ class DaemonLease:
                 continue
             if lease.holder == self.replica_id:
                 self._hold(lease, asked)
-                await self._say(SERVING)
+                await self._say(LEADER)
                 log.info(
                     "%s: replica %s holds lease %r (epoch %d)",
-                    TAKEN_MARK,
+                    LEAD_MARK,
                     self.replica_id,
                     LEASE_NAME,
                     lease.epoch,
@@ -121,8 +127,8 @@ class DaemonLease:
             if seen != (lease.holder, lease.epoch):
                 seen = (lease.holder, lease.epoch)
                 log.info(
-                    "%s: replica %s waits; lease %r is held by %s (epoch %d) for %.1f s more",
-                    STANDBY_MARK,
+                    "%s: replica %s serves; lease %r is held by %s (epoch %d) for %.1f s more",
+                    MEMBER_MARK,
                     self.replica_id,
                     LEASE_NAME,
                     lease.holder,
@@ -131,7 +137,7 @@ class DaemonLease:
                 )
                 if on_standby is not None:
                     on_standby(lease)
-            await self._say(STANDBY)
+            await self._say(MEMBER)
             # Just after it would expire if its holder stopped renewing, but never longer than
             # a renewal period: a holder that lets it go is followed soon.
             await asyncio.sleep(min(pause, max(0.05, lease.remaining_s + 0.05)))
@@ -140,7 +146,6 @@ class DaemonLease:
         self.lease = lease
         # From just before the request: the database counted the time to live from later.
         self._deadline = asked + self.ttl_s
-        self._store.fence(lease)
 
     async def __aenter__(self) -> Self:
         if self.lease is None:
@@ -240,7 +245,7 @@ class DaemonLease:
                 return
             self.lease = renewed
             self._deadline = asked + self.ttl_s
-            await self._say(SERVING)
+            await self._say(LEADER)
 
     def _lose(self, why: str) -> None:
         self._lost = why

@@ -268,15 +268,32 @@ class ChannelStatus:
     counters: dict[str, int] = field(default_factory=dict)
 
 
+# A channel's health detail while it can send but another replica takes in for it.
+SENDING_ONLY = "sending only: another replica takes in"
+
+
 class Channel(Protocol):
-    """A platform connection. ``start`` returns once connected and receiving."""
+    """A platform connection. ``start`` returns once connected and receiving; a channel
+    made to take in later (what only one replica at a time may do: Telegram's poller or
+    webhook registration, Discord's gateway) returns from ``start`` able to send, and
+    receives once ``start_ingest`` returned."""
 
     @property
     def platform(self) -> Platform: ...
 
+    @property
+    def ingesting(self) -> bool:
+        """True while this channel takes in what the platform brings (False while sending
+        only, or stopped)."""
+
     async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
         """Connect and deliver messages to ``sink`` and card button presses to ``presses``
         (without one, presses are answered as not valid)."""
+
+    async def start_ingest(self) -> None:
+        """After ``start``: begin taking in what ``start`` left for later; does nothing if it
+        takes in already. Raises ChannelError (as ``start``) when it cannot; the channel can
+        still send then, and this may be called again."""
 
     async def stop(self) -> None: ...
 

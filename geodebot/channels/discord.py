@@ -19,6 +19,11 @@
   channel are serialised so it only moves forward. The first run (no cursor) saves the
   channel's newest message id as the cursor before the gateway connects, i.e. before the bot
   shows as online: a crash at any point after loses nothing sent to the online bot.
+* Taking in later (``ingest_later=True``, for a replica while another one owns the gateway):
+  ``start`` only logs in over REST (sends, edits, history reads, uploads work); marking first
+  runs, the gateway and the slash commands wait for ``start_ingest``, whose READY catches up
+  from history as after a restart. discord.py cannot drop a gateway and keep its REST
+  session, so a ``start_ingest`` that fails replaces the client with a fresh logged-in one.
 * Sending. ``Messageable.send`` has no ``enforce_nonce`` keyword: discord.py sends
   ``enforce_nonce: true`` with every nonce. The nonce hashes the part key, so a resend of a
   part within Discord's window returns the first message. discord.py sleeps through 429s
@@ -79,6 +84,7 @@ with warnings.catch_warnings():
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    SENDING_ONLY,
     ApprovalCard,
     ChannelError,
     ChannelStatus,
@@ -316,8 +322,13 @@ class DiscordChannel:
         *,
         bound_channels: Sequence[str] = (),
         cursor_store: CursorStore | None = None,
+        ingest_later: bool = False,
     ) -> None:
+        """``ingest_later``: ``start`` only logs in; see the module doc."""
         self._config, self._token = config, token
+        self._ingest_later = ingest_later
+        self._started = self._ingesting = False
+        self._ingest_lock = asyncio.Lock()
         self._bound = frozenset(bound_channels)
         self._cursors = cursor_store
         self._client: _Client | None = None
@@ -347,16 +358,69 @@ class DiscordChannel:
     def platform(self) -> Platform:
         return "discord"
 
+    @property
+    def ingesting(self) -> bool:
+        """The gateway is this channel's (connected once, and kept by discord.py)."""
+        return self._ingesting
+
     async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
-        if self._client is not None:
+        if self._started:
             raise RuntimeError("discord channel already started")
-        self._sink, self._presses, self._stale = sink, presses, set(self._bound)
-        client = self._client = _Client(self, self._config)
+        self._sink, self._presses = sink, presses
+        self._started = True
         try:
-            await self._connect(client)
+            await self._login()
+            if self._ingest_later:
+                log.info("discord: logged in, %s", SENDING_ONLY)
+                return
+            await self._take_in()
         except BaseException:
             await self.stop()
             raise
+
+    async def start_ingest(self) -> None:
+        """Mark first runs, connect the gateway, wait for READY, register slash commands."""
+        async with self._ingest_lock:
+            if self._ingesting:
+                return
+            if not self._started:
+                raise RuntimeError("discord channel not started")
+            try:
+                if self._client is None:  # a failed attempt before left none
+                    await self._login()
+                await self._take_in()
+            except BaseException as exc:
+                await self._close_client()
+                if isinstance(exc, ChannelError):
+                    self._last_error = str(exc)
+                if isinstance(exc, Exception):
+                    await self._login_again()
+                raise
+
+    async def _login_again(self) -> None:
+        """A fresh client logged in over REST, so sending goes on after a failed attempt
+        to take in; if that fails too, the next attempt logs in first."""
+        try:
+            await self._login()
+        except ChannelError as exc:
+            log.warning("discord: cannot log in again to send: %s", exc)
+            await self._close_client()
+
+    async def _login(self) -> None:
+        client = self._client = _Client(self, self._config)
+        try:
+            await client.login(self._token)
+        except discord.LoginFailure as exc:
+            raise ChannelError("discord: the bot token was rejected", permanent=True) from exc
+        except _NET_ERRORS as exc:
+            raise ChannelError(f"discord: login failed: {exc!r}") from exc
+
+    async def _take_in(self) -> None:
+        client = self._client
+        assert client is not None
+        self._stale = set(self._bound)
+        await self._connect(client)
+        self._ingesting = True
         commands = [
             {"name": c.name, "description": c.description, "type": 1} for c in CHAT_COMMANDS
         ]
@@ -366,12 +430,6 @@ class DiscordChannel:
             log.warning("discord: slash commands not registered (typed ones still work): %s", exc)
 
     async def _connect(self, client: _Client) -> None:
-        try:
-            await client.login(self._token)
-        except discord.LoginFailure as exc:
-            raise ChannelError("discord: the bot token was rejected", permanent=True) from exc
-        except _NET_ERRORS as exc:
-            raise ChannelError(f"discord: login failed: {exc!r}") from exc
         await self._mark_first_runs()
         self._runner = asyncio.create_task(client.connect(reconnect=True))
         self._runner.add_done_callback(self._runner_done)
@@ -386,10 +444,16 @@ class DiscordChannel:
             raise ChannelError(f"discord: gateway did not become ready: {why}")
 
     async def stop(self) -> None:
-        client, self._client = self._client, None
         downloads, self._downloads = self._downloads, None
         if downloads is not None:
             await downloads.close()
+        await self._close_client()
+        self._started = False
+
+    async def _close_client(self) -> None:
+        """Close the client (gateway and REST session) and end the work it started."""
+        self._ingesting = False
+        client, self._client = self._client, None
         if client is not None:
             await client.close()  # closes the socket, the HTTP session and its connector
         if self._runner is not None:
@@ -860,8 +924,14 @@ class DiscordChannel:
 
     def status(self) -> ChannelStatus:
         client = self._client
-        connected = client is not None and client.is_ready() and not client.is_closed()
-        return ChannelStatus("discord", connected, self._last_error, dict(self.counters))
+        up = client is not None and not client.is_closed()
+        if self._ingesting or self._runner is not None:
+            connected = up and client is not None and client.is_ready()
+            detail = self._last_error
+        else:  # logged in over REST only
+            connected = up and client is not None and client.user is not None
+            detail = self._last_error or (SENDING_ONLY if connected else "")
+        return ChannelStatus("discord", connected, detail, dict(self.counters))
 
 
 def _private(text: str) -> dict[str, Any]:

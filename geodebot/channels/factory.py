@@ -11,7 +11,7 @@ import contextlib
 import logging
 import random
 import sys
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 
 from geodebot.channels.base import Channel, ChannelError, InboundSink, PressSink
 from geodebot.config.schema import (
@@ -77,12 +77,16 @@ def _webhook_secret(problems: list[str], telegram: TelegramConfig) -> str | None
 
 
 def build_channels(
-    config: Config, store: Store, only: Collection[str] | None = None, *, standby: bool = False
+    config: Config,
+    store: Store,
+    only: Collection[str] | None = None,
+    *,
+    ingest_later: bool = False,
 ) -> dict[str, Channel]:
     """One channel per enabled table (of the platforms in ``only``, if given); a missing
-    secret is a startup error naming it. ``standby``: for a replica standing by, channels
-    that only receive (a Telegram webhook listener that leaves setWebhook to the serving
-    replica)."""
+    secret is a startup error naming it. ``ingest_later``: each channel's ``start`` leaves
+    what only one replica at a time may do (Telegram's poller or setWebhook, Discord's
+    gateway) to its ``start_ingest``; Slack's channel takes in from ``start`` regardless."""
     problems: list[str] = []
     channels: dict[str, Channel] = {}
     ch = config.channels
@@ -99,7 +103,7 @@ def build_channels(
                 token,
                 cursor_store=store,
                 webhook_secret=hook_secret or None,
-                standby=standby,
+                ingest_later=ingest_later,
             )
     if ch.slack is not None and ch.slack.enabled and "slack" in wanted:
         bot = _secret(problems, "channels.slack.bot_token_env", ch.slack.bot_token_env)
@@ -115,7 +119,11 @@ def build_channels(
 
             bound = [b.channel for b in config.bindings if b.platform == "discord"]
             channels["discord"] = DiscordChannel(
-                ch.discord, token, bound_channels=bound, cursor_store=store
+                ch.discord,
+                token,
+                bound_channels=bound,
+                cursor_store=store,
+                ingest_later=ingest_later,
             )
     if problems:
         raise ConfigError(str(config.source or "<config>"), problems)
@@ -132,7 +140,8 @@ def build_channels(
 
 class ChannelSupervisor:
     """Starts every channel; one that cannot connect is retried with backoff while the
-    others run. (Once connected, each SDK keeps its own connection alive.)
+    others run. (Once connected, each SDK keeps its own connection alive.) Channels built
+    to take in later are made to by :meth:`start_ingest`, retried the same way.
 
     ``async with`` it to own the connections: leaving closes them all. Entering connects
     nothing; :meth:`start` does, once whatever must precede the first message is ready.
@@ -149,6 +158,9 @@ class ChannelSupervisor:
         self._presses = presses
         self._tasks: list[asyncio.Task[None]] = []
         self.ready: dict[str, asyncio.Event] = {name: asyncio.Event() for name in channels}
+        # Set once the channel's start_ingest returned.
+        self.ingesting: dict[str, asyncio.Event] = {name: asyncio.Event() for name in channels}
+        self._ingest_started = False
 
     async def __aenter__(self) -> ChannelSupervisor:
         return self
@@ -160,37 +172,32 @@ class ChannelSupervisor:
         """Start all channels; returns when each connected or its first attempt timed out."""
         for name, channel in self._channels.items():
             self._tasks.append(asyncio.create_task(self._keep_starting(name, channel)))
-        waits = [event.wait() for event in self.ready.values()]
-        if waits:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(first_attempt_s):
-                    await asyncio.gather(*waits)
+        await _first_attempts(self.ready.values(), first_attempt_s)
+
+    async def start_ingest(self, first_attempt_s: float = 30.0) -> None:
+        """Make every channel take in (``Channel.start_ingest``), each once it started;
+        returns when each took in or its first attempt timed out, as :meth:`start` does.
+        Calls after the first only wait (the first's attempts go on)."""
+        if not self._ingest_started:
+            self._ingest_started = True
+            for name, channel in self._channels.items():
+                self._tasks.append(asyncio.create_task(self._keep_ingesting(name, channel)))
+        await _first_attempts(self.ingesting.values(), first_attempt_s)
 
     async def _keep_starting(self, name: str, channel: Channel) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await channel.start(self._sink, self._presses)
-            except Exception as exc:
-                # A ChannelError already says what went wrong; anything else is a bug to trace.
-                expected = isinstance(exc, ChannelError)
-                log.error(
-                    "channel %s could not start%s; retrying in %.0f s",
-                    name,
-                    f": {exc}" if expected else "",
-                    delay,
-                    exc_info=not expected,
-                )
-                with contextlib.suppress(Exception):
-                    await channel.stop()
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 300.0)
-                continue
-            log.info("channel %s connected", name)
-            self.ready[name].set()
-            return
+        await _retried(name, "start", lambda: channel.start(self._sink, self._presses), channel)
+        log.info("channel %s connected", name)
+        self.ready[name].set()
+
+    async def _keep_ingesting(self, name: str, channel: Channel) -> None:
+        await self.ready[name].wait()
+        # A failed attempt leaves the channel sending: only the taking in is tried again.
+        await _retried(name, "take in", channel.start_ingest)
+        log.info("channel %s takes in", name)
+        self.ingesting[name].set()
 
     async def stop(self) -> None:
+        self._ingest_started = False
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -199,3 +206,43 @@ class ChannelSupervisor:
                 await channel.stop()
             except Exception:
                 log.exception("channel %s did not stop cleanly", name)
+
+
+async def _first_attempts(events: Iterable[asyncio.Event], first_attempt_s: float) -> None:
+    waits = [event.wait() for event in events]
+    if waits:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(first_attempt_s):
+                await asyncio.gather(*waits)
+
+
+async def _retried(
+    name: str,
+    what: str,
+    attempt: Callable[[], Awaitable[None]],
+    stop_after_failure: Channel | None = None,
+) -> None:
+    """``attempt()`` until it returns, with growing pauses (and ``stop_after_failure``
+    stopped after each failure, so the next attempt starts clean)."""
+    delay = 1.0
+    while True:
+        try:
+            await attempt()
+        except Exception as exc:
+            # A ChannelError already says what went wrong; anything else is a bug to trace.
+            expected = isinstance(exc, ChannelError)
+            log.error(
+                "channel %s could not %s%s; retrying in %.0f s",
+                name,
+                what,
+                f": {exc}" if expected else "",
+                delay,
+                exc_info=not expected,
+            )
+            if stop_after_failure is not None:
+                with contextlib.suppress(Exception):
+                    await stop_after_failure.stop()
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, 300.0)
+            continue
+        return

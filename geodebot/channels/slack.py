@@ -393,6 +393,14 @@ class SlackChannel:
     def bot_user_id(self) -> str:
         return self._bot_user_id
 
+    @property
+    def ingesting(self) -> bool:
+        """Whenever started: Slack spreads events over every replica's connection."""
+        return self._handler is not None
+
+    async def start_ingest(self) -> None:
+        """Nothing to add: ``start`` already opened the Socket Mode connection."""
+
     async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
         if self._handler is not None:
             raise RuntimeError("SlackChannel already started")

@@ -10,11 +10,15 @@ button (a callback query) goes the same way: handed to the press sink, answered,
 Webhook mode (``webhook_url`` set) replaces the poller: Telegram POSTs each update to the
 channel's own server (telegram_webhook.py), which answers 200 only once the update went the
 same way as a polled one (committed, or a press handled), so Telegram delivers again what was
-not. The channel registers its address with setWebhook when it starts; one made with
-``standby=True`` (a replica standing by, which receives and commits but answers nothing) only
-listens, and leaves registering, the webhook and the commands to the serving replica. Going
-back to polling removes the webhook first (deleteWebhook), since Telegram refuses getUpdates
-while one is set.
+not. The channel registers its address with setWebhook when it starts. Going back to
+polling removes the webhook first (deleteWebhook), since Telegram refuses getUpdates while one
+is set.
+
+Taking in later (``ingest_later=True``, for a replica while another one takes in): ``start``
+only initializes the bot (getMe), so it can send, edit, upload, download and answer presses;
+in webhook mode it listens too (every replica behind the proxy commits what it is sent).
+Nothing is registered, removed or polled until :meth:`TelegramChannel.start_ingest`: the
+poller (one per token) or setWebhook, and the commands, are one replica's at a time.
 
 Files: a message's photo or document becomes an :class:`InboundFile` carrying its file_id;
 nothing is fetched until ``download`` (getFile, then the file URL under ``file_base_url``,
@@ -37,6 +41,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from telegram import (
     Bot,
@@ -59,6 +64,7 @@ from telegram.request._requestparameter import RequestParameter  # what Bot._pos
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    SENDING_ONLY,
     TELEGRAM_PHOTO_LIMIT,
     UPLOAD_LIMITS,
     ApprovalCard,
@@ -82,10 +88,12 @@ from geodebot.channels.base import (
 )
 from geodebot.channels.render import render_for
 from geodebot.channels.telegram_request import AiohttpRequest, never_sent
-from geodebot.channels.telegram_webhook import WebhookServer
 from geodebot.config.schema import TelegramConfig
 from geodebot.logs.redact import Redactor
 from geodebot.store.records import StoreError
+
+if TYPE_CHECKING:
+    from geodebot.channels.telegram_webhook import WebhookServer
 
 # PTB 22 warns (PTBDeprecationWarning) whenever an int-valued period is read, and RetryAfter's
 # own constructor reads one: every 429 warned. Opting in to the timedelta values PTB 23 will
@@ -329,21 +337,29 @@ class TelegramChannel:
         *,
         cursor_store: CursorStore | None = None,
         webhook_secret: str | None = None,
-        standby: bool = False,
+        ingest_later: bool = False,
     ) -> None:
-        """``webhook_secret`` is required with ``config.webhook_url``; ``standby``: receive
-        only, never calling setWebhook, deleteWebhook or setMyCommands (see the module doc)."""
+        """``webhook_secret`` is required with ``config.webhook_url``; ``ingest_later``:
+        ``start`` leaves polling, setWebhook, deleteWebhook and setMyCommands to
+        :meth:`start_ingest` (see the module doc)."""
         if config.webhook_url is not None and not webhook_secret:
             raise ValueError("a webhook needs its secret token")
         self._config = config
         self._cursors = cursor_store
         self._redactor = Redactor([token, *([webhook_secret] if webhook_secret else [])])
-        self._standby = standby
+        self._ingest_later = ingest_later
+        self._started = False
+        self._ingesting = False
+        self._ingest_lock = asyncio.Lock()
         self._webhook_secret = webhook_secret or ""
         self._webhook: WebhookServer | None = None
         if config.webhook_url is not None and webhook_secret:
             listen = config.webhook_listen
             assert listen is not None  # the config requires it with webhook_url
+            # Imported only in webhook mode: its aiohttp.web server is a megabyte of a
+            # long-polling daemon's memory otherwise.
+            from geodebot.channels.telegram_webhook import WebhookServer
+
             self._webhook = WebhookServer(
                 listen,
                 config.webhook_path,
@@ -393,40 +409,77 @@ class TelegramChannel:
     def bot_username(self) -> str | None:
         return None if self._me is None else self._me.username
 
+    @property
+    def ingesting(self) -> bool:
+        """Polling, or registered as the webhook's address (not only listening)."""
+        return self._ingesting
+
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
-        if self._task is not None:
+        if self._started:
             raise RuntimeError("TelegramChannel already started")
         self._sink, self._presses, self._stopping = sink, presses, False
+        self._started = True
         try:
             await self._connect()
             if self._webhook is not None:
-                await self._start_webhook(self._webhook)
+                await self._listen(self._webhook)
+            if self._ingest_later:
+                self._connected, self._detail = True, self._sending_only()
+                log.info("telegram: connected as @%s, %s", self.bot_username, self._detail)
                 return
-            self._offset = await self._load_offset()
-            self._task = asyncio.create_task(self._poll_loop(), name="telegram-poll")
-            await self._wait_first_poll(self._task)
+            await self._take_in()
         except BaseException as exc:
             await self.stop()
             if isinstance(exc, ChannelError):
                 self._detail = str(exc)
             raise
 
+    async def start_ingest(self) -> None:
+        """Poll (or register the webhook) and register the commands; see the module doc."""
+        async with self._ingest_lock:
+            if self._ingesting:
+                return
+            if not self._started or self._stopping:
+                raise RuntimeError("TelegramChannel not started")
+            try:
+                await self._take_in()
+            except BaseException as exc:
+                await self._stop_polling()
+                if isinstance(exc, ChannelError):
+                    self._detail = str(exc)
+                raise
+
     async def _connect(self) -> None:
         try:
             await self._bot.initialize()
             self._me = self._bot.bot
-            if self._webhook is None:
-                # A webhook left behind (webhook mode before) makes every getUpdates fail
-                # with 409; what it had not delivered yet is kept for the poller.
-                await self._bot.delete_webhook(drop_pending_updates=False)
         except tg.InvalidToken:
             # PTB puts the token itself into this message: never pass it on.
             raise ChannelError("telegram: the bot token was rejected", permanent=True) from None
         except tg.TelegramError as exc:
             raise ChannelError(f"telegram: cannot connect: {self._safe(exc)}") from None
-        if self._standby:
-            return  # the serving replica registers the commands
+
+    async def _take_in(self) -> None:
+        if self._webhook is not None:
+            await self._register_commands()
+            await self._register_webhook()
+        else:
+            try:
+                # A webhook left behind (webhook mode before) makes every getUpdates fail
+                # with 409; what it had not delivered yet is kept for the poller.
+                await self._bot.delete_webhook(drop_pending_updates=False)
+            except tg.TelegramError as exc:
+                raise ChannelError(f"telegram: cannot connect: {self._safe(exc)}") from None
+            await self._register_commands()
+            self._offset = await self._load_offset()
+            self._task = asyncio.create_task(self._poll_loop(), name="telegram-poll")
+            await self._wait_first_poll(self._task)
+        self._ingesting = True
+        if self._webhook is not None:
+            self._connected, self._detail = True, ""
+
+    async def _register_commands(self) -> None:
         try:
             await self._bot.set_my_commands(
                 [BotCommand(c.name, c.description) for c in CHAT_COMMANDS]
@@ -434,29 +487,31 @@ class TelegramChannel:
         except tg.TelegramError as exc:
             log.warning("telegram: could not register commands: %s", self._safe(exc))
 
-    async def _start_webhook(self, server: WebhookServer) -> None:
-        """Listen first, then (serving) register the address: Telegram may POST at once."""
+    def _sending_only(self) -> str:
+        if self._webhook is None:
+            return SENDING_ONLY
+        return "receiving webhooks: another replica registers them"
+
+    async def _listen(self, server: WebhookServer) -> None:
+        """Listen before registering the address: Telegram may POST at once."""
         try:
             await server.start()
         except OSError as exc:
             raise ChannelError(f"telegram: webhook server: {exc.strerror}") from None
-        if not self._standby:
-            try:
-                await self._bot.set_webhook(
-                    str(self._config.webhook_url),
-                    allowed_updates=ALLOWED_UPDATES,
-                    drop_pending_updates=False,
-                    secret_token=self._webhook_secret,
-                )
-            except tg.TelegramError as exc:
-                raise ChannelError(f"telegram: setWebhook failed: {self._safe(exc)}") from None
         self._connected, self._detail = True, ""
-        log.info(
-            "telegram: receiving webhooks as @%s on port %s%s",
-            self.bot_username,
-            server.port,
-            " (standing by)" if self._standby else f", registered as {self._config.webhook_url}",
-        )
+        log.info("telegram: receiving webhooks as @%s on port %s", self.bot_username, server.port)
+
+    async def _register_webhook(self) -> None:
+        try:
+            await self._bot.set_webhook(
+                str(self._config.webhook_url),
+                allowed_updates=ALLOWED_UPDATES,
+                drop_pending_updates=False,
+                secret_token=self._webhook_secret,
+            )
+        except tg.TelegramError as exc:
+            raise ChannelError(f"telegram: setWebhook failed: {self._safe(exc)}") from None
+        log.info("telegram: webhook registered as %s", self._config.webhook_url)
 
     async def _webhook_update(self, data: dict[str, object]) -> bool:
         """A POSTed update, handed over as a polled one is; True once it may be confirmed."""
@@ -491,7 +546,16 @@ class TelegramChannel:
             # The webhook stays registered: Telegram keeps what comes meanwhile for the next
             # start (or another replica's listener). POSTs under way get a grace to commit.
             await self._webhook.stop()
+        await self._stop_polling()
+        await self._bot.shutdown()
+        # Bot.shutdown skips clients it did not initialize (a send before start uses them).
+        await asyncio.gather(*(request.shutdown() for request in self._requests))
+        self._connected, self._detail = False, "stopped"
+        self._started = self._ingesting = False
+
+    async def _stop_polling(self) -> None:
         task, self._task = self._task, None
+        self._first_poll.clear()
         if task is not None:
             # A long poll can go at once (its updates are not confirmed); a running sink gets
             # a moment to commit, so the update it holds is not delivered twice.
@@ -503,11 +567,6 @@ class TelegramChannel:
                 await asyncio.wait({task})
             if not task.cancelled() and task.exception() is not None:
                 log.error("telegram: poller failed: %s", self._safe(task.exception()))
-        await self._bot.shutdown()
-        # Bot.shutdown skips clients it did not initialize (a send before start uses them).
-        await asyncio.gather(*(request.shutdown() for request in self._requests))
-        self._connected, self._detail = False, "stopped"
-        self._first_poll.clear()
 
     # -- receiving ------------------------------------------------------------------------
     async def _load_offset(self) -> int | None:
@@ -537,11 +596,12 @@ class TelegramChannel:
     async def _poll_loop(self) -> None:
         backoff = _BACKOFF_FIRST_S
         while not self._stopping:
+            # Short poll until one answered, so start and status learn of it at once.
+            answered = self._connected and self._first_poll.is_set()
             try:
                 updates = await self._bot.get_updates(
                     offset=self._offset,
-                    # Short poll until one answered, so start and status learn of it at once.
-                    timeout=self._config.poll_timeout_s if self._connected else 0,
+                    timeout=self._config.poll_timeout_s if answered else 0,
                     allowed_updates=ALLOWED_UPDATES,
                 )
             except tg.RetryAfter as exc:
@@ -558,7 +618,7 @@ class TelegramChannel:
                 if await self._skip_unreadable():
                     delay = 0.0
             else:
-                if not self._connected:
+                if not answered:
                     log.info("telegram: polling as @%s", self.bot_username)
                 self._connected, self._detail, backoff = True, "", _BACKOFF_FIRST_S
                 self._first_poll.set()

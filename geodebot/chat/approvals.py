@@ -30,9 +30,10 @@ from geodebot.channels.base import (
     utc_minute,
 )
 from geodebot.config.schema import BindingConfig
+from geodebot.engine.lanes import cancel_and_wait
 from geodebot.logs.redact import Redactor
 from geodebot.store.protocol import Store
-from geodebot.store.records import ApprovalRecord, Fenced, InboxRow
+from geodebot.store.records import ApprovalRecord, Fenced, InboxRow, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 CARD_ATTEMPTS = 4
 MAX_CARD_RETRY_AFTER_S = 60.0
 NOT_VALID = "This button is not valid."
+# Replicas: a waiting turn reads its request again this often, for a wake-up that was lost.
+RECHECK_S = 5.0
+APPROVALS_TOPIC = "approvals"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +84,18 @@ class ChatApprovals:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_change: Callable[[ApprovalRecord], None] | None = None,
-        may_send: Callable[[], bool] | None = None,
+        may_send: Callable[[str], bool] | None = None,
+        shared: bool = False,
     ) -> None:
         self._store = store
-        # As the outbox's: false once this replica may no longer hold the daemon's lease. A
-        # card goes on the platform outside the outbox; the replica that took over shows it.
+        # As the outbox's: false for a session whose lease this replica may no longer hold
+        # (chat/leases.py). A card goes on the platform outside the outbox; the replica that
+        # took the session over shows it.
         self._may_send = may_send
+        # Replicas share the store: a press taken in by one decides a request another's turn
+        # waits on, which a wake-up between them tells at once (LISTEN/NOTIFY).
+        self._shared = shared
+        self._listening: asyncio.Task[None] | None = None
         # Told when a request is shown or settled here (the console's open pages follow it).
         self._on_change = on_change
         self._channels = channels
@@ -98,9 +108,13 @@ class ChatApprovals:
         self._parking = asyncio.Event()
 
     async def __aenter__(self) -> ChatApprovals:
+        if self._shared:
+            self._listening = asyncio.create_task(self._listen(), name="approval-wakeups")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        if self._listening is not None:
+            await cancel_and_wait(self._listening)
         for task in list(self._edits):
             task.cancel()
         await asyncio.gather(*self._edits, return_exceptions=True)
@@ -122,6 +136,16 @@ class ChatApprovals:
             cast(Platform, row.platform), row.channel, row.thread, row.message_id
         )
         return ChatDesk(self, destination, binding.approvers, binding.approval_timeout_s, on_wait)
+
+    async def _listen(self) -> None:
+        """Requests decided on other replicas: every turn waiting here reads its own again
+        (the wake-up does not say which; a turn whose request is still pending waits on)."""
+        async with self._store.wakeups(APPROVALS_TOPIC) as woken:
+            while True:
+                await woken.wait()
+                woken.clear()
+                for waiter in list(self._waiters.values()):
+                    waiter.set()
 
     def decided(self, request_id: str) -> None:
         """A request was decided elsewhere in this process (the console): its turn goes on."""
@@ -148,7 +172,9 @@ class ChatApprovals:
                 if left <= 0:
                     request = await self._expire(request)
                     break
-                await self._wait(waiter, left)
+                # With replicas a decision elsewhere comes as a wake-up, which may be lost:
+                # the request is read again now and then all the same.
+                await self._wait(waiter, min(left, RECHECK_S) if self._shared else left)
                 request = await self._store.get_approval(request.id) or request
         except asyncio.CancelledError:
             if not self._parking.is_set():
@@ -200,8 +226,8 @@ class ChatApprovals:
             "thread": destination.thread,
         }
         await self._store.approval_card(request.id, {**address, "state": "posting"})
-        if not self._sending():
-            raise Fenced(f"approval {request.id}: no card shown: the daemon's lease is lost")
+        if not self._sending(request.session_id):
+            raise Fenced(f"approval {request.id}: no card shown: the session's lease is lost")
         message_id = await self._post(destination, self._card(request))
         if message_id is None:
             return await self._expire(request)
@@ -256,6 +282,8 @@ class ChatApprovals:
             if counted or request.status == "expired":
                 self.decided(request.id)
                 self._edit_later(request)
+                if counted and self._shared:
+                    await self._wake_others()
         if press.message_id and press.message_id != request.card.get("message_id"):
             # A second copy of the card (posted again over a crash, or its id not recorded
             # yet) was pressed: it shows the outcome too, not buttons that do nothing.
@@ -286,13 +314,23 @@ class ChatApprovals:
         self._edits.add(task)
         task.add_done_callback(self._edits.discard)
 
-    def _sending(self) -> bool:
-        return self._may_send is None or self._may_send()
+    async def _wake_others(self) -> None:
+        try:
+            await self._store.wake(APPROVALS_TOPIC)
+        except StoreError as exc:
+            # Decided all the same: the waiting turn reads it at its expiry, or sooner if
+            # another wake-up comes.
+            log.warning("the other replicas were not told of a decision: %s", exc)
+
+    def _sending(self, session_id: str) -> bool:
+        return self._may_send is None or self._may_send(session_id)
 
     async def _edit(self, request: ApprovalRecord, message_id: str) -> None:
         card = request.card
         channel = self._channels.get(str(card.get("platform")))
-        if channel is None or not self._sending():
+        # Any replica may show an outcome: the one that took the press in does (the card's
+        # session may run on another), and showing it twice changes nothing.
+        if channel is None:
             return
         destination = Destination(
             cast(Platform, card["platform"]), str(card["channel"]), card.get("thread")

@@ -27,6 +27,7 @@ from geodebot.channels.base import (
     Platform,
     SendUnknown,
 )
+from geodebot.chat.leases import SessionLeases
 from geodebot.engine.lanes import Grace
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
@@ -66,12 +67,13 @@ class OutboxSender:
         grace: Grace | None = None,
         files: FileStore | None = None,
         on_finished: OnFinished | None = None,
-        may_send: Callable[[], bool] | None = None,
+        leases: SessionLeases | None = None,
     ) -> None:
         self._store = store
-        # False once this replica may have lost its lease (app/replica.py): a part committed
-        # before is left for the replica that holds it now, never sent by both.
-        self._may_send = may_send
+        # With replicas: a row is sent by the replica that holds its session's lease
+        # (chat/leases.py), its writes fenced by that lease. A part begun under a lease
+        # since lost is left for the replica that holds the session now, never sent by both.
+        self._leases = leases
         # Whoever shows what became of replies (the console's open pages); it must return at
         # once and not raise.
         self._on_finished = on_finished
@@ -175,8 +177,11 @@ class OutboxSender:
             # By identity: another scan's set may be equal to this one.
             self._scans = [scan for scan in self._scans if scan is not done]
         for row in rows:
-            if row.id not in done and row.inbox_id not in self._handovers:
-                self.submit(row)
+            if row.id in done or row.inbox_id in self._handovers:
+                continue
+            if self._leases is not None and not self._leases.valid(row.session_id):
+                continue  # another replica's to send, or nobody's yet (see chat/pickup.py)
+            self.submit(row)
 
     async def stop(self, grace_s: float) -> None:
         """Deliver what is pending (replies of turns that just drained included) for up to
@@ -210,6 +215,10 @@ class OutboxSender:
             # The chat stopped early (platform unwell, or a failure): a fresh pass decides.
             self._wake.set()
 
+    def sending(self, session_id: str) -> bool:
+        """Whether a reply of the session is queued or going out here."""
+        return any(row.session_id == session_id for q in self._queues.values() for row in q)
+
     def pending_destinations(self) -> int:
         return len(self._active)
 
@@ -219,6 +228,10 @@ class OutboxSender:
             row = queue[0]
             try:
                 await self.deliver(row)
+            except Fenced as exc:
+                # Its session runs on another replica now, which sends it: the chat's other
+                # rows go on.
+                log.info("outbox %s: %s", row.id, exc)
             except OutboxRowFinished as exc:
                 # Finished by another delivery of the same row: nothing is left to send.
                 log.error("outbox %s: %s", row.id, exc)
@@ -244,7 +257,14 @@ class OutboxSender:
     async def deliver(self, row: OutboxRow) -> OutboxRow:
         """Send what is left of ``row``; the row as it ends up (still ``pending`` when the
         chat is to be tried again later, by :class:`_Later`, raised)."""
-        done = await self._deliver(row)
+        if self._leases is None:
+            done = await self._deliver(row)
+        else:
+            lease = self._leases.lease(row.session_id)
+            if lease is None:
+                raise Fenced(f"outbox {row.id}: not sent: its session's lease is not held here")
+            with self._store.fenced(lease), self._leases.using(row.session_id):
+                done = await self._deliver(row)
         if done.status != "pending" and self._on_finished is not None:
             try:
                 self._on_finished(done)
@@ -352,8 +372,8 @@ class OutboxSender:
             if not begun:
                 row = await self._store.outbox_begin_part(row.id, part.index)
             begun = False  # a retry begins the part again, as any send does
-            if self._may_send is not None and not self._may_send():
-                raise Fenced(f"outbox {row.id}: not sent: this replica no longer holds its lease")
+            if self._leases is not None and not self._leases.valid(row.session_id):
+                raise Fenced(f"outbox {row.id}: not sent: its session's lease is lost")
             try:
                 sent = await channel.send(part)
             except SendUnknown as exc:

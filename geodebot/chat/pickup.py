@@ -1,100 +1,67 @@
-"""Messages a standing-by replica receives, and how the serving replica takes them up.
+"""How a replica finds the sessions whose work it should take up, when replicas share the store.
 
-Some platforms spread a bot's traffic over every replica: Slack over all of an app's open
-Socket Mode connections, Telegram in webhook mode over the listeners behind its proxy. So
-every replica keeps those open, standing by or not. A standing-by replica only commits what
-they bring (:class:`StandbyIngress`: the same gate as the router's, then the inbox with
-``pickup`` set to its id) so that the platform is acknowledged; it answers nothing. The
-serving replica takes those rows up (:class:`PickUps`: woken by the standby's commit, and
-looking now and then by itself) and does with each what it does after its own commit:
-throttle, refuse, answer a command or queue the turn (:meth:`ChatRouter.pick_up`). The
-inbox's ``(platform, event_id)`` key makes an event that two replicas took in one row.
+Every replica takes in messages and commits them; the replica holding the session's lease
+(chat/leases.py) runs them. One that commits a message for a session another replica holds
+wakes the others (``LISTEN/NOTIFY`` on PostgreSQL) and leaves the row to that holder. Each
+replica's :class:`SessionPickUps` then looks, when woken and every :data:`PICKUP_POLL_S` by
+itself, for sessions with work nobody else is doing (``Store.sessions_waiting``): unanswered
+messages, or replies not yet sent, of sessions it holds or that nobody holds, such as those of a
+replica that died. It takes each such session's lease and takes its work up: the messages are
+answered (a turn a dead replica had begun continues) and the replies are sent, once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable
 
-from geodebot.channels.base import Inbound, Press, PressAnswer
-from geodebot.chat.bindings import BindingIndex
-from geodebot.chat.gate import commit
-from geodebot.config.schema import BindingConfig
+from geodebot.chat.leases import SessionLeases
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow, StoreError
+from geodebot.store.records import StoreError
 
-__all__ = ["PICKUP_POLL_S", "PICKUP_TOPIC", "STANDBY_PRESS", "PickUps", "StandbyIngress"]
+__all__ = ["PICKUP_POLL_S", "PICKUP_TOPIC", "SessionPickUps"]
 
 log = logging.getLogger(__name__)
 
-# A standing-by replica's commit wakes the serving one at once (LISTEN/NOTIFY on PostgreSQL);
-# it also looks this often by itself, for a wake-up that was lost.
+# A commit for a session held elsewhere wakes the other replicas at once (LISTEN/NOTIFY on
+# PostgreSQL); each also looks this often by itself, for a wake-up that was lost and for
+# sessions a replica that died left behind (once their leases expire).
 PICKUP_POLL_S = 2.0
 PICKUP_TOPIC = "inbox_pickup"
-STANDBY_PRESS = "That press reached a replica that is standing by; please press again."
+# A session nobody holds is taken at once by its home replica (chat/leases.py); any other
+# leaves it this long first, to the home or to the replica that took its message in and is
+# taking the lease at that moment: replicas racing for it would only move the session.
+CLAIM_AFTER_S = 1.0
 
 
-class StandbyIngress:
-    """The inbound sink of a standing-by replica's channels: commit, never answer."""
-
-    def __init__(
-        self,
-        store: Store,
-        bindings: BindingIndex | Sequence[BindingConfig],
-        replica_id: str,
-        max_chars: Mapping[str, int],
-    ) -> None:
-        self._store = store
-        self._index = BindingIndex.of(bindings)
-        self._replica_id = replica_id
-        self._max_chars = max_chars
-        self.counters: collections.Counter[str] = collections.Counter()
-
-    async def accept(self, inbound: Inbound) -> None:
-        """Returns once the message is committed (the adapter then acknowledges it)."""
-        committed = await commit(
-            self._store,
-            self._index,
-            self._max_chars,
-            inbound,
-            self.counters,
-            pickup=self._replica_id,
-        )
-        if committed is None:
-            return
-        _, _, new = committed
-        self.counters["committed" if new else "duplicate"] += 1
-        if new:
-            try:
-                await self._store.wake(PICKUP_TOPIC)
-            except StoreError as exc:
-                # Committed all the same: the serving replica's next look finds it.
-                log.warning("standby ingress: the serving replica was not woken: %s", exc)
-
-    async def press(self, press: Press) -> PressAnswer:
-        """A card's button pressed on this replica's connection: the waiting turn runs on
-        the serving replica, which alone can decide it."""
-        self.counters["presses"] += 1
-        return PressAnswer(counted=False, text=STANDBY_PRESS)
-
-
-class PickUps:
-    """The serving replica's look, every ``poll_s``, for rows standing-by replicas
-    committed; each is handed to ``pick_up`` (the router's, which handles a row once)."""
+class SessionPickUps:
+    """A replica's look for sessions with work it should do; ``take_up(session_id)`` (the
+    router's) handles the session's unfinished messages once its lease is held here, and
+    ``kick()`` (the outbox's) has its unsent replies read and sent."""
 
     def __init__(
         self,
         store: Store,
-        pick_up: Callable[[InboxRow], Awaitable[bool]],
+        leases: SessionLeases,
+        take_up: Callable[[str], Awaitable[int]],
+        kick: Callable[[], None],
         *,
         poll_s: float = PICKUP_POLL_S,
+        claim_after_s: float = CLAIM_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._pick_up = pick_up
+        self._leases = leases
+        self._take_up = take_up
+        self._kick = kick
         self._poll_s = poll_s
+        self._claim_after_s = claim_after_s
+        self._clock = clock
+        # Sessions nobody held when last looked at: when each was first seen so.
+        self._unheld: dict[str, float] = {}
         self.picked = 0
 
     async def run(self) -> None:
@@ -104,15 +71,32 @@ class PickUps:
                 try:
                     await self.poll()
                 except StoreError as exc:
-                    log.error("cannot read the messages other replicas received: %s", exc)
+                    log.error("cannot look for sessions with work waiting: %s", exc)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._poll_s):
                         await woken.wait()
 
     async def poll(self) -> int:
-        """Hand over what is waiting; returns how many rows were found."""
-        rows = await self._store.inbox_to_pick_up()
-        for row in rows:
-            if await self._pick_up(row):
-                self.picked += 1
-        return len(rows)
+        """Take up what is waiting; returns how many messages were taken up."""
+        sessions = await self._store.sessions_waiting(self._leases.replica_id)
+        now = self._clock()
+        self._unheld = {sid: self._unheld.get(sid, now) for sid in sessions}
+        # A session whose home is another replica is left to it for a moment first.
+        due = [
+            sid
+            for sid in sessions
+            if self._leases.valid(sid)
+            or self._leases.is_home(sid)
+            or now - self._unheld[sid] >= self._claim_after_s
+        ]
+        # One claim for them all; what another replica claims at the same moment is its.
+        held = await self._leases.hold_many(due) if due else {}
+        taken = 0
+        for session_id, lease in held.items():
+            with self._store.fenced(lease):
+                taken += await self._take_up(session_id)
+        if held:
+            # Replies of the sessions held now (a dead replica's unsent ones among them).
+            self._kick()
+        self.picked += taken
+        return taken

@@ -25,6 +25,7 @@ class SessionQueue(Generic[Item]):
     worker: asyncio.Task[None] | None = None
     running: asyncio.Task[None] | None = None
     stop_requested: bool = False
+    abandoned: bool = False
 
     @property
     def busy(self) -> bool:
@@ -76,6 +77,20 @@ class SessionQueues(Generic[Item]):
         queue.running.cancel()
         return True
 
+    def abandon(self, session_id: str) -> list[Item]:
+        """Drop the session's queued items and cancel its running one, settling none of them
+        (neither ``stopped`` nor ``failed``): they are another's to finish now. The queued
+        items dropped."""
+        queue = self._queues.get(session_id)
+        if queue is None:
+            return []
+        dropped = list(queue.items)
+        queue.items.clear()
+        if queue.running is not None and not queue.running.done():
+            queue.abandoned = True
+            queue.running.cancel()
+        return dropped
+
     def load(self) -> tuple[int, int]:
         """(items running, items queued behind them), over every session."""
         queues = self._queues.values()
@@ -107,6 +122,10 @@ class SessionQueues(Generic[Item]):
                 try:
                     await queue.running
                 except asyncio.CancelledError:
+                    if queue.abandoned:
+                        # Items offered since (the session came back) still run.
+                        queue.abandoned = False
+                        continue
                     if not queue.stop_requested:
                         raise
                     await self._stopped(item)

@@ -26,7 +26,9 @@ from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
 from geodebot.chat.gate import commit, too_long
+from geodebot.chat.leases import SessionLeases
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.pickup import PICKUP_TOPIC
 from geodebot.chat.queues import SessionQueues
 from geodebot.chat.replies import (
     BUSY_TEXT,
@@ -48,7 +50,14 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import Ending, TurnResult, TurnRunner
 from geodebot.logs.context import log_context
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxEnding, InboxFinished, InboxRow, OutboxRow, StoreError
+from geodebot.store.records import (
+    Fenced,
+    InboxEnding,
+    InboxFinished,
+    InboxRow,
+    OutboxRow,
+    StoreError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +98,10 @@ class ChatRouter:
         approvals: ChatApprovals | None = None,
         streams: ReplyStreams | None = None,
         attachments: Attachments | None = None,
+        leases: SessionLeases | None = None,
     ) -> None:
         self._run_turn = run_turn
+        self._leases = leases
         self._attachments = attachments
         self._approvals = approvals
         self._streams = streams
@@ -131,7 +142,14 @@ class ChatRouter:
 
     # -- the sink ---------------------------------------------------------------------------
     async def accept(self, inbound: Inbound) -> None:
-        committed = await commit(self._store, self._index, self._max_chars, inbound, self.counters)
+        committed = await commit(
+            self._store,
+            self._index,
+            self._max_chars,
+            inbound,
+            self.counters,
+            pickup=self._replica_id(),
+        )
         if committed is None:
             return
         decision, row, new = committed
@@ -139,12 +157,18 @@ class ChatRouter:
             # A redelivery: it was committed (and will be or was answered) already.
             self.counters["duplicate"] += 1
             return
+        # After the inbox, so redeliveries (Discord's catch-up, Slack's retries) cost the
+        # sender nothing; before the size refusal and commands, whose answers could flood
+        # too. By the replica that took it in, whichever runs its session: a row taken up
+        # later (another replica's, or one left by a crash) was counted when it came.
+        if await self._throttled(row):
+            return
         await self._admit(row, decision.binding, decision.refusal)
 
     async def pick_up(self, row: InboxRow) -> bool:
-        """Take up a message a standing-by replica committed (``row.pickup``): what
-        :meth:`accept` does after its commit; True if it did. A row already handled here is
-        left alone; one whose chat no binding has any more is dropped."""
+        """Take up a message committed without being handled (by another replica, or before
+        a restart): what :meth:`accept` does after its commit; True if it did. A row already
+        handled here is left alone; one whose chat no binding has any more is dropped."""
         if row.id in self._held:
             return False
         binding = self._index.find(row.platform, row.channel)
@@ -157,31 +181,55 @@ class ChatRouter:
         return True
 
     async def _admit(self, row: InboxRow, binding: BindingConfig, refusal: str | None) -> None:
-        """A newly committed message: throttled, refused, answered as a command, or queued
-        for its turn. Held from here, so a row found again meanwhile (a pick-up poll) is
-        handled once; until its turn ends when it is queued, else until this returns."""
+        """A newly committed message (its sender not throttled): refused, answered as a
+        command, or queued for its turn. Held from here, so a row found again meanwhile (a
+        pick-up poll) is handled once; until its turn ends when it is queued, else until
+        this returns.
+
+        With replicas, only the replica holding the session's lease does any of it (fenced
+        by that lease); on another the row waits for that one, which is woken now."""
+        if row.id in self._held:
+            return
         self._held.add(row.id)
         queued = False
         try:
-            # After the inbox, so redeliveries (Discord's catch-up, Slack's retries) cost the
-            # sender nothing; before the size refusal and commands, whose answers could flood
-            # too.
-            if await self._throttled(row):
+            if self._leases is None:
+                queued = await self._handle(row, binding, refusal)
                 return
-            self.counters["accepted"] += 1
-            if refusal is not None:
-                self.counters["too_large"] += 1
-                await self._answer(row, "dropped", refusal, detail="too_large")
+            fresh = not self._leases.valid(row.session_id)
+            # A session not held here goes to its home replica (chat/leases.py); this one
+            # takes it only if it is the home, or once the home left it waiting.
+            lease = (
+                await self._leases.hold(row.session_id)
+                if not fresh or self._leases.is_home(row.session_id)
+                else None
+            )
+            if lease is None:
+                self.counters["elsewhere"] += 1
+                await self._wake_holder()
                 return
-            command = command_of(_LEADING_MENTION.sub("", row.text, count=1))
-            if command is not None:
-                text = await self._commands.answer(row.session_id, binding, command)
-                await self._answer(row, "done", text, detail=f"command:{command}")
-                return
-            queued = self._enqueue(row, binding)
+            with self._store.fenced(lease):
+                if fresh:
+                    # Taken just now: what the session had waiting goes first, in order.
+                    await self.take_up(row.session_id)
+                queued = await self._handle(row, binding, refusal)
         finally:
             if not queued:
                 self._held.discard(row.id)
+
+    async def _handle(self, row: InboxRow, binding: BindingConfig, refusal: str | None) -> bool:
+        """What :meth:`_admit` does with a row held here; whether its turn was queued."""
+        self.counters["accepted"] += 1
+        if refusal is not None:
+            self.counters["too_large"] += 1
+            await self._answer(row, "dropped", refusal, detail="too_large")
+            return False
+        command = command_of(_LEADING_MENTION.sub("", row.text, count=1))
+        if command is not None:
+            text = await self._commands.answer(row.session_id, binding, command)
+            await self._answer(row, "done", text, detail=f"command:{command}")
+            return False
+        return self._enqueue(row, binding)
 
     async def _throttled(self, row: InboxRow) -> bool:
         """Drop the message if its sender is over the rate limit (see chat/throttle.py:
@@ -201,15 +249,58 @@ class ChatRouter:
         return True
 
     async def recover(self) -> int:
-        """Queue what a previous run accepted but did not answer (in arrival order), and take
-        up what standing-by replicas committed meanwhile."""
+        """Queue what a previous run accepted but did not answer (in arrival order); a row
+        another replica committed is handled now as if just accepted. With replicas, a
+        session's rows are taken up by whoever holds it instead (:meth:`take_up`)."""
+        if self._leases is not None:
+            return 0
         rows = await self._store.inbox_unfinished()
         for row in rows:
-            if row.pickup is not None and row.status == "pending":
+            if row.status == "pending":
                 await self.pick_up(row)
             elif not self.take(row):
                 await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
         return len(rows)
+
+    async def take_up(self, session_id: str) -> int:
+        """With replicas: the session's unfinished rows, now that this replica holds its
+        lease (a message another replica committed, or one a replica that died left): each
+        handled once, as if accepted here (a row whose turn had begun continues it)."""
+        rows = await self._store.inbox_unfinished(session_id)
+        taken = 0
+        for row in rows:
+            if row.id in self._held:
+                continue
+            if row.status == "pending":
+                # Never handled (taken in elsewhere), or queued by a replica that is gone:
+                # refused, answered as a command or queued, as if accepted here.
+                taken += await self.pick_up(row)
+            elif self.take(row):
+                taken += 1
+            else:
+                await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
+        return taken
+
+    def _replica_id(self) -> str | None:
+        return self._leases.replica_id if self._leases is not None else None
+
+    async def _wake_holder(self) -> None:
+        try:
+            await self._store.wake(PICKUP_TOPIC)
+        except StoreError as exc:
+            # Committed all the same: the holder's next look finds it.
+            log.warning("the replica holding the session was not woken: %s", exc)
+
+    def session_in_use(self, session_id: str) -> bool:
+        """Whether the session has a turn running or queued here."""
+        queue = self._queues.get(session_id)
+        return queue is not None and (queue.busy or bool(queue.items))
+
+    def session_lost(self, session_id: str, why: str) -> None:
+        """Another replica runs the session now: its work here stops, unanswered (the new
+        holder answers it; nothing this replica would still write for it could commit)."""
+        for row, _ in self._queues.abandon(session_id):
+            self._held.discard(row.id)
 
     def take(self, row: InboxRow) -> bool:
         """Queue a row committed elsewhere: one a previous run left, or a message another
@@ -252,7 +343,19 @@ class ChatRouter:
         row, binding = item
         try:
             with log_context(platform=row.platform, session=row.session_id, inbox=str(row.id)):
-                await self._turn(row, binding)
+                if self._leases is None:
+                    await self._turn(row, binding)
+                    return
+                # Held already unless the row came another way (a relay, a replay): then
+                # taken now, or left to the replica that holds it.
+                lease = await self._leases.hold(row.session_id)
+                if lease is None:
+                    log.info("inbox row %s: its session runs on another replica", row.id)
+                    await self._wake_holder()
+                    return
+                # Everything the turn writes, and the tasks it starts write, is fenced.
+                with self._store.fenced(lease), self._leases.using(row.session_id):
+                    await self._turn(row, binding)
         finally:
             self._held.discard(row.id)
 
@@ -261,6 +364,11 @@ class ChatRouter:
 
     async def _failed(self, item: _Queued, exc: Exception) -> None:
         row = item[0]
+        if isinstance(exc, Fenced):
+            # Another replica holds the session now and answers the row; nothing said here
+            # could commit.
+            log.error("turn for inbox row %s stopped: %s", row.id, exc)
+            return
         if isinstance(exc, StoreError):
             log.error("turn for inbox row %s: store failure: %s", row.id, exc)
             await self._record(row, "failed", STORE_FAILURE_TEXT, detail="store_error")
@@ -415,7 +523,7 @@ class ChatRouter:
                 await self._answer(row, status, text, detail=detail)
                 return
             except StoreError as exc:
-                if self._queues.closing:
+                if self._queues.closing or isinstance(exc, Fenced):
                     raise
                 if await self._finished_already(row):
                     # Its answer is written (a stop that came as the turn's last commit did):

@@ -76,7 +76,7 @@ class ReplyStreams:
         channels: Mapping[str, Channel],
         *,
         interval_s: float,
-        may_send: Callable[[], bool] | None = None,
+        may_send: Callable[[str], bool] | None = None,
     ) -> None:
         self._store = store
         self._channels = channels
@@ -102,12 +102,13 @@ class StreamedReply:
         pacer: EditPacer,
         *,
         first_after_s: float = FIRST_PREVIEW_AFTER_S,
-        may_send: Callable[[], bool] | None = None,
+        may_send: Callable[[str], bool] | None = None,
     ) -> None:
         self._channel = channel
-        # As the outbox's: false once this replica may no longer hold the daemon's lease. A
-        # preview goes on the platform outside the outbox, and one shown by a replica that
-        # lost its lease is recorded nowhere: the new holder's answer would come a second time.
+        # As the outbox's: false for a session whose lease this replica may no longer hold
+        # (chat/leases.py). A preview goes on the platform outside the outbox, and one shown
+        # by a replica that lost the session is recorded nowhere: the new holder's answer
+        # would come a second time.
         self._may_send = may_send
         self._store = store
         self._row = row
@@ -226,8 +227,8 @@ class StreamedReply:
         return answer
 
     async def _show(self, text: str) -> None:
-        if self._may_send is not None and not self._may_send():
-            log.info("inbox %s: preview skipped: the daemon's lease is lost", self._row.id)
+        if self._may_send is not None and not self._may_send(self._row.session_id):
+            log.info("inbox %s: preview skipped: the session's lease is lost", self._row.id)
             return
         part = OutboundPart(
             self._destination,

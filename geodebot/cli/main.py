@@ -223,7 +223,7 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
         f"{'ready' if answer['ready'] else 'starting: not every channel connected'}"
     )
     print(f"replica {answer.get('replica_id', '?')}, store {_store_line(answer.get('store'))}")
-    for line in _replica_lines(answer.get("lease"), answer.get("peers")):
+    for line in _replica_lines(answer.get("lease"), answer.get("peers"), answer.get("sessions")):
         print(line)
     for name, channel in answer["channels"].items():
         state = "connected" if channel["connected"] else f"down ({channel['detail']})"
@@ -272,14 +272,24 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _replica_lines(lease: dict[str, Any] | None, peers: list[dict[str, Any]] | None) -> list[str]:
-    """The daemon's lease and the other replicas, when replicas share the store."""
+def _replica_lines(
+    lease: dict[str, Any] | None,
+    peers: list[dict[str, Any]] | None,
+    sessions: dict[str, Any] | None = None,
+) -> list[str]:
+    """The daemon's lease, the sessions held here and the other replicas, when replicas
+    share the store."""
     if lease is None:
         return []
     lines = [
-        f"lease {lease['name']}: {'serving' if lease['serving'] else 'NOT serving'}, "
+        f"lease {lease['name']}: {'leading' if lease['leading'] else 'not leading'}, "
         f"epoch {lease['epoch']}, {lease['takeovers']} takeover(s) so far"
     ]
+    if sessions is not None:
+        lines.append(
+            f"sessions held here: {sessions['held']} ({sessions['taken']} taken, "
+            f"{sessions['lost']} lost so far)"
+        )
     for peer in peers or []:
         heard = f"seen {peer['seen_s_ago']:g} s ago" + (" (silent)" if peer["silent"] else "")
         lines.append(

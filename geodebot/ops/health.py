@@ -215,9 +215,10 @@ class _LiveCollector(Collector):
         if self._probe.lease is not None:
             lease = self._probe.lease()
             yield GaugeMetricFamily(
-                "geodebot_replica_serving",
-                "1 while this replica holds the daemon's lease and serves, else 0.",
-                value=1 if lease.get("serving") else 0,
+                "geodebot_replica_leading",
+                "1 while this replica holds the daemon's lease (Telegram's poller, Discord's "
+                "gateway, the scheduler), else 0.",
+                value=1 if lease.get("leading") else 0,
             )
             yield CounterMetricFamily(
                 "geodebot_lease_takeovers",

@@ -24,6 +24,7 @@ from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from geodebot.chat.bindings import BindingIndex
+from geodebot.chat.leases import SessionLeases
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.session import TurnRunner
@@ -89,6 +90,7 @@ class JobScheduler:
         grace: Grace | None = None,
         poll_s: float = POLL_S,
         on_fire: OnFire = ignore_fire,
+        leases: SessionLeases | None = None,
     ) -> None:
         self._store = store
         # Told of each fire whose row this scheduler wrote: claimed (or skipped), finished,
@@ -98,7 +100,9 @@ class JobScheduler:
         # Asked at start, not before: a new job owes fires only from the moment it is synced.
         self._config_jobs = config_jobs
         self._grace = grace if grace is not None else Grace(0.0)
-        self._runner = FireRunner(run_turn, store, self._index, kick, on_fire=self._on_fire)
+        self._runner = FireRunner(
+            run_turn, store, self._index, kick, on_fire=self._on_fire, leases=leases
+        )
         self._poll_s = poll_s
         self._jobs: dict[str, JobRecord] = {}
         self._revision: str | None = None

@@ -315,17 +315,14 @@ class ChatInboxOutbox:
 
         return await self._write(what, note, durable=notice is not None)
 
-    async def inbox_unfinished(self: Transactions) -> list[InboxRow]:
-        sql = f"SELECT {INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running') ORDER BY id"
-        rows = await self._read("listing unfinished inbox rows", lambda db: db.all(sql))
-        return [inbox_from_row(row) for row in rows]
-
-    async def inbox_to_pick_up(self: Transactions) -> list[InboxRow]:
-        sql = (
-            f"SELECT {INBOX_COLS} FROM inbox WHERE pickup IS NOT NULL AND status = 'pending' "
-            "ORDER BY id"
+    async def inbox_unfinished(self: Transactions, session_id: str | None = None) -> list[InboxRow]:
+        sql = f"SELECT {INBOX_COLS} FROM inbox WHERE status IN ('pending', 'running')"
+        params: tuple[str, ...] = ()
+        if session_id is not None:
+            sql, params = f"{sql} AND session_id = ?", (session_id,)
+        rows = await self._read(
+            "listing unfinished inbox rows", lambda db: db.all(f"{sql} ORDER BY id", params)
         )
-        rows = await self._read("listing inbox rows to pick up", lambda db: db.all(sql))
         return [inbox_from_row(row) for row in rows]
 
     async def get_inbox(self: Transactions, inbox_id: int) -> InboxRow | None:

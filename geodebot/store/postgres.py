@@ -29,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
+from geodebot.store.leases import Fences
 from geodebot.store.methods import StoreMethods
 from geodebot.store.pg_wakeups import PgWakeups
 from geodebot.store.postgres_commit import GroupCommit, reason, transaction
@@ -67,10 +68,13 @@ _DDL_TYPES = (
 
 
 @functools.lru_cache(maxsize=4096)
-def postgres_sql(sql: str, lock: bool = False, share: bool = False) -> str:
+def postgres_sql(
+    sql: str, lock: bool = False, share: bool = False, skip_locked: bool = False
+) -> str:
     """The store's portable SQL with psycopg's placeholders (``%s``, ``%(name)s``) and, with
     ``lock``, ``FOR UPDATE``: the rows read stay locked to the transaction (``share``:
-    ``FOR SHARE``, which other readers may take too)."""
+    ``FOR SHARE``, which other readers may take too; ``skip_locked``, with ``lock``: rows
+    locked by another transaction are left out, ``FOR UPDATE SKIP LOCKED``)."""
 
     def rewrite(match: re.Match[str]) -> str:
         text = match.group(0)
@@ -84,7 +88,7 @@ def postgres_sql(sql: str, lock: bool = False, share: bool = False) -> str:
 
     rewritten = _TOKENS.sub(rewrite, sql)
     if lock:
-        return f"{rewritten.rstrip()} FOR UPDATE"
+        return f"{rewritten.rstrip()} FOR UPDATE{' SKIP LOCKED' if skip_locked else ''}"
     return f"{rewritten.rstrip()} FOR SHARE" if share else rewritten
 
 
@@ -164,8 +168,10 @@ class _PgTx:
         await cursor.execute(query, params)
         return await cursor.fetchone()
 
-    async def all(self, sql: str, params: Params = (), *, lock: bool = False) -> list[Row]:
-        query = postgres_sql(sql, lock)
+    async def all(
+        self, sql: str, params: Params = (), *, lock: bool = False, skip_locked: bool = False
+    ) -> list[Row]:
+        query = postgres_sql(sql, lock, skip_locked=skip_locked)
         cursor = self._conn.cursor(row_factory=_named_rows(query))
         await cursor.execute(query, params)
         return list(await cursor.fetchall())
@@ -241,7 +247,7 @@ class PostgresStore(PgWakeups, StoreMethods):
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._commits: GroupCommit | None = None
         self._writes: set[asyncio.Future[Any]] = set()
-        self._fence: Lease | None = None
+        self._fences = Fences()
         self.version_found = 0
 
     def __repr__(self) -> str:
@@ -301,7 +307,11 @@ class PostgresStore(PgWakeups, StoreMethods):
 
     def fence(self, lease: Lease | None) -> None:
         """Write only while ``lease`` is its holder's (see leases.py); None: write freely."""
-        self._fence = lease
+        self._fences.fence(lease)
+
+    def fenced(self, lease: Lease) -> contextlib.AbstractContextManager[None]:
+        """Inside, this context's writes are made under ``lease`` too (see leases.py)."""
+        return self._fences.fenced(lease)
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -369,7 +379,8 @@ class PostgresStore(PgWakeups, StoreMethods):
         self, what: str, body: Body[_T], *, durable: bool = False, fenced: bool = True
     ) -> _T:
         """``body`` in one transaction, whole or not at all, committed together with the
-        other fenced writes asked for meanwhile (see postgres_commit.py); the leases' own
+        other fenced writes asked for meanwhile, each checked against the leases it was asked
+        for under (read here, in the caller's context; see postgres_commit.py); the leases' own
         writes (not ``fenced``) alone, never behind a group. Every commit is durable (the
         server's ``synchronous_commit``), so ``durable`` asks for nothing more here.
 
@@ -380,9 +391,9 @@ class PostgresStore(PgWakeups, StoreMethods):
         pool = self._opened(what)
         done: asyncio.Future[_T]
         if fenced and self._commits is not None:
-            done = self._commits.submit(what, body, self._fence)
+            done = self._commits.submit(what, body, self._fences.current())
         else:
-            done = asyncio.ensure_future(transaction(pool, _PgTx, None, what, body))
+            done = asyncio.ensure_future(transaction(pool, _PgTx, (), what, body))
             self._writes.add(done)
             done.add_done_callback(_forget(self._writes))
         try:

@@ -17,9 +17,11 @@ serialization failure, a connection gone) runs its writes again, each alone, wit
 a write alone has; a commit whose outcome is unknown is never run again.
 
 What each caller sees is what a write alone gives: its write happens whole or not at all,
-it returns once its write is committed, and a fenced store's write commits only while the
-lease is its holder's (the group's check reads the lease row ``FOR KEY SHARE`` first, so a
-takeover waits for the group to end).
+it returns once its write is committed, and a fenced write commits only while each lease it
+was asked for under is its holder's. The writes of a group may carry different leases (the
+turns of different sessions): the group reads every lease row its writes name, in one
+statement ``FOR KEY SHARE`` right after ``BEGIN`` (so a takeover waits for the group to end),
+and a write whose lease is lost is refused alone, the others of its group committed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -36,7 +38,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from geodebot.store.leases import FENCE, fence_holds, refusal
+from geodebot.store.leases import fence_holds, refusal
 from geodebot.store.records import Fenced, Lease, StoreError
 from geodebot.store.rows import Body, Tx
 
@@ -75,36 +77,57 @@ def reason(exc: psycopg.Error) -> str:
     return f"{primary} ({detail})" if detail else primary
 
 
-@functools.lru_cache(maxsize=64)
-def _begin(fence: str | None, grouped: bool) -> str:
+# The lease rows a transaction's writes are fenced by, as its check reads them.
+_FENCES = "SELECT name, holder, epoch FROM leases WHERE name IN ({}) FOR KEY SHARE"
+
+Held = Mapping[str, tuple[Any, ...]]
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+@functools.lru_cache(maxsize=256)
+def _begin(names: tuple[str, ...], grouped: bool) -> str:
     """The transaction's start, its fencing check (see leases.py) and, for a group, the first
     write's savepoint, as one simple query: one round trip, where each would cost one of its
-    own. The lease row is read ``FOR KEY SHARE`` (before the savepoint, which must not undo
+    own. The lease rows are read ``FOR KEY SHARE`` (before the savepoint, which must not undo
     it): a takeover (``FOR UPDATE``) waits for this transaction to end, the holder's renewal
-    (an UPDATE of a column outside any key) does not (see leases.py)."""
+    (an UPDATE of a column outside any key) does not (see leases.py). Shared locks do not
+    conflict with each other, so a group naming several rows never deadlocks with another."""
     parts = ["BEGIN"]
-    if fence is not None:
-        literal = "'" + fence.replace("'", "''") + "'"
-        parts.append(f"{FENCE.replace('?', literal)} FOR KEY SHARE")
+    if names:
+        parts.append(_FENCES.format(", ".join(_literal(name) for name in names)))
     if grouped:
         parts.append(_SAVEPOINT)
     return "; ".join(parts)
 
 
+def _names(fences: Sequence[Lease]) -> tuple[str, ...]:
+    return tuple(sorted({lease.name for lease in fences}))
+
+
 async def _started(
-    conn: psycopg.AsyncConnection[Any], fence: Lease | None, grouped: bool
-) -> Callable[[], Fenced] | None:
-    """Begin the transaction on ``conn``; unless the lease is still its holder's, what
-    refuses the writes (each caller gets an exception of its own)."""
+    conn: psycopg.AsyncConnection[Any], names: tuple[str, ...], grouped: bool
+) -> Held:
+    """Begin the transaction on ``conn``, reading the lease rows ``names`` for the fencing
+    check: each as (holder, epoch) by name; a lease without a row is absent."""
     cursor = conn.cursor(row_factory=tuple_row)
-    await cursor.execute(_begin(None if fence is None else fence.name, grouped))
-    if fence is None:
-        return None
+    await cursor.execute(_begin(names, grouped))
+    if not names:
+        return {}
     cursor.nextset()  # the fencing check's rows, after BEGIN's
-    row = await cursor.fetchone()
-    if fence_holds(fence, row):
-        return None
-    return functools.partial(refusal, fence, row)
+    return {row[0]: row[1:] for row in await cursor.fetchall()}
+
+
+def _refused(fences: Sequence[Lease], held: Held) -> Callable[[], Fenced] | None:
+    """Unless each lease of ``fences`` is still its holder's, what refuses the write (each
+    caller gets an exception of its own)."""
+    for lease in fences:
+        row = held.get(lease.name)
+        if not fence_holds(lease, row):
+            return functools.partial(refusal, lease, row)
+    return None
 
 
 async def _rolled_back(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -119,12 +142,17 @@ def _failed_statement(what: str) -> StoreError:
 
 
 async def _alone(
-    conn: psycopg.AsyncConnection[Any], tx: TxOn, fence: Lease | None, what: str, body: Body[_T]
+    conn: psycopg.AsyncConnection[Any],
+    tx: TxOn,
+    fences: Sequence[Lease],
+    what: str,
+    body: Body[_T],
 ) -> _T:
     """``body`` between ``BEGIN`` and ``COMMIT`` on ``conn`` (in autocommit mode): the
     commit's own round trip, and nothing more around the body's statements."""
     try:
-        refused = await _started(conn, fence, grouped=False)
+        held = await _started(conn, _names(fences), grouped=False)
+        refused = _refused(fences, held)
         if refused is not None:
             raise refused()
         result = await body(tx(conn))
@@ -137,13 +165,16 @@ async def _alone(
     return result
 
 
-async def transaction(pool: Pool, tx: TxOn, fence: Lease | None, what: str, body: Body[_T]) -> _T:
-    """``body`` in a transaction of its own, tried again after a deadlock or a
-    serialization failure; any other database error is a :class:`StoreError`."""
+async def transaction(
+    pool: Pool, tx: TxOn, fences: Sequence[Lease], what: str, body: Body[_T]
+) -> _T:
+    """``body`` in a transaction of its own, checked against ``fences`` first, tried again
+    after a deadlock or a serialization failure; any other database error is a
+    :class:`StoreError`."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
             async with pool.connection() as conn:
-                return await _alone(conn, tx, fence, what, body)
+                return await _alone(conn, tx, fences, what, body)
         except RETRIED as exc:
             if attempt == ATTEMPTS:
                 raise StoreError(f"{what} failed: {reason(exc)}") from exc
@@ -157,7 +188,8 @@ async def transaction(pool: Pool, tx: TxOn, fence: Lease | None, what: str, body
 class _Write:
     what: str
     body: Body[Any]
-    fence: Lease | None
+    # The leases it was asked for under: checked in its own transaction or savepoint.
+    fences: tuple[Lease, ...]
     future: asyncio.Future[Any]
 
 
@@ -175,13 +207,14 @@ class GroupCommit:
         self._pending: list[_Write] = []
         self._running: asyncio.Task[None] | None = None
 
-    def submit(self, what: str, body: Body[_T], fence: Lease | None) -> asyncio.Future[_T]:
-        """Queue ``body`` for the next group; its outcome, once committed or failed. Nothing
-        cancels the write: the future is settled when it has run."""
+    def submit(self, what: str, body: Body[_T], fences: tuple[Lease, ...]) -> asyncio.Future[_T]:
+        """Queue ``body`` for the next group, to commit only while each of ``fences`` is its
+        holder's; its outcome, once committed or failed. Nothing cancels the write: the
+        future is settled when it has run."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
         future.add_done_callback(_retrieved)
-        self._pending.append(_Write(what, body, fence, future))
+        self._pending.append(_Write(what, body, fences, future))
         if self._running is None:
             self._running = loop.create_task(self._run())
         return future
@@ -194,17 +227,10 @@ class GroupCommit:
     async def _run(self) -> None:
         try:
             while self._pending:
-                # One fence for the whole group: the writes asked for under the same lease.
-                fence = self._pending[0].fence
-                size = 1
-                while (
-                    size < min(self._max_group, len(self._pending))
-                    and self._pending[size].fence is fence
-                ):
-                    size += 1
+                size = min(self._max_group, len(self._pending))
                 batch, self._pending = self._pending[:size], self._pending[size:]
                 try:
-                    await self._commit(batch, fence)
+                    await self._commit(batch)
                 except Exception as exc:  # a bug here must not leave callers waiting for ever
                     log.exception("store: a group of %d writes failed unexpectedly", len(batch))
                     for write in batch:
@@ -212,13 +238,13 @@ class GroupCommit:
         finally:
             self._running = None
 
-    async def _commit(self, batch: list[_Write], fence: Lease | None) -> None:
+    async def _commit(self, batch: list[_Write]) -> None:
         if len(batch) == 1:
             await self._one(batch[0])
             return
         try:
             async with self._pool.connection() as conn:
-                outcomes = await self._group(conn, batch, fence)
+                outcomes = await self._group(conn, batch)
         except _Lost as lost:
             log.info("store: a group of %d writes: %s; each again alone", len(batch), lost)
             for write in batch:
@@ -231,28 +257,33 @@ class GroupCommit:
 
     async def _one(self, write: _Write) -> None:
         try:
-            value = await transaction(self._pool, self._tx, write.fence, write.what, write.body)
+            value = await transaction(self._pool, self._tx, write.fences, write.what, write.body)
         except Exception as exc:  # noqa: BLE001 - handed to the caller
             _settle(write.future, error=exc)
         else:
             _settle(write.future, value)
 
     async def _group(
-        self, conn: psycopg.AsyncConnection[Any], batch: list[_Write], fence: Lease | None
+        self, conn: psycopg.AsyncConnection[Any], batch: list[_Write]
     ) -> list[tuple[Any, BaseException | None]]:
         """Each write of ``batch`` in its own savepoint of one transaction on ``conn``; the
-        outcomes once it committed (or the lease was found gone: nothing ran)."""
+        outcomes once it committed. A write whose lease is lost is refused without running,
+        its savepoint left as it is for the next write."""
         try:
-            refused = await _started(conn, fence, grouped=True)
+            held = await _started(conn, _names([f for w in batch for f in w.fences]), True)
         except psycopg.Error as exc:
             await _rolled_back(conn)
             raise _Lost(reason(exc)) from exc
-        if refused is not None:  # every write of the group is refused alike
+        refusals = [_refused(write.fences, held) for write in batch]
+        if all(refused is not None for refused in refusals):  # nothing to run
             await _rolled_back(conn)
-            return [(None, refused()) for _ in batch]
+            return [(None, refused()) for refused in refusals if refused is not None]
         outcomes: list[tuple[Any, BaseException | None]] = []
         try:
-            for index, write in enumerate(batch):
+            for index, (write, refused) in enumerate(zip(batch, refusals, strict=True)):
+                if refused is not None:
+                    outcomes.append((None, refused()))
+                    continue
                 value, error = await self._body(conn, write)
                 outcomes.append((value, error))
                 status = conn.info.transaction_status

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol
 
 from geodebot.store.jobs import JobStore
@@ -80,6 +80,13 @@ class Store(JobStore, Protocol):
         """From now on, refuse every write (:class:`Fenced`) unless ``lease`` is still its
         holder's at its epoch, checked in the write's own transaction; None: write freely."""
 
+    def fenced(self, lease: Lease) -> AbstractContextManager[None]:
+        """While inside (a plain ``with``), refuse each write issued from this context, and
+        from the tasks created in it meanwhile, unless ``lease`` is still its holder's at its
+        epoch, checked in the write's own transaction as :meth:`fence`'s lease is (and that
+        one too, if set). The lease is read when the write is asked for; an inner block's
+        replaces an outer one's. Reads and the leases' own writes are never fenced."""
+
     async def lease_acquire(self, name: str, holder: str, ttl_s: float) -> Lease:
         """Take the lease if free or expired, or renew it if ``holder``'s already; the lease
         as it then stands (held by someone else when it could not be taken)."""
@@ -93,6 +100,34 @@ class Store(JobStore, Protocol):
     async def lease(self, name: str) -> Lease | None: ...
 
     async def leases(self) -> list[Lease]: ...
+
+    async def lease_renew_many(
+        self, holder: str, names: Sequence[str], ttl_s: float
+    ) -> list[Lease]:
+        """Extend by ``ttl_s`` from the database's clock each of ``names`` that ``holder``
+        still holds (at its current epoch, even if expired meanwhile), in one statement; the
+        renewed leases, by name: a name missing from them was lost. No names: no query."""
+
+    async def lease_acquire_many(
+        self, holder: str, names: Sequence[str], ttl_s: float
+    ) -> list[Lease]:
+        """In one transaction, take each of ``names`` that is absent, expired or ``holder``'s
+        already (renewed, epoch kept), leaving those another holder holds unexpired; a
+        takeover raises the epoch. The leases ``holder`` holds afterwards, by name. Never
+        waits for another claimer's locks: a row locked by another transaction (a claimer,
+        or a write in flight under its holder) is not taken this time."""
+
+    async def lease_release_many(self, holder: str, names: Sequence[str]) -> int:
+        """End now each of ``names`` that ``holder`` still holds unexpired; how many."""
+
+    async def leases_held(self, holder: str, prefix: str = "") -> list[Lease]:
+        """The unexpired leases of ``holder`` whose names start with ``prefix``, by name."""
+
+    async def sessions_waiting(self, holder: str) -> list[str]:
+        """Ids of the sessions with work nobody else is doing: an inbox row pending or
+        running, or an outbox row pending, and a lease ``session:<id>`` that is absent,
+        expired or ``holder``'s; the session with the oldest such row first. One query, on
+        the status indexes: cheap however many finished rows there are."""
 
     # -- wake-ups between processes (pg_wakeups.py) ------------------------------------------
     async def wake(self, topic: str) -> None:
@@ -333,7 +368,8 @@ class Store(JobStore, Protocol):
     ) -> tuple[InboxRow, bool]:
         """Commit an accepted event as ``pending``; ``(stored, True)``. ``files``: what the
         platform said the message carried (JSON objects), kept on the row as they are.
-        ``pickup``: the standing-by replica committing it, for the serving one to take up.
+        ``pickup``: with replicas, the one that took the message in (its session may run on
+        another).
 
         A second event with the same ``(platform, event_id)`` writes nothing and returns
         ``(existing, False)``, also when the two race. ``cursor`` ``(name, value)`` is set in
@@ -385,12 +421,8 @@ class Store(JobStore, Protocol):
         """Remember the streamed preview shown for the row's answer (and give it to the
         row's reply if that is written already), durably."""
 
-    async def inbox_unfinished(self) -> list[InboxRow]:
-        """``pending`` and ``running`` rows in arrival order."""
-
-    async def inbox_to_pick_up(self) -> list[InboxRow]:
-        """``pending`` rows a standing-by replica committed (``pickup`` set), in arrival
-        order: the serving replica takes them up."""
+    async def inbox_unfinished(self, session_id: str | None = None) -> list[InboxRow]:
+        """``pending`` and ``running`` rows in arrival order (of one session, if given)."""
 
     async def get_inbox(self, inbox_id: int) -> InboxRow | None: ...
 

@@ -300,8 +300,8 @@ class InboxRow:
     # ("notify": recorded only; "ask": answered too). None for a platform's event.
     relay_id: str | None = None
     relay_intent: str | None = None
-    # The standing-by replica that received it and left it for the serving one to take up
-    # (see Store.inbox_to_pick_up); None for a row the serving replica wrote itself.
+    # With replicas, the one that took it in (the session's holder answers it); None for a
+    # single process, a relayed message and a replay.
     pickup: str | None = None
 
     @property
@@ -692,7 +692,7 @@ class ReplicaRecord:
     database's clock."""
 
     replica_id: str
-    # "serving" or "standby"
+    # "leader" (holds the daemon's lease) or "member"
     role: str
     host: str
     pid: int

@@ -78,6 +78,11 @@ class Tx(Protocol):
     so a second writer deciding on the same rows waits and then sees this one's outcome
     (``SELECT ... FOR UPDATE`` on PostgreSQL; on SQLite a write transaction holds the whole
     database already). Every check-then-change of a row takes its lock this way.
+
+    ``skip_locked`` (with ``lock``): rows another transaction has locked are left out rather
+    than waited for (``FOR UPDATE SKIP LOCKED``): for claims several processes make over the
+    same rows at once, where a row another claimer holds is simply not this one's to take.
+    SQLite has one writer at a time, so nothing there is ever skipped.
     """
 
     async def one(
@@ -87,7 +92,9 @@ class Tx(Protocol):
         until the write transaction ends, but other transactions may read them so too
         (``FOR SHARE`` on PostgreSQL)."""
 
-    async def all(self, sql: str, params: Params = (), *, lock: bool = False) -> list[Row]: ...
+    async def all(
+        self, sql: str, params: Params = (), *, lock: bool = False, skip_locked: bool = False
+    ) -> list[Row]: ...
 
     async def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         """Rows as plain tuples in column order: cheaper where many rows are read."""

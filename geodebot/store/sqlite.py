@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import aiosqlite
 
-from geodebot.store.leases import check_fence
+from geodebot.store.leases import Fences, check_fence
 from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
@@ -58,7 +58,7 @@ class SQLiteStore(StoreMethods):
         self._db: aiosqlite.Connection | None = None
         self._commits: GroupCommit | None = None
         self._checkpointing: asyncio.Task[None] | None = None
-        self._fence: Lease | None = None
+        self._fences = Fences()
         self.version_found = 0
 
     async def __aenter__(self) -> Self:
@@ -246,14 +246,17 @@ class SQLiteStore(StoreMethods):
     async def _write(
         self, what: str, body: Body[_T], *, durable: bool = False, fenced: bool = True
     ) -> _T:
-        fence = self._fence if fenced else None
-        if fence is None:
+        # The leases are read here, in the caller's context: the group commit runs the body
+        # later, in a callback of its own (see leases.py).
+        fences = self._fences.current() if fenced else ()
+        if not fences:
             return await self._transact(
                 what, lambda conn: drive(body(_SQLiteTx(conn))), durable=durable
             )
 
         async def checked(db: Tx) -> _T:
-            await check_fence(db, fence)
+            for lease in fences:
+                await check_fence(db, lease)
             return await body(db)
 
         return await self._transact(
@@ -262,7 +265,11 @@ class SQLiteStore(StoreMethods):
 
     def fence(self, lease: Lease | None) -> None:
         """Write only while ``lease`` is its holder's (see leases.py); None: write freely."""
-        self._fence = lease
+        self._fences.fence(lease)
+
+    def fenced(self, lease: Lease) -> contextlib.AbstractContextManager[None]:
+        """Inside, this context's writes are made under ``lease`` too (see leases.py)."""
+        return self._fences.fenced(lease)
 
     async def wake(self, topic: str) -> None:
         """Nothing: one process uses a SQLite store at a time."""
@@ -288,7 +295,9 @@ class _SQLiteTx:
         # A write transaction (BEGIN IMMEDIATE) holds the whole database: no row lock needed.
         return self._conn.execute(sql, params).fetchone()
 
-    async def all(self, sql: str, params: Params = (), *, lock: bool = False) -> list[Row]:
+    async def all(
+        self, sql: str, params: Params = (), *, lock: bool = False, skip_locked: bool = False
+    ) -> list[Row]:
         rows: list[Row] = self._conn.execute(sql, params).fetchall()
         return rows
 

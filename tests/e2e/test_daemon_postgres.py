@@ -176,9 +176,12 @@ async def test_status_names_the_replica_and_the_store_without_a_password(world: 
         + 1
     )
     assert re.fullmatch(
-        r"lease daemon: serving, epoch (\d+), (\d+) takeover\(s\) so far", lines[lease_line]
+        r"lease daemon: leading, epoch (\d+), (\d+) takeover\(s\) so far", lines[lease_line]
     )
-    assert lines[lease_line + 1] == "  no other replica"
+    assert re.fullmatch(
+        r"sessions held here: \d+ \(\d+ taken, 0 lost so far\)", lines[lease_line + 1]
+    )
+    assert lines[lease_line + 2] == "  no other replica"
     # /healthz shows the same two facts beside the store's own component, and the daemon's
     # lease, which this replica holds (a restart with the same id keeps holding it).
     async with (
@@ -189,8 +192,9 @@ async def test_status_names_the_replica_and_the_store_without_a_password(world: 
     components = json.loads(health)["components"]
     lease = components["replica"].pop("lease")
     assert components["replica"].pop("peers") == answer["peers"] == []
+    assert components["replica"].pop("sessions")["lost"] == 0
     assert components["replica"] == {"ok": True, "id": REPLICA, "store": answer["store"]}
-    assert (lease["holder"], lease["serving"], lease["lost"]) == (REPLICA, True, None)
+    assert (lease["holder"], lease["leading"], lease["lost"]) == (REPLICA, True, None)
     assert answer["lease"]["holder"] == REPLICA
     assert components["store"]["ok"] is True
     for shown in (out, text, err, health):

@@ -1,12 +1,13 @@
-"""Several ``geodebot serve`` replicas on one PostgreSQL database: one serves under the
-daemon's lease, the others stand by; a standby takes over when the serving one is killed or
-paused, and a paused one that comes back commits and sends nothing.
+"""Several ``geodebot serve`` replicas on one PostgreSQL database, all serving: each runs the
+turns of the sessions it holds (chat/leases.py), and the leader, which holds the daemon's
+lease, also polls Telegram. When a replica is killed or paused, the others take over its
+sessions and the leadership and answer what it left, once; a paused one that comes back
+commits and sends nothing.
 
-Real processes, python-telegram-bot against the fake Bot API (one token: only the serving
-replica polls it), slack-bolt against the fake Slack, which spreads events over every open
-Socket Mode connection as Slack does (standing-by replicas keep one too), the anthropic SDK
-against the fake model. The lease lives 3 s, the shortest the config allows, so a takeover
-comes within a few seconds.
+Real processes, python-telegram-bot against the fake Bot API (one token: only the leader
+polls it), slack-bolt against the fake Slack, which spreads events over every open Socket
+Mode connection as Slack does, the anthropic SDK against the fake model. The leases live
+3 s, the shortest the config allows, so a takeover comes within a few seconds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from geodebot.app.replica import STANDBY_MARK
+from geodebot.app.replica import LEAD_MARK
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import READY_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
@@ -40,7 +41,7 @@ CHAT, ALICE = -2001, 4242
 SLACK_CHANNEL, SLACK_USER = "C0REPLICAS", "U0ALICE01"
 SLACK_TS = itertools.count(1)
 TTL_S = 3
-# A takeover: the lease's time to live, a standby's next look, and the new replica's start.
+# A takeover: the lease's time to live, a member's next look, and the new leader's start.
 TAKEOVER_S = TTL_S + 30
 Peer = tuple[str, str, bool]  # id, role, silent
 
@@ -85,10 +86,10 @@ class World:
         )
         return path
 
-    async def start(self, replica: str, *, standby: bool = False) -> DaemonProcess:
+    async def start(self, replica: str) -> DaemonProcess:
         daemon = DaemonProcess(self.config(replica), self.env)
         self.daemons[replica] = daemon
-        return await daemon.start(mark=STANDBY_MARK if standby else READY_MARK)
+        return await daemon.start(mark=READY_MARK)
 
     def texts(self) -> list[str]:
         return [m.text for m in self.telegram.sent[CHAT]]
@@ -130,9 +131,11 @@ class World:
     def slack_rows(self) -> dict[tuple[str | None, str], int]:
         return inbox_by_pickup(self.url, "slack")
 
-    def holder(self) -> tuple[str, int]:
+    def holder(self, lease: str = "daemon") -> tuple[str, int]:
         with psycopg.connect(self.url, autocommit=True) as conn:
-            row = conn.execute("SELECT holder, epoch FROM leases WHERE name = 'daemon'").fetchone()
+            row = conn.execute(
+                "SELECT holder, epoch FROM leases WHERE name = %s", (lease,)
+            ).fetchone()
         assert row is not None
         return row[0], row[1]
 
@@ -161,46 +164,53 @@ async def world(
                 await daemon.kill()
 
 
-async def test_one_replica_serves_and_a_standby_takes_over_a_killed_one(world: World) -> None:
+async def test_every_replica_serves_and_a_killed_ones_work_is_taken_over(world: World) -> None:
     await world.start("alpha")
-    await world.start("beta", standby=True)
+    beta = await world.start("beta")
     assert world.holder() == ("alpha", 1)
-    assert await world.peers("alpha", lambda peers: bool(peers)) == [("beta", "standby", False)]
+    assert await world.peers("alpha", lambda peers: bool(peers)) == [("beta", "member", False)]
     world.telegram.push_message(CHAT, "first", user_id=ALICE)
     await world.telegram.wait_for_sent(CHAT, 1, timeout=30)
-    # The serving replica is killed while the model works on the next message.
+    # The leader polls Telegram; the chat's session went to its home replica (either).
+    first, _ = world.holder("session:team")
+    assert first in ("alpha", "beta")
+    # The leader is killed while the model works on the next message.
     world.llm.script(Delay(30, Reply("lost with alpha")))
     asked = len(world.llm.requests)
     world.telegram.push_message(CHAT, "second", user_id=ALICE)
     await world.llm.wait_for_requests(asked + 1)
     await world.daemons["alpha"].kill()
-    beta = world.daemons["beta"]
-    await beta.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    await beta.wait_for_line(LEAD_MARK, timeout_s=TAKEOVER_S)
     await world.telegram.wait_for_sent(CHAT, 2, timeout=TAKEOVER_S)
     assert world.texts() == ["answered", "answered"]
     assert world.holder() == ("beta", 2)
+    # Taken over from alpha, or beta's all along.
+    assert world.holder("session:team") == ("beta", 2 if first == "alpha" else 1)
     status, body = await world.get("beta", "/healthz")
     assert status == 200
-    lease = json.loads(body)["components"]["replica"]["lease"]
-    assert (lease["holder"], lease["epoch"], lease["serving"]) == ("beta", 2, True)
+    replica = json.loads(body)["components"]["replica"]
+    lease = replica["lease"]
+    assert (lease["holder"], lease["epoch"], lease["leading"]) == ("beta", 2, True)
+    assert replica["sessions"]["held"] == 1
     _, metrics = await world.get("beta", "/metrics")
-    assert "geodebot_replica_serving 1.0" in metrics
+    assert "geodebot_replica_leading 1.0" in metrics
     assert "geodebot_lease_takeovers_total 1.0" in metrics
     # The killed replica could not say it was going: it is listed, as silent, and beta
-    # says it serves now.
+    # says it leads now.
     assert await world.peers("beta", lambda peers: all(silent for *_, silent in peers)) == [
-        ("alpha", "serving", True)
+        ("alpha", "leader", True)
     ]
     # Nothing more comes: the killed replica's turn is answered once, by beta.
     await asyncio.sleep(1)
     assert len(world.texts()) == 2
 
 
-async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
+async def test_a_paused_replica_that_lost_its_leases_commits_and_sends_nothing(
     world: World,
 ) -> None:
     beta = world.daemons["beta"]
-    await world.start("gamma", standby=True)
+    gamma = await world.start("gamma")
+    _, epoch = world.holder("session:team")
     # beta is paused mid-turn: its model call answers while it is stopped.
     world.llm.script(Delay(TTL_S * 2, Reply("from the paused replica")))
     asked = len(world.llm.requests)
@@ -208,10 +218,10 @@ async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
     await world.llm.wait_for_requests(asked + 1)
     assert beta.proc is not None
     beta.proc.send_signal(signal.SIGSTOP)
-    gamma = world.daemons["gamma"]
-    await gamma.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    await gamma.wait_for_line(LEAD_MARK, timeout_s=TAKEOVER_S)
     await world.telegram.wait_for_sent(CHAT, 3, timeout=TAKEOVER_S)
     assert world.holder() == ("gamma", 3)
+    assert world.holder("session:team") == ("gamma", epoch + 1)
     beta.proc.send_signal(signal.SIGCONT)
     # Back, beta finds its lease gone and stops, with a non-zero exit for systemd.
     try:
@@ -233,32 +243,35 @@ async def test_a_paused_replica_that_lost_its_lease_commits_and_sends_nothing(
         rows = conn.execute("SELECT status, COUNT(*) FROM inbox GROUP BY status").fetchall()
     assert rows == [("done", 3)]
     # Beta removed itself as it stopped; alpha, killed before, is still listed as silent.
-    assert await world.peers("gamma", lambda peers: len(peers) == 1) == [("alpha", "serving", True)]
+    assert await world.peers("gamma", lambda peers: len(peers) == 1) == [("alpha", "leader", True)]
     assert await world.daemons["gamma"].stop() == 0
     with psycopg.connect(world.url, autocommit=True) as conn:
         left = conn.execute("SELECT replica_id FROM replicas ORDER BY replica_id").fetchall()
     assert left == [("alpha",)]
 
 
-async def test_slack_events_a_standby_receives_are_answered_once_by_the_serving_replica(
+async def test_slack_events_spread_over_replicas_are_answered_once_by_the_sessions_holder(
     world: World,
 ) -> None:
-    await world.start("delta")
-    epsilon = await world.start("epsilon", standby=True)
+    delta = await world.start("delta")
+    epsilon = await world.start("epsilon")
     await epsilon.wait_for_line("slack: connected", timeout_s=30)
     await world.slack.wait_until(lambda: world.slack.open_sockets == 2, 30)
     asked = [await world.slack_message(f"spread {n}") for n in range(6)]
     await world.slack_replies(asked)
-    # The events went to both connections in turn: the standby committed its share, which
-    # the serving replica took up and answered.
-    assert world.slack_rows() == {(None, "done"): 3, ("epsilon", "done"): 3}
-
-    # The serving replica dies; until its lease expires nobody serves, and the standby's
-    # connection, the only one left, still takes every event in.
-    await world.daemons["delta"].kill()
+    # The events went to both connections in turn: each replica committed its share, and
+    # the one holding the session answered them all.
+    assert world.slack_rows() == {("delta", "done"): 3, ("epsilon", "done"): 3}
+    holder, _ = world.holder("session:ops")
+    survivor = epsilon if holder == "delta" else delta
+    # The session's holder dies; its lease expires and the other replica, whose connection
+    # is the only one left and takes every event in, takes the session over.
+    await world.daemons[holder].kill()
     await world.slack.wait_until(lambda: world.slack.open_sockets == 1, 30)
-    late = [await world.slack_message(f"while nobody serves {n}") for n in range(2)]
-    await epsilon.wait_for_line(READY_MARK, timeout_s=TAKEOVER_S)
+    late = [await world.slack_message(f"after the holder died {n}") for n in range(2)]
     await world.slack_replies(asked + late)
-    assert world.slack_rows() == {(None, "done"): 3, ("epsilon", "done"): 5}
-    assert await world.daemons["epsilon"].stop() == 0
+    rows = world.slack_rows()
+    assert sum(rows.values()) == 8
+    assert {status for _, status in rows} == {"done"}
+    assert world.holder("session:ops")[0] != holder
+    assert await survivor.stop() == 0

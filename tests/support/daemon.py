@@ -30,8 +30,7 @@ class DaemonProcess:
         self._mark = READY_MARK
 
     async def start(self, timeout_s: float = 60.0, *, mark: str = READY_MARK) -> DaemonProcess:
-        """Start it and wait for ``mark`` in its log: by default, that it serves (a replica
-        standing by logs app/replica.py's STANDBY_MARK instead)."""
+        """Start it and wait for ``mark`` in its log: by default, that it serves."""
         self._ready.clear()
         self._mark = mark
         self.proc = await asyncio.create_subprocess_exec(

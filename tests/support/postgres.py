@@ -301,3 +301,17 @@ def inbox_by_pickup(url: str, platform: str) -> dict[tuple[str | None, str], int
             (platform,),
         ).fetchall()
     return {(r[0], r[1]): r[2] for r in rows}
+
+
+async def waiting_for_a_lock(url: str) -> None:
+    """Return once some session of the database at ``url`` waits for a lock."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for _ in range(1000):
+            cursor = await conn.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            row = await cursor.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError("nothing waited for a lock")

@@ -88,7 +88,7 @@ async def world(
     *,
     chat: MemoryChannel | None = None,
     clock: Callable[[], float] | None = None,
-    may_send: Callable[[], bool] | None = None,
+    may_send: Callable[[str], bool] | None = None,
     **extra: Any,
 ) -> AsyncIterator[World]:
     config = with_sections(make_config(tmp_path, llm), bindings=[binding(**extra)])
@@ -346,10 +346,11 @@ async def test_stop_while_a_card_waits_expires_the_request(
 async def test_a_replica_that_lost_its_lease_shows_no_card_and_runs_nothing(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
-    # The daemon's lease (app/replica.py) is no longer valid: the card would be a platform
-    # message outside the outbox, which the replica that took over shows itself.
+    # The session's lease (chat/leases.py) is no longer valid: the card would be a platform
+    # message outside the outbox, which the replica that took the session over shows itself.
+    # (The store is not fenced here, so the turn's failure is still recorded.)
     asks_to_write(llm_server)
-    async with world(tmp_path, llm_server, may_send=lambda: False) as w:
+    async with world(tmp_path, llm_server, may_send=lambda _session: False) as w:
         await w.chat.deliver(message("please deploy"))
         assert await w.replies(1) == [STORE_FAILURE_TEXT]
         [request] = await w.app.services.store.approvals_pending(session_id=SESSION)

@@ -11,6 +11,7 @@ import pytest
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    SENDING_ONLY,
     ChannelError,
     Destination,
     Inbound,
@@ -67,9 +68,17 @@ async def fake() -> AsyncIterator[FakeDiscord]:
         yield server
 
 
-def make_channel(fake: FakeDiscord, cursors: Cursors | None = None) -> DiscordChannel:
+def make_channel(
+    fake: FakeDiscord, cursors: Cursors | None = None, *, ingest_later: bool = False
+) -> DiscordChannel:
     config = DiscordConfig(api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)
-    return DiscordChannel(config, TOKEN, bound_channels=[fake.channel_id], cursor_store=cursors)
+    return DiscordChannel(
+        config,
+        TOKEN,
+        bound_channels=[fake.channel_id],
+        cursor_store=cursors,
+        ingest_later=ingest_later,
+    )
 
 
 @pytest.fixture
@@ -313,6 +322,62 @@ async def test_first_run_place_is_saved_before_the_bot_shows_as_online(
         assert cursors.values[f"discord:last:{fake.channel_id}"] == old
         assert identified_at_save[0] == before  # saved before the gateway's IDENTIFY
         assert sink.ids() == []
+    finally:
+        await channel.stop()
+
+
+async def test_taking_in_later_sends_at_once_and_catches_up_when_told(
+    fake: FakeDiscord, sink: Sink
+) -> None:
+    # Another replica owned the gateway and had taken in up to here.
+    cursors, cursor = Cursors(), f"discord:last:{fake.channel_id}"
+    cursors.values[cursor] = fake.push_message(fake.channel_id, "taken in", author_id=USER)
+    channel = make_channel(fake, cursors, ingest_later=True)
+    await channel.start(sink)
+    try:
+        sent = await channel.send(part(fake, "from a replica that only sends"))
+        assert [m["id"] for m in fake.posted[fake.channel_id]] == [sent.message_id]
+        meanwhile = fake.push_message(fake.channel_id, "while it only sends", author_id=USER)
+        assert (fake.gateway_connects, fake.identify_count, fake.commands) == (0, 0, [])
+        status = channel.status()
+        assert (status.connected, status.detail, channel.ingesting) == (True, SENDING_ONLY, False)
+        assert sink.got == []
+
+        await asyncio.gather(channel.start_ingest(), channel.start_ingest())
+        await channel.start_ingest()
+        assert channel.ingesting
+        assert (channel.status().connected, channel.status().detail) == (True, "")
+        assert (fake.gateway_connects, fake.identify_count, len(fake.commands)) == (1, 1, 1)
+        await until(lambda: meanwhile in sink.ids())
+        live = fake.push_message(fake.channel_id, "once it takes in", author_id=USER)
+        await until(lambda: live in sink.ids())
+        assert sink.ids() == [meanwhile, live]
+        assert cursors.values[cursor] == live
+    finally:
+        await channel.stop()
+    assert not channel.ingesting
+
+
+async def test_a_failed_take_in_leaves_it_sending_and_may_be_tried_again(
+    fake: FakeDiscord, sink: Sink
+) -> None:
+    channel = make_channel(fake, Cursors(), ingest_later=True)
+    await channel.start(sink)
+    try:
+        fake.refuse_identifies = 1
+        with pytest.raises(ChannelError, match="gateway did not become ready"):
+            await channel.start_ingest()
+        assert not channel.ingesting
+        status = channel.status()
+        assert status.connected
+        assert "gateway did not become ready" in status.detail
+        sent = await channel.send(part(fake, "still sends"))
+        assert [m["id"] for m in fake.posted[fake.channel_id]] == [sent.message_id]
+        await channel.start_ingest()
+        assert channel.ingesting
+        assert (channel.status().connected, fake.identify_count) == (True, 2)
+        live = fake.push_message(fake.channel_id, "taken in", author_id=USER)
+        await until(lambda: live in sink.ids())
     finally:
         await channel.stop()
 

@@ -1,6 +1,6 @@
-"""The daemon's lease (app/replica.py) on both stores: a standby waits and takes over once the
-holder lets go or stops renewing, and a holder that stalled past its deadline loses the lease
-and commits nothing."""
+"""The daemon's lease (app/replica.py) on both stores: a member waits and takes over once the
+leader lets go or stops renewing, and a leader that stalled past its deadline loses the lease
+and commits nothing under it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from geodebot.app.replica import LEASE_NAME, STANDBY_MARK, DaemonLease
+from geodebot.app.replica import LEASE_NAME, MEMBER_MARK, DaemonLease
 from geodebot.store.protocol import Store
 from geodebot.store.records import Fenced, Lease
 from tests.support.postgres import Place
@@ -29,7 +29,7 @@ def keeper(store: Store, replica: str, lost: list[str], ttl: float = TTL) -> Dae
     return DaemonLease(store, replica, ttl_s=ttl, on_lost=lost.append)
 
 
-async def test_a_standby_takes_over_when_the_holder_lets_go(
+async def test_a_member_takes_over_when_the_leader_lets_go(
     stores: tuple[Store, Store], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="geodebot.app.replica")
@@ -42,11 +42,11 @@ async def test_a_standby_takes_over_when_the_holder_lets_go(
     seen: list[Lease] = []
     async with first:
         waiting = asyncio.create_task(second.acquire(seen.append))
-        # Renewed while held: the standby is still waiting after several times the TTL.
+        # Renewed while held: the member is still waiting after several times the TTL.
         await asyncio.sleep(TTL * 3)
         assert not waiting.done()
         assert [(lease.holder, lease.epoch) for lease in seen] == [("web-1", 1)]
-        assert any(STANDBY_MARK in r.getMessage() for r in caplog.records)
+        assert any(MEMBER_MARK in r.getMessage() for r in caplog.records)
     # Let go on leaving: taken over well before the lease would have expired.
     taken = await asyncio.wait_for(waiting, TTL)
     assert (taken.holder, taken.epoch) == ("web-2", 2)
@@ -67,15 +67,15 @@ async def test_replicas_say_what_they_are_and_leave_when_they_stop(
         async with asyncio.timeout(5):
             while True:
                 peers = [(p["id"], p["role"], p["silent"]) for p in await first.peers()]
-                if peers == [("web-2", "standby", False)]:
+                if peers == [("web-2", "member", False)]:
                     break
                 await asyncio.sleep(0.02)
-        [serving] = await second.peers()
-        assert (serving["id"], serving["role"], serving["pid"]) == ("web-1", "serving", os.getpid())
+        [leader] = await second.peers()
+        assert (leader["id"], leader["role"], leader["pid"]) == ("web-1", "leader", os.getpid())
     await asyncio.wait_for(waiting, TTL)
-    # web-1 removed itself on its way out; web-2 says at once that it serves now.
+    # web-1 removed itself on its way out; web-2 says at once that it leads now.
     assert await second.peers() == []
-    assert [(r.replica_id, r.role) for r in await one.replicas()] == [("web-2", "serving")]
+    assert [(r.replica_id, r.role) for r in await one.replicas()] == [("web-2", "leader")]
     await second.leave()
     assert await one.replicas() == []
 
@@ -86,7 +86,7 @@ async def test_a_holder_that_stalls_loses_the_lease_and_writes_nothing(
     one, other = stores
     lost: list[str] = []
     first = keeper(one, "web-1", lost)
-    await first.acquire()
+    held = await first.acquire()
     # The holder's renewals hang (a paused process, a cut network) until released.
     resume = asyncio.Event()
     renew = one.lease_renew
@@ -101,7 +101,7 @@ async def test_a_holder_that_stalls_loses_the_lease_and_writes_nothing(
         assert (taken.holder, taken.epoch) == ("web-2", 2)
         # Past its own deadline the holder knows it may have lost the lease.
         assert not first.valid()
-        with pytest.raises(Fenced):
+        with pytest.raises(Fenced), one.fenced(held):
             await one.ensure_session("late", "channel")
         resume.set()
         for _ in range(100):

@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 
 from geodebot.app.build import App
-from geodebot.channels.base import ChannelError, Inbound, Press, PressAnswer, SendUnknown
+from geodebot.channels.base import ChannelError, Inbound, SendUnknown
 from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.pickup import STANDBY_PRESS, PickUps, StandbyIngress
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.session import Observer
@@ -691,59 +690,3 @@ async def test_status_lists_the_calls_waiting_for_approval(
         in status
     )
     assert "edit_file" not in status
-
-
-async def test_rows_a_standby_committed_are_taken_up_once_as_if_accepted_here(
-    tmp_path: Path, llm_server: FakeLLMServer
-) -> None:
-    # chat/pickup.py: a standing-by replica's connection committed these (pickup set); the
-    # serving replica does with each what it does after its own commit.
-    llm_server.default = Reply("picked up and answered")
-    async with harness(tmp_path, llm_server, limit=4096) as h:
-        store = h.app.services.store
-        ingress = StandbyIngress(store, h.router_bindings, "standby-1", {"telegram": 500})
-        await ingress.accept(message("/help"))
-        await ingress.accept(message("a question"))
-        await ingress.accept(message("x" * 501))
-        await ingress.accept(message("not allowed here", user="u9"))
-        duplicate = message("said twice")
-        await ingress.accept(duplicate)
-        await ingress.accept(duplicate)
-        assert ingress.counters["committed"] == 4
-        assert ingress.counters["duplicate"] == 1
-        assert ingress.counters["dropped:user_not_allowed"] == 1
-        waiting = await store.inbox_to_pick_up()
-        assert [r.pickup for r in waiting] == ["standby-1"] * 4
-        assert h.chat.texts() == []  # a standby answers nothing
-        press = await ingress.press(Press("telegram", "c1", "u1", "ap-1", approve=True))
-        assert press == PressAnswer(counted=False, text=STANDBY_PRESS)
-
-        pickups = PickUps(store, h.router.pick_up)
-        assert await pickups.poll() == 4
-        # A second look while the turns run (or before) hands nothing over twice.
-        await pickups.poll()
-        texts = await h.replies(4)
-        assert any("/status" in t for t in texts)  # the command, answered without the model
-        assert texts[1:].count("picked up and answered") == 2
-        assert any("characters long; the limit here is 500" in t for t in texts)
-        await h.router.drain(5)
-        assert await store.inbox_to_pick_up() == []
-        assert await store.inbox_unfinished() == []
-        assert pickups.picked == 4
-        assert h.router.counters["picked_up"] == 4
-    # The question and "said twice": two turns, each once.
-    assert len(llm_server.requests) == 2
-
-
-async def test_a_restart_takes_up_a_standbys_command_as_a_command(
-    tmp_path: Path, llm_server: FakeLLMServer
-) -> None:
-    async with harness(tmp_path, llm_server, limit=4096) as h:
-        store = h.app.services.store
-        await StandbyIngress(store, h.router_bindings, "standby-1", {}).accept(message("/help"))
-        # The replica that takes over finds it among the unfinished rows.
-        assert await h.router.recover() == 1
-        assert "/status" in (await h.replies(1))[0]
-        await h.router.drain(5)
-        assert await store.inbox_unfinished() == []
-    assert llm_server.requests == []

@@ -13,7 +13,7 @@ import pytest
 from geodebot.store.postgres import PostgresStore
 from geodebot.store.records import Fenced, StoreError
 from geodebot.store.rows import Body, Tx
-from tests.support.postgres import Cluster
+from tests.support.postgres import Cluster, waiting_for_a_lock
 
 _SESSION = "INSERT INTO sessions (id, mode, created_at, updated_at) VALUES (?, 'channel', 0, 0)"
 # The top transaction's id, also from inside a savepoint.
@@ -117,18 +117,6 @@ async def test_a_group_under_a_lease_taken_over_commits_nothing(url: str) -> Non
         assert len({id(r) for r in refused}) == 3  # each caller its own exception
         assert "held by 'web-2' (epoch 2)" in str(refused[0])
         assert await sessions(other) == []
-
-
-async def waiting_for_a_lock(url: str) -> None:
-    """Return once some session of the database waits for a lock."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        for _ in range(1000):
-            cursor = await conn.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            row = await cursor.fetchone()
-            if row is not None and row[0] > 0:
-                return
-            await asyncio.sleep(0.01)
-    raise AssertionError("nothing waited for a lock")
 
 
 async def test_a_write_in_flight_holds_up_a_takeover_but_not_the_holders_renewal(

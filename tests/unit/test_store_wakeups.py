@@ -1,7 +1,7 @@
 """Wake-ups between processes sharing a store (store/pg_wakeups.py): on PostgreSQL another
 store's wake sets a listener's event at once; on SQLite, which one process uses, nothing
-does. And the serving replica's pick-up loop (chat/pickup.py) acts on a wake-up at once, not
-at its next look of its own."""
+does. And a replica's pick-up loop (chat/pickup.py) acts on a wake-up at once, not at its
+next look of its own."""
 
 from __future__ import annotations
 
@@ -10,13 +10,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from geodebot.channels.base import Inbound
-from geodebot.chat.bindings import BindingIndex
-from geodebot.chat.pickup import PickUps, StandbyIngress
-from geodebot.config.schema import BindingConfig
+from geodebot.chat.leases import SessionLeases
+from geodebot.chat.pickup import PICKUP_TOPIC, SessionPickUps
 from geodebot.store.postgres import PostgresStore
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow
 from tests.support.postgres import Cluster, Place
 
 
@@ -49,41 +46,45 @@ async def test_a_wake_reaches_the_other_stores_listener_on_postgresql_only(
         await one.wake("Bad Topic; DROP TABLE inbox")
 
 
-async def test_the_serving_replica_takes_up_a_standbys_message_when_woken(
+async def test_the_holder_takes_up_another_replicas_message_when_woken(
     postgres_cluster: Cluster,
 ) -> None:
     url = postgres_cluster.new_database(migrated=True)
-    async with PostgresStore(url) as serving, PostgresStore(url) as standby:
-        taken: list[InboxRow] = []
+    async with PostgresStore(url) as holder, PostgresStore(url) as other:
+        leases = SessionLeases(holder, "web-1", ttl_s=30)
+        assert await leases.hold("ops") is not None
+        taken: list[str] = []
         arrived, looked = asyncio.Event(), asyncio.Event()
 
-        async def pick_up(row: InboxRow) -> bool:
-            taken.append(row)
+        async def take_up(session_id: str) -> int:
+            taken.append(session_id)
             arrived.set()
-            return True
+            return 1
 
-        to_pick_up = serving.inbox_to_pick_up
+        waiting = holder.sessions_waiting
 
-        async def look() -> list[InboxRow]:
-            rows = await to_pick_up()
+        async def look(replica: str) -> list[str]:
+            found = await waiting(replica)
             looked.set()
-            return rows
+            return found
 
-        serving.inbox_to_pick_up = look  # type: ignore[method-assign]
+        holder.sessions_waiting = look  # type: ignore[method-assign]
         # Its own looks an hour apart: after the first, only a wake-up makes it look again.
-        running = asyncio.create_task(PickUps(serving, pick_up, poll_s=3600).run())
+        pickups = SessionPickUps(holder, leases, take_up, lambda: None, poll_s=3600)
+        running = asyncio.create_task(pickups.run())
         try:
             await asyncio.wait_for(looked.wait(), 10)
             looked.clear()
             await asyncio.wait_for(looked.wait(), 10)  # the look of the listener's start
             assert not taken
-            binding = BindingConfig(
-                platform="slack", channel="C1", session="ops", allowed_users=["*"]
-            )
-            ingress = StandbyIngress(standby, BindingIndex.of([binding]), "standby-1", {})
-            await ingress.accept(Inbound("slack", "Ev1", "C1", None, "U1", "hello", "1.0001"))
+            # Another replica takes in a message of the session held here, and wakes it.
+            await other.inbox_add(
+                platform="slack", event_id="Ev1", session_id="ops", channel="C1", thread=None,
+                user="U1", text="hello", message_id="1.0001", pickup="web-2",
+            )  # fmt: skip
+            await other.wake(PICKUP_TOPIC)
             await asyncio.wait_for(arrived.wait(), 10)
-            assert [(r.text, r.pickup) for r in taken] == [("hello", "standby-1")]
+            assert taken == ["ops"]
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)

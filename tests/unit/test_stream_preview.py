@@ -258,7 +258,7 @@ async def test_a_replica_that_lost_its_lease_shows_no_preview(store: SQLiteStore
     held = [True]
     row = await inbox_row(store)
     reply = StreamedReply(
-        chat, store, row, EditPacer(0.0), first_after_s=0.0, may_send=lambda: held[0]
+        chat, store, row, EditPacer(0.0), first_after_s=0.0, may_send=lambda _session: held[0]
     )
     reply.round_started()
     reply.text("first")

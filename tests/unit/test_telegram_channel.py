@@ -15,6 +15,7 @@ import pytest
 
 from geodebot.channels.base import (
     CHAT_COMMANDS,
+    SENDING_ONLY,
     ChannelError,
     Destination,
     Inbound,
@@ -123,6 +124,39 @@ async def test_start_registers_commands_and_polls(fake: FakeTelegram, open_chann
     assert channel.bot_username == "geode_test_bot"
     polls = [p for m, p in fake.requests if m == "getupdates"]
     assert polls[0]["allowed_updates"] == ["message", "channel_post", "callback_query"]
+
+
+async def test_taking_in_later_sends_at_once_and_polls_only_when_told(fake: FakeTelegram):
+    sink, cursors = Recorder(), MemoryCursors()
+    config = TelegramConfig(api_base_url=fake.api_base_url, poll_timeout_s=2)
+    channel = TelegramChannel(config, fake.token, cursor_store=cursors, ingest_later=True)
+    await channel.start(sink)
+    try:
+        waiting = fake.push_message(GROUP, "sent while another replica takes in", user_id=42)
+        sent = await channel.send(part(str(GROUP), "from a replica that only sends"))
+        (shown,) = await fake.wait_for_sent(GROUP, 1)
+        assert sent.message_id == str(shown.message_id)
+        assert [m for m, _ in fake.requests] == ["getme", "sendmessage"]
+        assert (fake.webhook_deletes, fake.commands) == (0, None)
+        status = channel.status()
+        assert (status.connected, status.detail, channel.ingesting) == (True, SENDING_ONLY, False)
+
+        # Told at once twice, then again: one poller (a second would end the first's long
+        # poll with 409), one deleteWebhook, one command registration.
+        await asyncio.gather(channel.start_ingest(), channel.start_ingest())
+        await channel.start_ingest()
+        assert channel.ingesting
+        await sink.wait(1)
+        later = fake.push_message(GROUP, "once it takes in", user_id=42)
+        await sink.wait(2)
+        await fake.wait_for_confirmed(later + 1)
+        assert sink.ids() == [str(waiting), str(later)]
+        assert (fake.webhook_deletes, fake.count("setMyCommands"), fake.conflicts) == (1, 1, 0)
+        assert (channel.status().connected, channel.status().detail) == (True, "")
+        await until(lambda: CURSOR_NAME in cursors.values and cursors.offset() == later + 1)
+    finally:
+        await channel.stop()
+    assert (channel.ingesting, channel.status().connected) == (False, False)
 
 
 async def test_messages_arrive_with_their_fields(fake: FakeTelegram, open_channel: OpenChannel):

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from geodebot.app.daemon import _spread_platforms
 from geodebot.channels.base import Inbound, Press, PressAnswer, press_data
 from geodebot.channels.factory import build_channels
 from geodebot.channels.telegram import TelegramChannel
@@ -80,11 +82,13 @@ async def open_channel(fake: FakeTelegram) -> AsyncIterator[OpenChannel]:
         sink: Inbox,
         presses: Callable[[Press], Awaitable[PressAnswer]] | None = None,
         *,
-        standby: bool = False,
+        ingest_later: bool = False,
         port: int | None = None,
     ) -> TelegramChannel:
         config = webhook_config(fake, port or free_port())
-        channel = TelegramChannel(config, fake.token, webhook_secret=SECRET, standby=standby)
+        channel = TelegramChannel(
+            config, fake.token, webhook_secret=SECRET, ingest_later=ingest_later
+        )
         opened.append(channel)
         await channel.start(sink, presses)
         return channel
@@ -152,6 +156,7 @@ async def test_the_serving_channel_registers_its_webhook_and_never_polls(
     assert (fake.webhook_deletes, fake.count("getUpdates")) == (0, 0)
     assert fake.commands is not None
     assert channel.status().connected
+    assert channel.ingesting
     assert channel.webhook_port == port
 
 
@@ -245,16 +250,39 @@ async def test_a_press_arrives_by_webhook_and_is_answered(
     assert [(p.approval_id, p.approve) for p in presses] == [("1", True)]
 
 
-async def test_a_standby_listens_without_registering_anything(
+async def test_taking_in_later_listens_and_commits_and_registers_only_when_told(
     fake: FakeTelegram, open_channel: OpenChannel
 ) -> None:
     inbox = Inbox(fake)
-    channel = await open_channel(inbox, standby=True)
+    port = free_port()
+    channel = await open_channel(inbox, ingest_later=True, port=port)
     assert (fake.webhook, fake.webhook_deletes, fake.commands) == (None, 0, None)
     assert {m for m, _ in fake.requests} == {"getme"}
-    body = update_json(fake, "via the standby")
+    assert not channel.ingesting
+    status = channel.status()
+    assert (status.connected, status.detail) == (
+        True,
+        "receiving webhooks: another replica registers them",
+    )
+    body = update_json(fake, "via a replica that does not take in")
     assert await post(channel, body) == 200
     assert inbox.committed == [str(json.loads(body)["update_id"])]
+    assert fake.count("setWebhook") == 0
+
+    await channel.start_ingest()
+    await channel.start_ingest()  # already registered: nothing more
+    assert channel.ingesting
+    assert fake.count("setWebhook") == 1
+    assert fake.webhook is not None
+    assert fake.webhook["url"] == f"http://127.0.0.1:{port}{PATH}"
+    assert fake.webhook["secret_token"] == SECRET
+    assert fake.commands is not None
+    assert (fake.webhook_deletes, fake.count("getUpdates")) == (0, 0)
+    assert (channel.status().connected, channel.status().detail) == (True, "")
+    # Registered, Telegram itself now POSTs to the listener.
+    pushed = fake.push_message(GROUP, "by Telegram", user_id=42)
+    await fake.wait_for_webhook_ok(pushed)
+    assert inbox.committed[-1] == str(pushed)
 
 
 async def test_polling_again_removes_the_webhook_first(
@@ -340,18 +368,18 @@ def test_the_webhook_secret_must_be_set_and_as_telegram_allows(
     with pytest.raises(ConfigError, match=r"channels\.telegram\.webhook_secret_env.*1 to 256"):
         build_channels(config, store=None)  # type: ignore[arg-type]
     monkeypatch.setenv("TG_SECRET", "x" * 256)
-    channels = build_channels(config, store=None, standby=True)  # type: ignore[arg-type]
+    channels = build_channels(config, store=None, ingest_later=True)  # type: ignore[arg-type]
     assert isinstance(channels["telegram"], TelegramChannel)
 
 
-def test_a_standby_keeps_telegram_open_only_in_webhook_mode() -> None:
-    polling = parse_config(telegram_table())
-    assert _spread_platforms(polling) == ("slack",)
-    hooked = parse_config(
-        telegram_table(
-            webhook_url="https://bot.example.com/tg",
-            webhook_listen="127.0.0.1:8443",
-            webhook_secret_env="TG_SECRET",
-        )
+def test_a_polling_channel_does_not_load_the_webhook_server() -> None:
+    # Its aiohttp.web server is memory a long-polling daemon would carry for nothing.
+    code = (
+        "import sys; import geodebot.channels.telegram; "
+        "print('geodebot.channels.telegram_webhook' in sys.modules)"
     )
-    assert _spread_platforms(hooked) == ("slack", "telegram")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.strip() == "False"

@@ -3,13 +3,15 @@ seeded points (:class:`tests.support.chaos.plan.ReplicaEvent`), and what was see
 
 Each replica has its own config file and state directory, the same config otherwise: the
 fakes (one Telegram token, one Slack app, one Discord bot) and the tool's workspace are
-shared. One replica serves under the daemon's lease, the others stand by (app/replica.py).
+shared. Every replica serves the sessions it holds; one, the leader, holds the daemon's
+lease (app/replica.py) and with it Telegram's poller, Discord's gateway and the scheduler.
+Here "serving" means leading.
 
-- A kill SIGKILLs one of the replicas running then (serving or standing by) and restarts it
-  after its down time.
-- A pause SIGSTOPs the replica serving then, holds it past the lease's time to live and until
-  another replica holds the lease, then SIGCONTs it: it must notice its lease is gone, commit
-  and send nothing, and exit 1; it is then started again, as a standby.
+- A kill SIGKILLs one of the replicas running then (leading or not) and restarts it after its
+  down time.
+- A pause SIGSTOPs the leader, holds it past the lease's time to live and until another
+  replica holds the lease, then SIGCONTs it: it must notice its lease is gone, commit and send
+  nothing, and exit 1; it is then started again, as a member.
 - At least one replica is always running: an event waits until another one is.
 - A replica that exits on its own is started again; an exit 1 for a lost lease (a replica
   starved of CPU past its lease's time to live) is counted, anything else is a problem.
@@ -31,7 +33,7 @@ from typing import Literal
 
 import psycopg
 
-from geodebot.app.replica import STANDBY_MARK, TAKEN_MARK
+from geodebot.app.replica import LEAD_MARK, MEMBER_MARK
 from tests.support.chaos.checks import ReplicaFigures
 from tests.support.chaos.plan import ChaosPlan, ReplicaEvent
 from tests.support.chaos.traffic import Traffic
@@ -40,7 +42,11 @@ from tests.support.daemon import READY_MARK, DaemonProcess
 # app/replica.py: "replica <id> lost lease 'daemon': <why>"
 LOST_MARK = "lost lease"
 # What a replica that lost its lease logs when the store or the outbox refuses its work.
-REFUSED_MARKS = ("refused: the lease is held by", "no longer holds its lease")
+REFUSED_MARKS = (
+    "refused: the lease is held by",
+    "its session's lease is lost",
+    "its session's lease is not held here",
+)
 State = Literal["starting", "up", "paused", "down"]
 
 
@@ -62,10 +68,10 @@ class ReplicaProcess(DaemonProcess):
         async for raw in proc.stderr:
             line = raw.decode(errors="replace").rstrip()
             self.log.append(line)
-            if TAKEN_MARK in line and self.serving_since is None:
+            if LEAD_MARK in line and self.serving_since is None:
                 self.serving_since = time.monotonic()
                 self._on_serving(line)
-            if TAKEN_MARK in line or STANDBY_MARK in line:
+            if LEAD_MARK in line or MEMBER_MARK in line:
                 self._ready.set()
             if LOST_MARK in line and self.lost_at is None:
                 self.lost_at = time.monotonic()

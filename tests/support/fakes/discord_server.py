@@ -20,6 +20,8 @@ Close to the real service where discord.py can tell:
 * The gateway speaks the transport compression the client asks for (``zlib-stream``: one
   compressobj per socket, Z_SYNC_FLUSH per frame; ``zstd-stream`` if a zstd module imports).
   Sessions keep their events so RESUME replays what a dropped socket missed.
+  ``gateway_connects`` counts the sockets opened (identified or not); ``refuse_identifies``
+  closes that many next IDENTIFYs with 4004 Authentication failed, as for a wrong token.
 * Without the MESSAGE_CONTENT intent, unmentioned guild text arrives empty, as on Discord.
 * Components: created messages keep their ``components`` (and ``flags``); PATCH of a message
   replaces the fields it names and dispatches MESSAGE_UPDATE. :meth:`push_press` dispatches
@@ -186,7 +188,8 @@ class FakeDiscord:
         self.revisions: dict[str, list[Revision]] = defaultdict(list)  # message id -> texts
         self.limited_edits: list[str] = []  # message id of each edit answered 429
         self._edit_failures: list[float] = []  # Retry-After of each edit still to fail
-        self.identify_count = self.resume_count = 0
+        self.identify_count = self.resume_count = self.gateway_connects = 0
+        self.refuse_identifies = 0
         self.intents: int | None = None
         self._failures: list[tuple[int, float | None, bool]] = []
         self._nonces: dict[tuple[str, str], tuple[float, Json]] = {}
@@ -729,6 +732,7 @@ class FakeDiscord:
     # ---- gateway ---------------------------------------------------------------------------
 
     async def _gateway(self, request: web.Request) -> web.StreamResponse:
+        self.gateway_connects += 1
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         kind = request.query.get("compress")
@@ -753,7 +757,9 @@ class FakeDiscord:
 
     async def _identify(self, conn: _Conn, data: Json) -> None:
         self.identify_count += 1
-        if data.get("token") != self.token:
+        refused = self.refuse_identifies > 0
+        self.refuse_identifies -= refused
+        if refused or data.get("token") != self.token:
             await conn.ws.close(code=4004, message=b"Authentication failed.")
             return
         self.intents = int(data.get("intents") or 0)

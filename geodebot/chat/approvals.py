@@ -183,6 +183,10 @@ class ChatApprovals:
             raise
         finally:
             self._waiters.pop(request.id, None)
+        if self._shared and request.status in ("approved", "denied"):
+            # Decided by a press that any replica may have taken in: the card is this
+            # turn's, shown here, and its outcome is shown from here too.
+            self._edit_later(request)
         self._changed(request)
         return request
 
@@ -281,8 +285,11 @@ class ChatApprovals:
             request = decided
             if counted or request.status == "expired":
                 self.decided(request.id)
-                self._edit_later(request)
-                if counted and self._shared:
+                if not self._shared:
+                    self._edit_later(request)
+                elif counted:
+                    # The turn waiting for it may run on another replica: woken, it shows
+                    # the outcome on the card itself (settle).
                     await self._wake_others()
         if press.message_id and press.message_id != request.card.get("message_id"):
             # A second copy of the card (posted again over a crash, or its id not recorded

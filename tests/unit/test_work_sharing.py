@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from geodebot.app.build import App
-from geodebot.channels.base import Inbound
+from geodebot.channels.base import Inbound, Press, PressAnswer
+from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.leases import SessionLeases, lease_name
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.pickup import SessionPickUps
@@ -28,16 +29,27 @@ from geodebot.chat.router import ChatRouter
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
-from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
+from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
 from tests.support.postgres import Cluster
+from tests.support.tools import marker_lines
 from tests.support.waiting import until
 
 ids = itertools.count(5000)
 TTL_S = 3.0
+APPROVER = "4242"
 
 BINDINGS = [
     {"platform": "telegram", "channel": f"c{n}", "session": f"s{n}", "allowed_users": ["*"]}
     for n in range(1, 5)
+] + [
+    {
+        "platform": "telegram",
+        "channel": "c9",
+        "session": "deploys",
+        "allowed_users": ["*"],
+        "tools": ["write_marker"],
+        "approvers": [APPROVER],
+    }
 ]
 
 
@@ -63,6 +75,7 @@ class Replica:
     leases: SessionLeases
     chat: MemoryChannel
     pickups: SessionPickUps
+    approvals: ChatApprovals
 
     def texts(self, channel: str) -> list[str]:
         return [p.text for p in self.chat.sent if p.destination.channel == channel]
@@ -87,6 +100,7 @@ async def replica(
         leases = SessionLeases(store, name, ttl_s=TTL_S, linger_s=3600)
         chat = MemoryChannel("telegram")
         outbox = OutboxSender(store, {"telegram": chat}, leases=leases)
+        approvals = ChatApprovals(store, {"telegram": chat}, may_send=leases.valid, shared=True)
         router = ChatRouter(
             app.run_turn,
             store,
@@ -97,6 +111,7 @@ async def replica(
             budgets=config.budgets,
             max_chars={"telegram": 4000},
             leases=leases,
+            approvals=approvals,
         )
         leases.wire(
             on_lost=router.session_lost,
@@ -106,11 +121,12 @@ async def replica(
         if not paused:
             await stack.enter_async_context(leases)
         await stack.enter_async_context(outbox)
+        await stack.enter_async_context(approvals)
         await stack.enter_async_context(router)
-        await chat.start(router.accept)
+        await chat.start(router.accept, approvals.press)
         looking = asyncio.create_task(pickups.run() if not paused else asyncio.sleep(0))
         try:
-            yield Replica(name, app, router, outbox, leases, chat, pickups)
+            yield Replica(name, app, router, outbox, leases, chat, pickups, approvals)
         finally:
             looking.cancel()
             await asyncio.gather(looking, return_exceptions=True)
@@ -209,6 +225,38 @@ async def test_sessions_spread_over_the_replicas_however_their_messages_come_in(
             assert other.texts(channel) == []
         assert sorted(alpha.leases.held() + beta.leases.held()) == sorted(homes)
     assert len(llm_server.requests) == 8
+
+
+async def test_a_press_another_replica_takes_in_decides_the_turn_waiting_on_the_holder(
+    url: str, tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # The card is alpha's (it runs the session); the press reaches beta (Slack spreads
+    # interactions too; Discord's come through the leader's gateway). beta records the
+    # decision and wakes the others; alpha's waiting turn reads it and goes on.
+    llm_server.script(
+        Reply(tool_calls=[Call("write_marker", {"text": "deploy"}, id="w1")]), Reply("over")
+    )
+    async with (
+        replica("alpha", url, tmp_path, llm_server) as alpha,
+        replica("beta", url, tmp_path, llm_server) as beta,
+    ):
+        await alpha.app.services.store.replica_seen("alpha", role="member", host="h", pid=1)
+        await alpha.leases.refresh_members()  # alone in its view: the session is its
+        await alpha.chat.deliver(message("please deploy", "c9"))
+        card_id, card = await alpha.chat.wait_card(lambda c: c.outcome is None)
+        assert alpha.leases.held() == ["deploys"]
+        answer = await beta.approvals.press(
+            Press("telegram", "c9", APPROVER, card.approval_id, True, card_id)
+        )
+        assert answer == PressAnswer(True, "Approved.")
+        await until(lambda: alpha.texts("c9") == ["over"], "alpha's answer after the press")
+        assert marker_lines(tmp_path / "alpha" / "marker") == ["write_marker:deploy"]
+        # The card shows the outcome, edited by the replica whose card it is.
+        await until(lambda: alpha.chat.cards[card_id].outcome is not None, "the card's outcome")
+        assert beta.texts("c9") == []
+        request = await alpha.app.services.store.get_approval(card.approval_id)
+        assert request is not None
+        assert (request.status, request.decided_by) == ("approved", APPROVER)
 
 
 async def test_messages_another_replica_took_in_are_handled_once_as_if_taken_in_here(

@@ -97,9 +97,9 @@ class DaemonLease:
         local deadline not passed."""
         return self.lease is not None and self._lost is None and self._clock() < self._deadline
 
-    async def acquire(self, on_standby: Callable[[Lease], None] | None = None) -> Lease:
+    async def acquire(self, on_member: Callable[[Lease], None] | None = None) -> Lease:
         """Wait until this replica holds the lease (what it then does, the caller fences
-        with it). ``on_standby`` is called each time another holder is found (a new one, or a
+        with it). ``on_member`` is called each time another holder is found (a new one, or a
         new epoch). A store that cannot be reached is tried again; cancelling stops the wait."""
         seen: tuple[str, int] | None = None
         # A look a second at most: one query a second per member, and a lease let go (a
@@ -135,8 +135,8 @@ class DaemonLease:
                     lease.epoch,
                     max(0.0, lease.remaining_s),
                 )
-                if on_standby is not None:
-                    on_standby(lease)
+                if on_member is not None:
+                    on_member(lease)
             await self._say(MEMBER)
             # Just after it would expire if its holder stopped renewing, but never longer than
             # a renewal period: a holder that lets it go is followed soon.
@@ -163,7 +163,7 @@ class DaemonLease:
             await cancel_and_wait(self._renewing)
         lease, self.lease = self.lease, None
         if lease is not None and self._lost is None:
-            # A standby takes over at once instead of waiting for the lease to expire.
+            # A member takes over at once instead of waiting for the lease to expire.
             try:
                 await self._store.lease_release(lease)
             except StoreError as error:

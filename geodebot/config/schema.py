@@ -168,8 +168,8 @@ class StoreConfig(_Strict):
     # The environment variable (or systemd credential) holding the database's password; a
     # password never sits in url, where backups and logs would keep it.
     password_env: str | None = None
-    # With url set, one replica serves at a time under a lease of this length, renewed every
-    # third of it; a standby takes over this long after the serving one stops renewing.
+    # With url set, the replicas' leases (the daemon's, each session's) last this long,
+    # renewed every third of it; another replica takes over this long after one stops.
     lease_ttl_s: Annotated[float, Field(ge=3, le=300)] = 15.0
 
     @field_validator("url")

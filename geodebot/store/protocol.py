@@ -140,7 +140,7 @@ class Store(JobStore, Protocol):
 
     # -- replicas (replicas.py) --------------------------------------------------------------
     async def replica_seen(self, replica_id: str, *, role: str, host: str, pid: int) -> None:
-        """Record that ``replica_id`` is there now, in ``role`` (serving, standby)."""
+        """Record that ``replica_id`` is there now, in ``role`` (leader, member)."""
 
     async def replica_gone(self, replica_id: str) -> None: ...
 

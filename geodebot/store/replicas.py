@@ -1,7 +1,7 @@
 """The replicas sharing a database, a mixin of both stores (see rows.py; migration 0014).
 
 Each replica says it is there every few seconds (:meth:`Replicas.replica_seen`, with its role:
-serving or standing by) and removes itself when it stops, so any of them can list its peers
+leader or member) and removes itself when it stops, so any of them can list its peers
 and how long ago each was last heard of. Times are the database's clock, like the leases':
 replicas whose clocks disagree still agree on who was seen when. Not fenced: a replica that
 lost the daemon's lease still says what it is until it has stopped.

@@ -108,6 +108,7 @@ from geodebot.channels.base import (
 from geodebot.channels.download import platform_host, read_capped
 from geodebot.channels.render import render_for
 from geodebot.config.schema import DiscordConfig
+from geodebot.store.records import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -508,7 +509,14 @@ class DiscordChannel:
             async with self._locks.setdefault(channel, asyncio.Lock()):
                 await self._deliver(message, channel, advance=channel not in self._stale)
         except Exception as exc:
-            log.warning("discord: inbound %s not committed: %s", message.id, exc, exc_info=True)
+            # The store refusing (unwell, or this replica's lease gone) says all in its
+            # message; anything else is a bug to trace.
+            log.warning(
+                "discord: inbound %s not committed: %s",
+                message.id,
+                exc,
+                exc_info=not isinstance(exc, StoreError),
+            )
             self._last_error = f"inbound not committed: {exc}"
             if channel in self._bound:
                 # Without a cursor yet, catch-up would not know to start before this one.

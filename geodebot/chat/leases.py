@@ -145,6 +145,11 @@ class SessionLeases:
         if lease is not None:
             self._held[session_id].last_used = self._clock()
             return lease
+        if session_id in self._using:
+            # Lost here while its work still runs (being stopped): taken again only once
+            # that work ended. Taken again at once, the lease could come back at the same
+            # epoch, and nothing the stale work still wrote would be fenced.
+            return None
         pending = self._taking.get(session_id)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -168,7 +173,9 @@ class SessionLeases:
         held = {sid: lease for sid in session_ids if (lease := self.lease(sid)) is not None}
         for sid in held:
             self._held[sid].last_used = self._clock()
-        wanted = [sid for sid in dict.fromkeys(session_ids) if sid not in held]
+        wanted = [
+            sid for sid in dict.fromkeys(session_ids) if sid not in held and sid not in self._using
+        ]
         if not wanted:
             return held
         asked = self._clock()

@@ -290,8 +290,9 @@ class JobScheduler:
             return
         try:
             fire, won = await self._store.fire_claim(job_id, scheduled_ms, cause)
-        except StoreError:
-            log.exception("job %s: cannot claim fire %s", job_id, scheduled_ms)
+        except StoreError as exc:
+            # Its message says it all (the store unwell, or the daemon's lease lost).
+            log.error("job %s: cannot claim fire %s: %s", job_id, scheduled_ms, exc)
             return
         if fire is None:
             log.info("job %s: paused; fire %s not run", job_id, scheduled_ms)

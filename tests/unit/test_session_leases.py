@@ -81,6 +81,26 @@ async def test_a_session_taken_over_is_lost_told_and_fenced(
     assert await leases.hold("s1") is None
 
 
+async def test_a_session_lost_here_is_not_taken_again_while_its_old_work_runs(
+    stores: tuple[Store, Store],
+) -> None:
+    one, _ = stores
+    now = [1000.0]
+    leases = SessionLeases(one, "web-1", ttl_s=3, clock=lambda: now[0])
+    assert await leases.hold("s1") is not None
+    with leases.using("s1"):
+        now[0] += 4  # its renewals stalled (a starved process): lost here
+        await leases.renew()
+        assert leases.held() == []
+        # Nobody else took it, so the store would give it back at the same epoch, and the
+        # stale work's writes would pass its fence: not until that work ended.
+        assert await leases.hold("s1") is None
+        assert await leases.hold_many(["s1"]) == {}
+    again = await leases.hold("s1")
+    assert again is not None
+    assert again.holder == "web-1"
+
+
 async def test_homes_spread_sessions_and_agree_between_replicas(
     stores: tuple[Store, Store],
 ) -> None:

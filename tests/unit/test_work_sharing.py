@@ -230,9 +230,10 @@ async def test_sessions_spread_over_the_replicas_however_their_messages_come_in(
 async def test_a_press_another_replica_takes_in_decides_the_turn_waiting_on_the_holder(
     url: str, tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
-    # The card is alpha's (it runs the session); the press reaches beta (Slack spreads
-    # interactions too; Discord's come through the leader's gateway). beta records the
-    # decision and wakes the others; alpha's waiting turn reads it and goes on.
+    # The card is the holder's (it runs the session); the press reaches the other replica
+    # (Slack spreads interactions too; Discord's come through the leader's gateway), which
+    # records the decision and wakes the others; the holder's waiting turn reads it and
+    # goes on.
     llm_server.script(
         Reply(tool_calls=[Call("write_marker", {"text": "deploy"}, id="w1")]), Reply("over")
     )
@@ -240,21 +241,22 @@ async def test_a_press_another_replica_takes_in_decides_the_turn_waiting_on_the_
         replica("alpha", url, tmp_path, llm_server) as alpha,
         replica("beta", url, tmp_path, llm_server) as beta,
     ):
-        await alpha.app.services.store.replica_seen("alpha", role="member", host="h", pid=1)
-        await alpha.leases.refresh_members()  # alone in its view: the session is its
-        await alpha.chat.deliver(message("please deploy", "c9"))
-        card_id, card = await alpha.chat.wait_card(lambda c: c.outcome is None)
-        assert alpha.leases.held() == ["deploys"]
-        answer = await beta.approvals.press(
+        await meet(alpha, beta)
+        holder, other = (alpha, beta) if alpha.leases.is_home("deploys") else (beta, alpha)
+        await holder.chat.deliver(message("please deploy", "c9"))
+        async with asyncio.timeout(20):
+            card_id, card = await holder.chat.wait_card(lambda c: c.outcome is None)
+        assert holder.leases.held() == ["deploys"]
+        answer = await other.approvals.press(
             Press("telegram", "c9", APPROVER, card.approval_id, True, card_id)
         )
         assert answer == PressAnswer(True, "Approved.")
-        await until(lambda: alpha.texts("c9") == ["over"], "alpha's answer after the press")
-        assert marker_lines(tmp_path / "alpha" / "marker") == ["write_marker:deploy"]
+        await until(lambda: holder.texts("c9") == ["over"], "the answer after the press")
+        assert marker_lines(tmp_path / holder.name / "marker") == ["write_marker:deploy"]
         # The card shows the outcome, edited by the replica whose card it is.
-        await until(lambda: alpha.chat.cards[card_id].outcome is not None, "the card's outcome")
-        assert beta.texts("c9") == []
-        request = await alpha.app.services.store.get_approval(card.approval_id)
+        await until(lambda: holder.chat.cards[card_id].outcome is not None, "the outcome")
+        assert other.texts("c9") == []
+        request = await holder.app.services.store.get_approval(card.approval_id)
         assert request is not None
         assert (request.status, request.decided_by) == ("approved", APPROVER)
 

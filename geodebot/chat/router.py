@@ -267,6 +267,10 @@ class ChatRouter:
         lease (a message another replica committed, or one a replica that died left): each
         handled once, as if accepted here (a row whose turn had begun continues it)."""
         rows = await self._store.inbox_unfinished(session_id)
+        # A turn already begun goes first: messages another replica took in may be older
+        # than it, yet it is the session's open turn, whose saved tool batch any later turn
+        # would otherwise run as its own and then leave this one to start over.
+        rows.sort(key=lambda row: (row.status != "running", row.id))
         taken = 0
         for row in rows:
             if row.id in self._held:

@@ -293,6 +293,34 @@ async def test_messages_another_replica_took_in_are_handled_once_as_if_taken_in_
     assert len(llm_server.requests) == 2
 
 
+async def test_a_sessions_begun_turn_is_taken_up_before_older_messages(
+    url: str, tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # Another replica took an older message in while the session's holder had begun a turn
+    # for a newer one, then the holder died: the begun turn is the session's open one and
+    # runs first (a later turn would otherwise run its saved tool batch as its own).
+    llm_server.script(Reply("first answer"), Reply("second answer"))
+    # No pick-up loop of its own (paused=True): the test takes the session up itself.
+    async with replica("alpha", url, tmp_path, llm_server, paused=True) as alpha:
+        store = alpha.app.services.store
+        await store.inbox_add(
+            platform="telegram", event_id="e-older", session_id="s1", channel="c1",
+            thread=None, user="u1", text="older", message_id="m-older", pickup="beta",
+        )  # fmt: skip
+        begun, _ = await store.inbox_add(
+            platform="telegram", event_id="e-begun", session_id="s1", channel="c1",
+            thread=None, user="u1", text="begun", message_id="m-begun", pickup="gone",
+        )  # fmt: skip
+        await store.inbox_start(begun.id)
+        assert await alpha.leases.hold("s1") is not None
+        assert await alpha.router.take_up("s1") == 2
+        await until(lambda: len(alpha.texts("c1")) == 2, "both answers")
+        assert [(p.destination.reply_to, p.text) for p in alpha.chat.sent] == [
+            ("m-begun", "first answer"),
+            ("m-older", "second answer"),
+        ]
+
+
 async def test_a_replica_that_stops_renewing_loses_its_sessions_and_what_it_left_is_answered_once(
     url: str, tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:

@@ -34,14 +34,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from geodebot.engine.lanes import cancel_and_wait
+from geodebot.store.leases import SESSION_PREFIX
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
 
-__all__ = ["LINGER_S", "SESSION_PREFIX", "SessionLeases", "lease_name"]
+__all__ = ["LINGER_S", "SessionLeases", "lease_name"]
 
 log = logging.getLogger(__name__)
 
-SESSION_PREFIX = "session:"
 # A session's lease is kept this long after its last work, so a conversation's next message
 # finds it here instead of moving the session (and its warm context cache) to another replica.
 LINGER_S = 60.0

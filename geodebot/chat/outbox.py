@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -136,7 +135,7 @@ class OutboxSender:
         if key not in self._active:
             task = asyncio.create_task(self._drain(key))
             self._active[key] = task
-            task.add_done_callback(functools.partial(self._finished, key))
+            task.add_done_callback(self._finished)
 
     @contextlib.contextmanager
     def handing_over(self, inbox_id: int) -> Iterator[None]:
@@ -202,18 +201,24 @@ class OutboxSender:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _finished(self, key: ChatKey, task: asyncio.Task[None]) -> None:
+    def _release(self, key: ChatKey) -> None:
+        """The chat's delivery task is ending: a row handed over from now on starts another.
+        Done by the task itself, in its last step: a done callback runs a loop iteration
+        later, and a row queued in between would be dropped with the ending task's queue."""
         self._active.pop(key, None)
         left = self._queues.pop(key, collections.deque())
         self._known.difference_update(row.id for row in left)
         # A later pass reads them afresh: a begun part 0 is then an open outcome, looked up
         # or resent once like any other.
         self._begun.difference_update(row.id for row in left)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("outbox delivery to %s failed", key[:2], exc_info=task.exception())
         if left:
             # The chat stopped early (platform unwell, or a failure): a fresh pass decides.
             self._wake.set()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        key = next((k for k, t in self._active.items() if t is task), None)
+        if key is not None:  # cancelled before its first step, so it never released its chat
+            self._release(key)
 
     def sending(self, session_id: str) -> bool:
         """Whether a reply of the session is queued or going out here."""
@@ -223,7 +228,14 @@ class OutboxSender:
         return len(self._active)
 
     async def _drain(self, key: ChatKey) -> None:
-        queue = self._queues[key]
+        try:
+            await self._drain_queue(self._queues[key])
+        except Exception:
+            log.exception("outbox delivery to %s failed", key[:2])
+        finally:
+            self._release(key)
+
+    async def _drain_queue(self, queue: collections.deque[OutboxRow]) -> None:
         while queue:
             row = queue[0]
             try:

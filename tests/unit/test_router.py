@@ -558,6 +558,59 @@ async def test_a_scan_that_read_a_row_before_its_delivery_finished_leaves_it_alo
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_a_reply_handed_over_as_its_chats_delivery_ends_is_sent_at_once(
+    tmp_path: Path, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The chat's delivery task has sent its last row and ended, but its end is not yet
+    # handled (a done callback waits its turn on the loop) when the next turn hands its reply
+    # over. That reply must start a delivery of its own: left in the ending task's queue, it
+    # is dropped from it, then waits for a later pass (seconds), which takes its begun part
+    # for an open outcome and resends it blind, after replies written later.
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        rows = []
+        for n in (1, 2):
+            row, _ = await store.inbox_add(
+                platform="telegram", event_id=f"e{n}", session_id="s1", channel="c1",
+                thread=None, user="u1", text="hi", message_id=f"m{n}",
+            )  # fmt: skip
+            rows.append(row)
+        first_reply = NewOutbound("s1", "telegram", "c1", None, "m1", "first")
+        _, first = await store.inbox_finish(
+            rows[0].id, "done", reply=first_reply, begin_first_part=True
+        )
+        assert first is not None
+        real = store.outbox_part_sent
+        handed: list[int] = []
+
+        async def then_the_next_reply(*args: Any, **kw: Any) -> Any:
+            done = await real(*args, **kw)
+            if not handed:
+                # Runs after this step ends the delivery task, before the task's callbacks.
+                delivery = asyncio.current_task()
+                assert delivery is not None
+                asyncio.get_running_loop().call_soon(hand_over_second, delivery)
+            return done
+
+        def hand_over_second(delivery: asyncio.Task[Any]) -> None:
+            handed.append(1 if delivery.done() else 0)
+            h.outbox.submit(second, first_part_begun=True)
+
+        monkeypatch.setattr(store, "outbox_part_sent", then_the_next_reply)
+        second_reply = NewOutbound("s1", "telegram", "c1", None, "m2", "second")
+        with h.outbox.handing_over(rows[1].id):  # its turn is not over: passes leave it
+            _, second = await store.inbox_finish(
+                rows[1].id, "done", reply=second_reply, begin_first_part=True
+            )
+            assert second is not None
+            h.outbox.submit(first, first_part_begun=True)
+            assert await h.replies(2) == ["first", "second"]
+        assert handed == [1]  # the race this test is about did happen
+        final = await store.get_outbox(second.id)
+    assert final is not None
+    assert (final.status, final.attempts, final.blind_resends) == ("sent", 1, 0)
+
+
 @pytest.mark.parametrize("lookups", [True, False])
 async def test_a_begun_part_left_by_a_crash_counts_as_perhaps_sent(
     tmp_path: Path, llm_server: FakeLLMServer, lookups: bool

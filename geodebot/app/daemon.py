@@ -106,6 +106,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     notifier = notifier or SystemdNotifier()
     status = _Status()
     lost: list[str] = []
+    watch: asyncio.Task[None] | None = None
     try:
         async with AsyncExitStack() as stack:
             stack.enter_context(closing(notifier))
@@ -159,10 +160,41 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
             else:
                 log.info("shutting down (grace %s s)", grace)
                 notifier.stopping(f"stopping: draining turns for up to {grace:g} s")
+            # Turns, then sends, may each use the grace; past that the stop is stuck.
+            expected = 0.0 if lost else 2 * grace
+            watch = asyncio.create_task(_slow_shutdown(expected + SLOW_SHUTDOWN_S))
     finally:
+        if watch is not None:
+            watch.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return lost[0] if lost else None
+
+
+# A stop still unwinding this long after its graces ran out names what it waits for.
+SLOW_SHUTDOWN_S = 10.0
+
+
+async def _slow_shutdown(after_s: float) -> None:
+    """Log the tasks a stop still waits for once it has taken ``after_s``: a stop that never
+    ends (systemd then kills it) leaves the operator, and the next fix, its reason."""
+    await asyncio.sleep(after_s)
+    me = asyncio.current_task()
+    stuck = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    lines = []
+    for task in stuck:
+        frames = task.get_stack(limit=8)
+        where = " <- ".join(
+            f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{f.f_lineno})"
+            for f in reversed(frames)
+        )
+        lines.append(f"  {task.get_name()}: {where or repr(task.get_coro())}")
+    log.warning(
+        "still stopping after %.0f s; %d task(s) running:\n%s",
+        after_s,
+        len(stuck),
+        "\n".join(lines),
+    )
 
 
 @dataclass(frozen=True, slots=True)

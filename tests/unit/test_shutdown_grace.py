@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from geodebot.app.daemon import _slow_shutdown
 from geodebot.channels.base import Inbound
 from geodebot.chat.router import ChatRouter
 from geodebot.engine.lanes import Grace, cancel_and_wait
@@ -137,3 +141,21 @@ async def test_a_task_that_loses_its_cancellation_is_cancelled_again_until_it_en
     await asyncio.wait_for(cancel_and_wait(task, again_every_s=0.01), 10)
     assert task.cancelled()
     assert lost == 1
+
+
+async def test_a_stop_that_takes_too_long_names_the_tasks_it_waits_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def waiting_for_a_peer_that_never_answers(gate: asyncio.Event) -> None:
+        await gate.wait()
+
+    gate = asyncio.Event()
+    stuck = asyncio.create_task(waiting_for_a_peer_that_never_answers(gate), name="renewals")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="geodebot.app.daemon"):
+        await _slow_shutdown(0.0)
+    gate.set()
+    await stuck
+    [record] = [r for r in caplog.records if "still stopping" in r.getMessage()]
+    text = record.getMessage()
+    assert "renewals: waiting_for_a_peer_that_never_answers (test_shutdown_grace.py:" in text

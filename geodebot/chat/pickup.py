@@ -2,12 +2,16 @@
 
 Every replica takes in messages and commits them; the replica holding the session's lease
 (chat/leases.py) runs them. One that commits a message for a session another replica holds
-wakes the others (``LISTEN/NOTIFY`` on PostgreSQL) and leaves the row to that holder. Each
-replica's :class:`SessionPickUps` then looks, when woken and every :data:`PICKUP_POLL_S` by
-itself, for sessions with work nobody else is doing (``Store.sessions_waiting``): unanswered
-messages, or replies not yet sent, of sessions it holds or that nobody holds, such as those of a
-replica that died. It takes each such session's lease and takes its work up: the messages are
-answered (a turn a dead replica had begun continues) and the replies are sent, once.
+wakes the others (``LISTEN/NOTIFY`` on PostgreSQL) about that session and leaves the row to
+that holder. Each replica's :class:`SessionPickUps` then takes up at once the sessions a
+wake-up names that it holds, or that nobody holds and it is home to; the others ignore it, so
+a message costs one replica's look, not every replica's. Every :data:`PICKUP_POLL_S`, and after
+a wake-up that named nothing (a listening connection made again: some may have been missed),
+a replica looks for all sessions with work nobody else is doing (``Store.sessions_waiting``):
+unanswered messages, or replies not yet sent, of sessions it holds or that nobody holds, such
+as those of a replica that died. It takes each such session's lease and takes its work up:
+the messages are answered (a turn a dead replica had begun continues) and the replies are
+sent, once.
 """
 
 from __future__ import annotations
@@ -66,14 +70,19 @@ class SessionPickUps:
 
     async def run(self) -> None:
         async with self._store.wakeups(PICKUP_TOPIC) as woken:
+            look_all_at = self._clock()
             while True:
-                woken.clear()
+                named, unnamed = woken.take()
                 try:
-                    await self.poll()
+                    if unnamed or self._clock() >= look_all_at:
+                        look_all_at = self._clock() + self._poll_s
+                        await self.poll()
+                    elif named:
+                        await self.look_at(named)
                 except StoreError as exc:
                     log.error("cannot look for sessions with work waiting: %s", exc)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._poll_s):
+                    async with asyncio.timeout(max(0.0, look_all_at - self._clock())):
                         await woken.wait()
 
     async def poll(self) -> int:
@@ -89,13 +98,27 @@ class SessionPickUps:
             or self._leases.is_home(sid)
             or now - self._unheld[sid] >= self._claim_after_s
         ]
+        return await self._take(due, kick=True)
+
+    async def look_at(self, sessions: set[str]) -> int:
+        """Take up the sessions a wake-up named that are this replica's: held here, or held
+        by nobody with this replica their home (:meth:`poll` finds the rest, if any)."""
+        mine = sorted(
+            sid for sid in sessions if self._leases.valid(sid) or self._leases.is_home(sid)
+        )
+        # Replies wait only in a session taken just now (a dead holder's unsent ones): the
+        # outbox sends a held session's own as they are written.
+        fresh = any(not self._leases.valid(sid) for sid in mine)
+        return await self._take(mine, kick=fresh)
+
+    async def _take(self, sessions: list[str], *, kick: bool) -> int:
         # One claim for them all; what another replica claims at the same moment is its.
-        held = await self._leases.hold_many(due) if due else {}
+        held = await self._leases.hold_many(sessions) if sessions else {}
         taken = 0
         for session_id, lease in held.items():
             with self._store.fenced(lease):
                 taken += await self._take_up(session_id)
-        if held:
+        if held and kick:
             # Replies of the sessions held now (a dead replica's unsent ones among them).
             self._kick()
         self.picked += taken

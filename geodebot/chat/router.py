@@ -206,7 +206,7 @@ class ChatRouter:
             )
             if lease is None:
                 self.counters["elsewhere"] += 1
-                await self._wake_holder()
+                await self._wake_holder(row.session_id)
                 return
             with self._store.fenced(lease):
                 if fresh:
@@ -288,9 +288,9 @@ class ChatRouter:
     def _replica_id(self) -> str | None:
         return self._leases.replica_id if self._leases is not None else None
 
-    async def _wake_holder(self) -> None:
+    async def _wake_holder(self, session_id: str) -> None:
         try:
-            await self._store.wake(PICKUP_TOPIC)
+            await self._store.wake(PICKUP_TOPIC, session_id)
         except StoreError as exc:
             # Committed all the same: the holder's next look finds it.
             log.warning("the replica holding the session was not woken: %s", exc)
@@ -355,7 +355,7 @@ class ChatRouter:
                 lease = await self._leases.hold(row.session_id)
                 if lease is None:
                     log.info("inbox row %s: its session runs on another replica", row.id)
-                    await self._wake_holder()
+                    await self._wake_holder(row.session_id)
                     return
                 # Everything the turn writes, and the tasks it starts write, is fenced.
                 with self._store.fenced(lease), self._leases.using(row.session_id):

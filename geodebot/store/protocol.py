@@ -15,7 +15,6 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol
@@ -60,6 +59,7 @@ from geodebot.store.records import (
     Unanswered,
     UsageGrouping,
     UsageRow,
+    Wakeups,
 )
 
 
@@ -130,13 +130,15 @@ class Store(JobStore, Protocol):
         the status indexes: cheap however many finished rows there are."""
 
     # -- wake-ups between processes (pg_wakeups.py) ------------------------------------------
-    async def wake(self, topic: str) -> None:
+    async def wake(self, topic: str, about: str = "") -> None:
         """Tell other processes sharing the store to look at ``topic`` now (PostgreSQL:
-        NOTIFY). A hint only: nothing on SQLite, whose one process needs none."""
+        NOTIFY), at ``about`` (a session id, say) if given. A hint only: nothing on SQLite,
+        whose one process needs none."""
 
-    def wakeups(self, topic: str) -> AbstractAsyncContextManager[asyncio.Event]:
+    def wakeups(self, topic: str) -> AbstractAsyncContextManager[Wakeups]:
         """An event set whenever another process calls :meth:`wake` for ``topic`` (on
-        SQLite: never). Waiters look by themselves now and then too: a wake-up may be lost."""
+        SQLite: never), with what the wake-ups named. Waiters look by themselves now and then
+        too: a wake-up may be lost."""
 
     # -- replicas (replicas.py) --------------------------------------------------------------
     async def replica_seen(self, replica_id: str, *, role: str, host: str, pid: int) -> None:

@@ -26,7 +26,7 @@ import aiosqlite
 from geodebot.store.leases import Fences, check_fence
 from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
-from geodebot.store.records import Lease, StoreError
+from geodebot.store.records import Lease, StoreError, Wakeups
 from geodebot.store.rows import Body, Params, Row, Tx, drive, dumps
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
 from geodebot.store.sqlite_commit import GroupCommit
@@ -271,13 +271,13 @@ class SQLiteStore(StoreMethods):
         """Inside, this context's writes are made under ``lease`` too (see leases.py)."""
         return self._fences.fenced(lease)
 
-    async def wake(self, topic: str) -> None:
+    async def wake(self, topic: str, about: str = "") -> None:
         """Nothing: one process uses a SQLite store at a time."""
 
     @contextlib.asynccontextmanager
-    async def wakeups(self, topic: str) -> AsyncIterator[asyncio.Event]:
+    async def wakeups(self, topic: str) -> AsyncIterator[Wakeups]:
         """An event nothing sets: no other process writes here."""
-        yield asyncio.Event()
+        yield Wakeups()
 
 
 class _SQLiteTx:

@@ -125,6 +125,7 @@ class MemoryChannel:
         # Every message's current text by id (edits applied), and the edits themselves.
         self.messages: dict[str, str] = {}
         self.edits: list[OutboundPart] = []
+        self.deleted: list[str] = []
         self.sent_ids: dict[str, str] = {}
         self.typing_calls: list[Destination] = []
         self.failures: deque[ChannelError] = deque()
@@ -227,6 +228,13 @@ class MemoryChannel:
             raise NotImplementedError
         message_id = self.sent_ids.get(part.key)
         return SentPart(message_id) if message_id is not None else None
+
+    async def delete(self, destination: Destination, message_id: str) -> None:
+        await asyncio.sleep(0)
+        if self.messages.pop(message_id, None) is None:
+            raise ChannelError("message to delete not found", permanent=True)
+        self.deleted.append(message_id)
+        asyncio.get_running_loop().create_task(self._notify())
 
     async def typing(self, destination: Destination) -> None:
         self.typing_calls.append(destination)

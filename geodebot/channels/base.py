@@ -327,6 +327,9 @@ class Channel(Protocol):
     ) -> None:
         """Replace a posted card (its outcome set: the buttons go). Raises ChannelError."""
 
+    async def delete(self, destination: Destination, message_id: str) -> None:
+        """Delete a message this bot posted. Raises ChannelError."""
+
     async def typing(self, destination: Destination) -> None: ...
 
     def status(self) -> ChannelStatus: ...

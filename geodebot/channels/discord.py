@@ -925,6 +925,17 @@ class DiscordChannel:
             allowed_mentions=discord.AllowedMentions.none(),
         )
 
+    async def delete(self, destination: Destination, message_id: str) -> None:
+        await _bounded(self._delete(destination, message_id))
+
+    async def _delete(self, destination: Destination, message_id: str) -> None:
+        if self._client is None:
+            raise ChannelError("discord channel is not started")
+        target = self._client.get_partial_messageable(
+            int(destination.thread or destination.channel)
+        )
+        await target.get_partial_message(int(message_id)).delete()
+
     async def typing(self, destination: Destination) -> None:
         with contextlib.suppress(*_NET_ERRORS, ChannelError):
             async with asyncio.timeout(10):

@@ -835,6 +835,14 @@ class SlackChannel:
             ),
         )
 
+    async def delete(self, destination: Destination, message_id: str) -> None:
+        client = self._require_client()
+        try:
+            await client.chat_delete(channel=destination.channel, ts=message_id)
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            self._counters["send_errors"] += 1
+            raise _to_channel_error(exc, "chat.delete") from exc
+
     async def _call(self, what: str, request: Awaitable[AsyncSlackResponse]) -> AsyncSlackResponse:
         """One request that posts or changes a message, with Slack's errors as ours."""
         try:

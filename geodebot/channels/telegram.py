@@ -1111,6 +1111,17 @@ class TelegramChannel:
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
         raise NotImplementedError("the Telegram Bot API cannot look up sent messages")
 
+    async def delete(self, destination: Destination, message_id: str) -> None:
+        try:
+            await self._bot.delete_message(_chat_id(destination.channel), int(message_id))
+        except ValueError:
+            raise ChannelError(
+                f"telegram: not a message id: {message_id!r}", permanent=True
+            ) from None
+        except tg.TelegramError as exc:
+            self._counters["send_errors"] += 1
+            raise self._send_error(exc) from exc
+
     async def typing(self, destination: Destination) -> None:
         try:
             await self._bot.send_chat_action(

@@ -20,7 +20,7 @@ from geodebot.channels.base import Channel, ChannelError, Destination, OutboundP
 from geodebot.channels.render import LIMITS
 from geodebot.config.schema import BindingConfig
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow, StoreError
+from geodebot.store.records import Fenced, InboxRow, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,20 @@ class StreamedReply:
             self.preview_id = sent.message_id
             try:
                 await self._store.inbox_preview(self._row.id, sent.message_id)
+            except Fenced as exc:
+                # Another replica runs the session now (this one was paused or cut off while
+                # the preview went out): its answer knows nothing of this message, which
+                # would stay as an answer of its own.
+                log.warning("inbox %s: preview not recorded: %s; deleting it", self._row.id, exc)
+                self.preview_id = None
+                await self._delete(sent.message_id)
             except StoreError as exc:
                 # The turn still knows it and hands it to its reply; only a crash now would
                 # leave the preview behind as a message of its own.
                 log.warning("inbox %s: preview not recorded: %s", self._row.id, exc)
+
+    async def _delete(self, message_id: str) -> None:
+        try:
+            await self._channel.delete(self._destination, message_id)
+        except ChannelError as exc:
+            log.error("inbox %s: preview %s left behind: %s", self._row.id, message_id, exc)

@@ -351,3 +351,14 @@ async def test_overlong_summary_is_cut_to_the_limit(
     assert posted["content"].endswith("…\nMay decide: 4242, 4343\nExpires: 2030-03-17 17:46 UTC")
     [escapes] = re.findall(r"(\\*)…", posted["content"])
     assert len(escapes) % 2 == 0  # no half an escape left in front of the cut
+
+
+async def test_a_message_of_the_bot_is_deleted(fake: FakeDiscord, chan: DiscordChannel) -> None:
+    # What a replica that lost its session does with a preview it could not record.
+    sent = await chan.send_card(here(fake), card())
+    await chan.delete(here(fake), sent.message_id)
+    assert fake.deleted == [sent.message_id]
+    assert all(m["id"] != sent.message_id for m in fake.history[fake.channel_id])
+    with pytest.raises(ChannelError) as gone:
+        await chan.delete(here(fake), sent.message_id)
+    assert gone.value.permanent

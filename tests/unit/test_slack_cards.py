@@ -365,3 +365,14 @@ async def test_a_failing_press_sink_is_answered_and_receiving_goes_on(
     await fake.push_action(CHANNEL, ts, ALICE, action_id="geodebot_deny")
     assert [e.text for e in await fake.wait_for_ephemeral(2)][1] == "Not yet."
     assert channel.status().counters["press_errors"] == 1
+
+
+async def test_a_message_of_the_bot_is_deleted(fake: FakeSlack, channel: SlackChannel) -> None:
+    # What a replica that lost its session does with a preview it could not record.
+    ts = await post_card(channel)
+    await channel.delete(Destination("slack", CHANNEL), ts)
+    [posted] = fake.posted[CHANNEL]
+    assert posted.deleted
+    assert fake.message(CHANNEL, ts) is None
+    with pytest.raises(ChannelError, match="message_not_found"):
+        await channel.delete(Destination("slack", CHANNEL), ts)

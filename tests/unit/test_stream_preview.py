@@ -17,7 +17,7 @@ from geodebot.channels.base import ChannelError, OutboundPart, SentPart
 from geodebot.channels.render import LIMITS
 from geodebot.chat import stream
 from geodebot.chat.stream import RETRYING_TEXT, EditPacer, StreamedReply
-from geodebot.store.records import InboxRow
+from geodebot.store.records import Fenced, InboxRow
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import MemoryChannel
 
@@ -270,3 +270,29 @@ async def test_a_replica_that_lost_its_lease_shows_no_preview(store: SQLiteStore
     await reply.close()
     assert list(chat.messages.values()) == ["first"]
     assert chat.edits == []
+
+
+async def test_a_preview_whose_record_is_fenced_is_deleted(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Paused between the lease check and the send, the replica posts its preview after
+    # another replica took the session: the record is refused, and the new holder's answer
+    # knows nothing of that message, so it is taken back instead of left as a second answer.
+    chat = MemoryChannel()
+    row = await inbox_row(store)
+
+    async def refused(inbox_id: int, message_id: str) -> None:
+        raise Fenced("writes of 'r1' under lease 'session:s1' (epoch 1) refused")
+
+    monkeypatch.setattr(store, "inbox_preview", refused)
+    reply = StreamedReply(chat, store, row, EditPacer(0.0), first_after_s=0.0)
+    reply.round_started()
+    reply.tools_started((("edit_file", "notes.log"),))
+    await until(chat, lambda: chat.deleted)
+    assert await reply.close() is None
+    assert len(chat.sent) == 1
+    assert chat.deleted == ["1"]
+    assert chat.messages == {}
+    stored = await store.get_inbox(row.id)
+    assert stored is not None
+    assert stored.preview == ""

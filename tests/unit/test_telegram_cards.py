@@ -358,3 +358,17 @@ async def test_the_fake_refuses_what_telegram_refuses(fake: FakeTelegram):
             with pytest.raises(tg.BadRequest, match=r"(?i)query is too old"):
                 await bot.answer_callback_query(query_id, "again")
         assert fake.callback_answers == {query: CallbackAnswer(query, "Approved.", False)}
+
+
+async def test_a_message_of_the_bot_is_deleted_and_a_missing_one_is_a_permanent_error(
+    fake: FakeTelegram, open_channel: OpenChannel
+):
+    # What a replica that lost its session does with a preview it could not record.
+    channel = await open_channel(Inbox())
+    message_id = await post_card(channel)
+    await channel.delete(group(), str(message_id))
+    assert fake.deleted == [(GROUP, message_id)]
+    with pytest.raises(ChannelError) as missing:
+        await channel.delete(group(), str(message_id))
+    assert missing.value.permanent
+    assert "message to delete not found" in str(missing.value).lower()

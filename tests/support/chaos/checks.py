@@ -45,8 +45,11 @@ class ChaosReport:
 
 def _bot_messages(fakes: Fakes) -> dict[Key, list[str]]:
     found: dict[Key, list[str]] = defaultdict(list)
+    # A message the bot deleted (a preview a replica could not record) answers nothing.
     for chat_id, sent in fakes.telegram.sent.items():
         for m in sent:
+            if (chat_id, m.message_id) in fakes.telegram.deleted:
+                continue
             reply = None if m.reply_to_message_id is None else str(m.reply_to_message_id)
             # As it reads now, like the other two below (a preview edited into the answer).
             found[("telegram", str(chat_id), reply)].append(
@@ -54,9 +57,12 @@ def _bot_messages(fakes: Fakes) -> dict[Key, list[str]]:
             )
     for channel, posted in fakes.slack.posted.items():
         for p in posted:
-            found[("slack", channel, p.thread_ts)].append(p.text)
+            if not p.deleted:
+                found[("slack", channel, p.thread_ts)].append(p.text)
     for channel, created in fakes.discord.posted.items():
         for c in created:
+            if str(c["id"]) in fakes.discord.deleted:
+                continue
             reply = (c.get("message_reference") or {}).get("message_id")
             # As it reads now: a streamed preview was edited into the answer after it was
             # created.

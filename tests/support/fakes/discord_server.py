@@ -176,6 +176,7 @@ class FakeDiscord:
         self._files: dict[str, _Stored] = {}  # attachment id -> what the CDN serves
         self._cdn_key = secrets.token_bytes(16)
         self.posted: dict[str, list[Json]] = defaultdict(list)  # what the bot created
+        self.deleted: list[str] = []  # ids of its messages the bot deleted (still in posted)
         self.history: dict[str, list[Json]] = defaultdict(list)  # everything, oldest first
         self.typing: list[str] = []
         self.commands: list[list[Json]] = []  # each bulk overwrite
@@ -218,6 +219,7 @@ class FakeDiscord:
             ("POST", "/channels/{cid}/messages", self._create_message),
             ("GET", "/channels/{cid}/messages", self._list_messages),
             ("PATCH", "/channels/{cid}/messages/{mid}", self._edit_message),
+            ("DELETE", "/channels/{cid}/messages/{mid}", self._delete_message),
             ("POST", "/channels/{cid}/typing", self._typing),
             ("PUT", "/applications/{app}/commands", self._put_commands),
             ("POST", "/interactions/{iid}/{tok}/callback", self._callback),
@@ -632,6 +634,17 @@ class FakeDiscord:
             if now - self._created[m["id"]] > self.nonce_visible_s:
                 m.pop("nonce", None)
         return _json(shown)
+
+    async def _delete_message(self, request: web.Request) -> web.StreamResponse:
+        cid, mid = request.match_info["cid"], request.match_info["mid"]
+        msg = next((m for m in self.history[cid] if m["id"] == mid), None)
+        if msg is None:
+            return _error(404, 10008, "Unknown Message")
+        if msg["author"]["id"] != self.bot_id:
+            return _error(403, 50013, "Missing Permissions")
+        self.deleted.append(mid)
+        self.delete_message(cid, mid)
+        return web.Response(status=204)
 
     async def _edit_message(self, request: web.Request) -> web.StreamResponse:
         cid, mid = request.match_info["cid"], request.match_info["mid"]

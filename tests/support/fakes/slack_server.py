@@ -895,6 +895,16 @@ class FakeSlack:
         message = self._post(args)
         return _ok(channel=args["channel"], ts=message["ts"], message=message)
 
+    def _m_chat_delete(self, args: dict[str, Any]) -> web.Response:
+        channel, ts = str(args.get("channel") or ""), str(args.get("ts") or "")
+        message = self.message(channel, ts)
+        if message is None:
+            return _error("message_not_found")
+        if message.get("bot_id") != self.bot_id:
+            return _error("cant_delete_message")
+        self.delete_message(channel, ts)
+        return _ok(channel=channel, ts=ts)
+
     def _m_chat_update(self, args: dict[str, Any]) -> web.Response:
         channel, ts = str(args.get("channel") or ""), str(args.get("ts") or "")
         message = self.message(channel, ts)

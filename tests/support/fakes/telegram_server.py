@@ -300,6 +300,9 @@ class FakeTelegram:
         # Edits refused as "not modified" (the message showed that already): (chat, message,
         # parse mode), so a test can tell an answer that edited nothing from one never sent.
         self.unmodified: list[tuple[int, int, str | None]] = []
+        # Messages the bot deleted (deleteMessage): (chat, message). They stay in ``sent``
+        # and ``shown`` reads them as they were, so a test can tell what was taken back.
+        self.deleted: list[tuple[int, int]] = []
         self.callback_answers: dict[str, CallbackAnswer] = {}
         self.actions: list[SentAction] = []
         self.commands: list[dict[str, str]] | None = None
@@ -1069,6 +1072,17 @@ class FakeTelegram:
                 await response.write(stored.data[start : start + 64 * 1024])
             await response.write_eof()
         return response
+
+    async def _m_deletemessage(self, params: dict[str, Any]) -> Any:
+        chat_id, message_id = int(params["chat_id"]), int(params["message_id"])
+        if (chat_id, message_id) not in self._messages:
+            raise ApiError(400, "Bad Request: message to delete not found")
+        if (chat_id, message_id) not in self._shown:  # not one the bot sent
+            raise ApiError(400, "Bad Request: message can't be deleted")
+        del self._messages[(chat_id, message_id)]
+        self.deleted.append((chat_id, message_id))
+        self._notify()
+        return True
 
     async def _m_editmessagetext(self, params: dict[str, Any]) -> Any:
         if "inline_message_id" in params:

@@ -45,6 +45,10 @@ POLL_S = 5.0
 # pass, doubling up to the cap, instead of trying again at once.
 STORE_RETRY_FIRST_S = 0.5
 STORE_RETRY_MAX_S = 30.0
+# A part sent after this replica lost its session waits this long at most (bounded by the
+# lease's time to live) for the new holder's record of the part, every COPY_CHECK_S.
+COPY_WAIT_MIN_S, COPY_WAIT_MAX_S = 5.0, 30.0
+COPY_CHECK_S = 0.5
 
 
 ChatKey = tuple[str, str, str | None]
@@ -102,6 +106,9 @@ class OutboxSender:
         self._handovers: collections.Counter[int] = collections.Counter()
         self._stopping = False
         self._store_pause = STORE_RETRY_FIRST_S
+        # Parts sent after the session's lease was lost, each waiting for the new holder's
+        # record of it (see _settle_copy); a stop waits for them too.
+        self._copies: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> OutboxSender:
         """Deliver pending rows (:meth:`run`) until left; leaving sends what is pending for
@@ -200,6 +207,9 @@ class OutboxSender:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Not cut short: each ends by its own deadline, and one cancelled could leave a
+        # second copy of a reply in the chat.
+        await asyncio.gather(*self._copies, return_exceptions=True)
 
     def _release(self, key: ChatKey) -> None:
         """The chat's delivery task is ending: a row handed over from now on starts another.
@@ -437,6 +447,19 @@ class OutboxSender:
                     exc,
                 )
                 return exc.row
+            except Fenced as exc:
+                log.warning(
+                    "outbox %s part %s: sent as %s after the session went to another "
+                    "replica (%s); waiting for that one's record of it",
+                    row.id,
+                    part.index,
+                    message_id,
+                    exc,
+                )
+                task = asyncio.create_task(self._settle_copy(row, part, message_id))
+                self._copies.add(task)
+                task.add_done_callback(self._copies.discard)
+                raise
             except StoreError as exc:
                 log.error(
                     "outbox %s part %s: sent, but not recorded yet (%s); trying again in %.1f s",
@@ -447,6 +470,59 @@ class OutboxSender:
                 )
             await self._sleep(pause)
             pause = min(pause * 2, STORE_RETRY_MAX_S)
+
+    async def _settle_copy(self, row: OutboxRow, part: OutboundPart, message_id: str) -> None:
+        """A part this replica sent after it lost the session (paused, or cut off, between
+        its lease check and the request). The new holder found the part open and looked it
+        up before this message reached the platform, or could not look (Telegram): then it
+        sent the part itself, and this message is a second copy, which is deleted once the
+        holder's record shows another message. If the holder recorded this one (its lookup
+        found it), gave the row up, or records nothing in time, the message stays: a second
+        copy is better than none."""
+        assert self._leases is not None
+        wait_s = min(max(self._leases.ttl_s, COPY_WAIT_MIN_S), COPY_WAIT_MAX_S)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        channel = self._channels[row.platform]
+        while True:
+            try:
+                current = await self._store.get_outbox(row.id)
+            except StoreError as exc:
+                log.warning("outbox %s: cannot read it: %s", row.id, exc)
+                current = None
+            recorded = None if current is None else current.sent_parts.get(part.index)
+            if recorded is not None:
+                if recorded != message_id:
+                    await self._delete_copy(channel, row, part, message_id, recorded)
+                return
+            if current is not None and current.status != "pending":
+                return
+            if asyncio.get_running_loop().time() >= deadline:
+                log.warning(
+                    "outbox %s part %s: no record of it after %.0f s; message %s stays",
+                    row.id,
+                    part.index,
+                    wait_s,
+                    message_id,
+                )
+                return
+            await asyncio.sleep(COPY_CHECK_S)
+
+    async def _delete_copy(
+        self, channel: Channel, row: OutboxRow, part: OutboundPart, copy: str, kept: str
+    ) -> None:
+        try:
+            await channel.delete(part.destination, copy)
+        except ChannelError as exc:
+            log.error("outbox %s part %s: second copy %s left: %s", row.id, part.index, copy, exc)
+            return
+        log.warning(
+            "outbox %s part %s: deleted %s, a second copy of %s sent by this replica after it "
+            "lost the session",
+            row.id,
+            part.index,
+            copy,
+            kept,
+        )
 
     async def _refresh(self, row: OutboxRow) -> OutboxRow:
         fresh = await self._store.get_outbox(row.id)

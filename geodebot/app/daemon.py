@@ -41,7 +41,7 @@ from geodebot.scheduler.fire_runner import ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxRow, OutboxRow
+from geodebot.store.records import InboxRow, OutboxRow, StoreError
 
 if TYPE_CHECKING:
     from geodebot.ops.console.live import LiveFeed
@@ -102,6 +102,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _log_tasks, "asked for the tasks (SIGUSR1)")
     grace = config.daemon.shutdown_grace_s
     notifier = notifier or SystemdNotifier()
     status = _Status()
@@ -166,7 +167,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     finally:
         if watch is not None:
             watch.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
     return lost[0] if lost else None
 
@@ -179,6 +180,12 @@ async def _slow_shutdown(after_s: float) -> None:
     """Log the tasks a stop still waits for once it has taken ``after_s``: a stop that never
     ends (systemd then kills it) leaves the operator, and the next fix, its reason."""
     await asyncio.sleep(after_s)
+    _log_tasks(f"still stopping after {after_s:.0f} s")
+
+
+def _log_tasks(why: str) -> None:
+    """Every task of the daemon and where it waits (also on SIGUSR1: a daemon that seems
+    stuck tells what it is doing, without a debugger)."""
     me = asyncio.current_task()
     stuck = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
     lines = []
@@ -189,12 +196,7 @@ async def _slow_shutdown(after_s: float) -> None:
             for f in reversed(frames)
         )
         lines.append(f"  {task.get_name()}: {where or repr(task.get_coro())}")
-    log.warning(
-        "still stopping after %.0f s; %d task(s) running:\n%s",
-        after_s,
-        len(stuck),
-        "\n".join(lines),
-    )
+    log.warning("%s; %d task(s) running:\n%s", why, len(stuck), "\n".join(lines))
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +208,9 @@ class _Shared:
     lease: DaemonLease
     # The sessions whose turns run here.
     sessions: SessionLeases
+    # Stops the replica (exit non-zero), saying why: the daemon's lease was lost, or leading
+    # failed.
+    stop: Callable[[str], None]
 
 
 async def _shared(
@@ -229,14 +234,26 @@ async def _shared(
     sessions = SessionLeases(store, app.replica_id, ttl_s=ttl)
     # Left after everything that runs turns: the sessions are let go once their work stopped.
     await stack.enter_async_context(sessions)
-    return _Shared(lease, sessions)
+    return _Shared(lease, sessions, on_lost)
 
 
 async def _lead(
     shared: _Shared, store: Store, supervisor: ChannelSupervisor, scheduler: JobScheduler
 ) -> None:
     """Wait for the daemon's lease, then, fenced by it, take in what only its holder may and
-    run the scheduler (whose claims decide each fire), until cancelled."""
+    run the scheduler (whose claims decide each fire), until cancelled. If leading fails (a
+    write refused because the lease was lost meanwhile, say), the replica stops: a replica
+    that took in as the leader and no longer renews its lease must not run on."""
+    try:
+        await _leading(shared, store, supervisor, scheduler)
+    except Exception as exc:
+        log.error("leading failed: %s", exc, exc_info=not isinstance(exc, StoreError))
+        shared.stop(f"leading failed: {exc}")
+
+
+async def _leading(
+    shared: _Shared, store: Store, supervisor: ChannelSupervisor, scheduler: JobScheduler
+) -> None:
     daemon_lease = shared.lease
     try:
         lease = await daemon_lease.acquire()

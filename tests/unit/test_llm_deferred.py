@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import textwrap
 import threading
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from tests.support.fakes.llm_server import FakeLLMServer, Reply
 
 REQUEST = LLMRequest(system="", messages=(Message.user_text("hi"),), max_tokens=64)
 MODULE = "tests.slow_sdk_module_for_deferred"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -91,3 +94,54 @@ async def test_a_broken_sdk_fails_turns_not_the_start(caplog: pytest.LogCaptureF
     with pytest.raises(ModuleNotFoundError, match="geodebot_no_such_sdk_module"):
         await deferred.complete(REQUEST)
     await deferred.aclose()  # nothing was built: nothing to close
+
+
+async def test_a_stop_during_the_import_does_not_wait_for_it(tmp_path: Path) -> None:
+    # A replica that loses its lease just after it started stops while the SDK still loads
+    # (seconds on a busy machine). The process ends without waiting for the import: here
+    # one that never finishes.
+    script = tmp_path / "stop_during_import.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import asyncio, importlib.util, sys, threading
+            from geodebot.engine.llm.deferred import DeferredAdapter
+
+            started = threading.Event()
+
+            class Finder:
+                def find_spec(self, name, path, target=None):
+                    if name == "never_done_sdk":
+                        return importlib.util.spec_from_loader(name, self)
+                def create_module(self, spec):
+                    return None
+                def exec_module(self, module):
+                    started.set()
+                    threading.Event().wait()
+
+            sys.meta_path.insert(0, Finder())
+
+            async def main():
+                deferred = DeferredAdapter("anthropic", "m", "never_done_sdk", lambda: None)
+                warm = asyncio.create_task(deferred.warm())
+                while not started.is_set():
+                    await asyncio.sleep(0.01)
+                warm.cancel()
+                print("stopping", flush=True)
+
+            asyncio.run(main())
+            """
+        )
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(60):
+            out, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert out.decode().split() == ["stopping"]
+    assert proc.returncode == 0

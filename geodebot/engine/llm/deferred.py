@@ -10,13 +10,44 @@ with the import's own error rather than the daemon's start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
+import threading
 from collections.abc import Callable
 
 from geodebot.engine.llm.types import LLMAdapter, LLMRequest, LLMResponse, StreamListener
 
 log = logging.getLogger(__name__)
+
+
+async def import_aside(module: str) -> None:
+    """Import ``module`` on a daemon thread of its own. Not on the loop's executor: a stop
+    that comes during the import (seconds, on a busy machine) would wait for it, as
+    ``asyncio.run`` joins the executor's threads before the process can exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def work() -> None:
+        error: BaseException | None = None
+        try:
+            importlib.import_module(module)
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting task, which raises it)
+            error = exc
+        # The loop is closed if the daemon stopped meanwhile: nobody waits any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=work, name=f"import {module}", daemon=True).start()
+    await done
 
 
 class DeferredAdapter:
@@ -43,7 +74,7 @@ class DeferredAdapter:
         if self._inner is None:
             async with self._lock:
                 if self._inner is None:
-                    await asyncio.to_thread(importlib.import_module, self._module)
+                    await import_aside(self._module)
                     self._inner = self._build()
         return self._inner
 

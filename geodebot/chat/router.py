@@ -128,6 +128,12 @@ class ChatRouter:
         # follow): a row handed over twice (the dead-letter feed and recover() can both find
         # a row replayed while the daemon starts) runs once.
         self._held: set[int] = set()
+        # With replicas: per session, the lease epoch whose take-up (take_up) is done here,
+        # and the lock that makes every other row of the session wait for it. A row queued
+        # before the session's earlier rows were taken up would run first, and a turn a
+        # replica left begun would then be started over (its tool run a second time).
+        self._taken_up: dict[str, int] = {}
+        self._taking_up: dict[str, asyncio.Lock] = {}
 
     async def __aenter__(self) -> ChatRouter:
         return self
@@ -165,10 +171,12 @@ class ChatRouter:
             return
         await self._admit(row, decision.binding, decision.refusal)
 
-    async def pick_up(self, row: InboxRow) -> bool:
+    async def pick_up(self, row: InboxRow, *, taking_up: bool = False) -> bool:
         """Take up a message committed without being handled (by another replica, or before
         a restart): what :meth:`accept` does after its commit; True if it did. A row already
-        handled here is left alone; one whose chat no binding has any more is dropped."""
+        handled here is left alone; one whose chat no binding has any more is dropped.
+        ``taking_up``: called by the session's take-up itself (which must not wait for
+        itself)."""
         if row.id in self._held:
             return False
         binding = self._index.find(row.platform, row.channel)
@@ -177,10 +185,17 @@ class ChatRouter:
             return False
         self.counters["picked_up"] += 1
         limit = self._max_chars.get(row.platform, 16_000)
-        await self._admit(row, binding, too_long(row.text, limit))
+        await self._admit(row, binding, too_long(row.text, limit), taking_up=taking_up)
         return True
 
-    async def _admit(self, row: InboxRow, binding: BindingConfig, refusal: str | None) -> None:
+    async def _admit(
+        self,
+        row: InboxRow,
+        binding: BindingConfig,
+        refusal: str | None,
+        *,
+        taking_up: bool = False,
+    ) -> None:
         """A newly committed message (its sender not throttled): refused, answered as a
         command, or queued for its turn. Held from here, so a row found again meanwhile (a
         pick-up poll) is handled once; until its turn ends when it is queued, else until
@@ -209,9 +224,10 @@ class ChatRouter:
                 await self._wake_holder(row.session_id)
                 return
             with self._store.fenced(lease):
-                if fresh:
-                    # Taken just now: what the session had waiting goes first, in order.
-                    await self.take_up(row.session_id)
+                if not taking_up and self._taken_up.get(row.session_id) != lease.epoch:
+                    # Held just now (here, or by the pick-up loop, whose take-up may be under
+                    # way): what the session had waiting goes first, in order.
+                    await self._take_up(row.session_id, lease.epoch, again=False)
                 queued = await self._handle(row, binding, refusal)
         finally:
             if not queued:
@@ -266,6 +282,23 @@ class ChatRouter:
         """With replicas: the session's unfinished rows, now that this replica holds its
         lease (a message another replica committed, or one a replica that died left): each
         handled once, as if accepted here (a row whose turn had begun continues it)."""
+        lease = self._leases.lease(session_id) if self._leases is not None else None
+        if lease is None:
+            return 0  # not held here (any more): its holder takes it up
+        return await self._take_up(session_id, lease.epoch, again=True)
+
+    async def _take_up(self, session_id: str, epoch: int, *, again: bool) -> int:
+        """:meth:`take_up` under the session's lock; ``again``: even if done at ``epoch``
+        already (a look for rows other replicas committed since)."""
+        lock = self._taking_up.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            if not again and self._taken_up.get(session_id) == epoch:
+                return 0
+            taken = await self._take_up_rows(session_id)
+            self._taken_up[session_id] = epoch
+            return taken
+
+    async def _take_up_rows(self, session_id: str) -> int:
         rows = await self._store.inbox_unfinished(session_id)
         # A turn already begun goes first: messages another replica took in may be older
         # than it, yet it is the session's open turn, whose saved tool batch any later turn
@@ -278,7 +311,7 @@ class ChatRouter:
             if row.status == "pending":
                 # Never handled (taken in elsewhere), or queued by a replica that is gone:
                 # refused, answered as a command or queued, as if accepted here.
-                taken += await self.pick_up(row)
+                taken += await self.pick_up(row, taking_up=True)
             elif self.take(row):
                 taken += 1
             else:
@@ -303,6 +336,10 @@ class ChatRouter:
     def session_lost(self, session_id: str, why: str) -> None:
         """Another replica runs the session now: its work here stops, unanswered (the new
         holder answers it; nothing this replica would still write for it could commit)."""
+        self._taken_up.pop(session_id, None)
+        lock = self._taking_up.get(session_id)
+        if lock is not None and not lock.locked():
+            del self._taking_up[session_id]
         for row, _ in self._queues.abandon(session_id):
             self._held.discard(row.id)
 

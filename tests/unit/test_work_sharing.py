@@ -321,6 +321,47 @@ async def test_a_sessions_begun_turn_is_taken_up_before_older_messages(
         ]
 
 
+async def test_a_new_message_waits_for_the_take_up_of_a_session_held_just_now(
+    url: str, tmp_path: Path, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pick-up loop has just claimed a session a dead replica left with a begun turn, and
+    # its take-up is reading the rows, when a new message of the session comes in here. The
+    # new message must not run first: the begun turn would then be started over, its tool
+    # run a second time (seen in a chaos run).
+    llm_server.script(Reply("first answer"), Reply("second answer"))
+    async with replica("alpha", url, tmp_path, llm_server, paused=True) as alpha:
+        store = alpha.app.services.store
+        begun, _ = await store.inbox_add(
+            platform="telegram", event_id="e-begun", session_id="s1", channel="c1",
+            thread=None, user="u1", text="begun", message_id="m-begun", pickup="gone",
+        )  # fmt: skip
+        await store.inbox_start(begun.id)
+        read, release = asyncio.Event(), asyncio.Event()
+        unfinished = store.inbox_unfinished
+
+        async def slow(*args: Any, **kw: Any) -> Any:
+            rows = await unfinished(*args, **kw)
+            read.set()
+            await release.wait()
+            return rows
+
+        monkeypatch.setattr(store, "inbox_unfinished", slow)
+        assert await alpha.leases.hold("s1") is not None  # the pick-up loop's claim
+        taking = asyncio.create_task(alpha.router.take_up("s1"))
+        await asyncio.wait_for(read.wait(), 10)
+        arrived = message("new", "c1")
+        accepted = asyncio.create_task(alpha.chat.deliver(arrived))
+        await asyncio.sleep(0.2)  # what the new message's admission does meanwhile
+        release.set()
+        assert await taking == 1
+        await accepted
+        await until(lambda: len(alpha.texts("c1")) == 2, "both answers")
+        assert [(p.destination.reply_to, p.text) for p in alpha.chat.sent] == [
+            ("m-begun", "first answer"),
+            (arrived.message_id, "second answer"),
+        ]
+
+
 async def test_a_replica_that_stops_renewing_loses_its_sessions_and_what_it_left_is_answered_once(
     url: str, tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:

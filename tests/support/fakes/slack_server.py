@@ -895,23 +895,31 @@ class FakeSlack:
         message = self._post(args)
         return _ok(channel=args["channel"], ts=message["ts"], message=message)
 
-    def _m_chat_delete(self, args: dict[str, Any]) -> web.Response:
+    def _own_message(
+        self, args: dict[str, Any], refusal: str
+    ) -> tuple[str, str, dict[str, Any]] | web.Response:
+        """(channel, ts, message) of the bot's message the call names, or Slack's error."""
         channel, ts = str(args.get("channel") or ""), str(args.get("ts") or "")
         message = self.message(channel, ts)
         if message is None:
             return _error("message_not_found")
         if message.get("bot_id") != self.bot_id:
-            return _error("cant_delete_message")
+            return _error(refusal)
+        return channel, ts, message
+
+    def _m_chat_delete(self, args: dict[str, Any]) -> web.Response:
+        found = self._own_message(args, "cant_delete_message")
+        if isinstance(found, web.Response):
+            return found
+        channel, ts, _ = found
         self.delete_message(channel, ts)
         return _ok(channel=channel, ts=ts)
 
     def _m_chat_update(self, args: dict[str, Any]) -> web.Response:
-        channel, ts = str(args.get("channel") or ""), str(args.get("ts") or "")
-        message = self.message(channel, ts)
-        if message is None:
-            return _error("message_not_found")
-        if message.get("bot_id") != self.bot_id:
-            return _error("cant_update_message")
+        found = self._own_message(args, "cant_update_message")
+        if isinstance(found, web.Response):
+            return found
+        channel, ts, message = found
         refused = _refused_content(args)
         if refused is not None:
             return refused

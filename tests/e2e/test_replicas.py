@@ -169,6 +169,10 @@ async def test_every_replica_serves_and_a_killed_ones_work_is_taken_over(world: 
     beta = await world.start("beta")
     assert world.holder() == ("alpha", 1)
     assert await world.peers("alpha", lambda peers: bool(peers)) == [("beta", "member", False)]
+    # A member runs the scheduler too: each fire's claim decides which replica runs it.
+    status, body = await world.get("beta", "/healthz")
+    assert json.loads(body)["components"]["scheduler"] == {"ok": True, "jobs": 0}
+    assert status == 200
     world.telegram.push_message(CHAT, "first", user_id=ALICE)
     await world.telegram.wait_for_sent(CHAT, 1, timeout=30)
     # The leader polls Telegram; the chat's session went to its home replica (either).

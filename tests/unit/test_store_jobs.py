@@ -4,6 +4,7 @@ finishing and settling against the outbox."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -326,3 +327,28 @@ async def test_the_running_fires_of_a_silent_replica_are_failed_and_cannot_finis
     # Swept fires stay claimed: none is run again.
     _, won = await store.fire_claim("job-alpha", 1_000, "catch-up", replica="beta")
     assert not won
+
+
+async def test_fires_written_before_they_named_their_replica_read_as_nobodys(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    place.unmigrated()
+    older = [m for m in load_migrations() if m[0] <= 15]
+    with monkeypatch.context() as patch:
+        patch.setattr(place.module, "load_migrations", lambda: older)
+        async with place.store() as old:
+            assert await old.schema_version() == 15
+    # A fire an older daemon was running, claimed ten minutes ago.
+    place.execute(
+        "INSERT INTO job_fires (job_id, scheduled_ms, cause, outcome, reason, claimed_at, "
+        "notice) VALUES ('a', 1000, 'schedule', 'running', '', ?, '')",
+        (time.time() - 600,),
+    )
+    async with place.store() as store:
+        assert store.version_found == 15
+        before = await store.fire_at("a", 1_000)
+        # No live replica's: with replicas, the first poll of any fails it.
+        swept = await store.fires_orphaned("the replica running it stopped", silent_s=60)
+    assert before is not None
+    assert (before.outcome, before.replica) == ("running", "")
+    assert [(f.id, f.outcome) for f in swept] == [(before.id, "failed")]

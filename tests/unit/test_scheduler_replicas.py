@@ -190,7 +190,12 @@ async def test_a_catch_up_runs_the_missed_fires_once_across_two_replicas(
         replica("beta", url, tmp_path, llm_server) as beta,
     ):
         await alpha.store.job_add(hourly("hourly", missed=7, catch_up="all"))
+        # Older rows that name only a session: both replicas name their binding as they start.
+        for n in range(20):
+            older = record(f"older{n}", origin="chat", session_id=f"job:older{n}", paused=True)
+            await alpha.store.job_add(older)
         await asyncio.gather(alpha.scheduler.start(), beta.scheduler.start())
+        assert await beta.store.jobs_without_binding() == []
 
         async def caught_up() -> bool:
             return sum(f.outcome == "ok" for f in await fires(alpha, "hourly")) == 5
@@ -269,3 +274,36 @@ async def test_a_fire_whose_replica_goes_silent_is_failed_by_another_and_not_bef
     assert pending == []
     assert alpha.chat.texts() == beta.chat.texts() == []
     assert len(llm_server.requests) == 1
+
+
+async def test_a_requested_run_starts_once_on_the_replica_holding_the_session(
+    url: str, tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    llm_server.default = Reply("run now")
+    async with (
+        replica("alpha", url, tmp_path, llm_server) as alpha,
+        replica("beta", url, tmp_path, llm_server) as beta,
+    ):
+        await alpha.store.job_add(hourly("hourly", missed=0, catch_up="latest"))
+        assert await beta.leases.hold("job:hourly") is not None
+        await asyncio.gather(alpha.scheduler.start(), beta.scheduler.start())
+        requested = await alpha.store.fire_request("hourly", int(time.time() * 1000))
+
+        async def delivered() -> bool:
+            row = await alpha.store.fire_at("hourly", requested.scheduled_ms)
+            return row is not None and row.outcome == "ok"
+
+        await until(delivered, "the requested run delivered")
+        await asyncio.gather(alpha.scheduler.wait_idle(), beta.scheduler.wait_idle())
+        rows = await fires(alpha, "hourly")
+
+    assert [(f.id, f.cause, f.outcome, f.replica) for f in rows] == [
+        (requested.id, "manual", "ok", "beta")
+    ]
+    assert len(llm_server.requests) == 1
+    assert [f.id for f in beta.told if f.outcome == "running"] == [requested.id]
+    assert not [f for f in alpha.told if f.outcome == "running"]
+    # Settled (told of) once, by whichever replica's poll saw it first.
+    assert [f.id for f in alpha.told + beta.told if f.outcome == "ok"] == [requested.id]
+    assert alpha.chat.texts() == []
+    assert len(beta.chat.texts()) == 1

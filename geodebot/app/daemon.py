@@ -94,9 +94,11 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     turns (jobs and chats alike) get ``shutdown_grace_s`` once, their replies go out, and only
     then do the platform connections, the model clients and the store close.
 
-    With ``[store] url`` several replicas may share the database: one serves at a time, under
-    the daemon's lease (app/replica.py). The others stand by, announced to systemd as ready
-    with a status that says so, and take over when the serving one stops.
+    With ``[store] url`` several replicas may share the database, and every one serves: it
+    takes in what its platforms bring it, runs the turns and job fires of the sessions it
+    holds, and runs the scheduler (each fire's claim decides who runs it). What only one may
+    take in (Telegram's poller, Discord's gateway) is the leader's, under the daemon's lease
+    (app/replica.py); another replica takes that over when the leader stops.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -204,7 +206,7 @@ class _Shared:
     """What replicas sharing a store hold (app/replica.py, chat/leases.py)."""
 
     # The daemon's lease: its holder takes in what one replica at a time may (Telegram's
-    # poller or webhook registration, Discord's gateway) and runs the scheduler.
+    # poller or webhook registration, Discord's gateway).
     lease: DaemonLease
     # The sessions whose turns run here.
     sessions: SessionLeases
@@ -237,23 +239,20 @@ async def _shared(
     return _Shared(lease, sessions, on_lost)
 
 
-async def _lead(
-    shared: _Shared, store: Store, supervisor: ChannelSupervisor, scheduler: JobScheduler
-) -> None:
-    """Wait for the daemon's lease, then, fenced by it, take in what only its holder may and
-    run the scheduler (whose claims decide each fire), until cancelled. If leading fails (a
-    write refused because the lease was lost meanwhile, say), the replica stops: a replica
-    that took in as the leader and no longer renews its lease must not run on."""
+async def _lead(shared: _Shared, store: Store, supervisor: ChannelSupervisor) -> None:
+    """Wait for the daemon's lease, then, fenced by it, take in what only its holder may,
+    until cancelled. (The scheduler runs on every replica: each fire's claim decides who
+    runs it, under the job's session lease.) If leading fails (a write refused because the
+    lease was lost meanwhile, say), the replica stops: a replica that took in as the leader
+    and no longer renews its lease must not run on."""
     try:
-        await _leading(shared, store, supervisor, scheduler)
+        await _leading(shared, store, supervisor)
     except Exception as exc:
         log.error("leading failed: %s", exc, exc_info=not isinstance(exc, StoreError))
         shared.stop(f"leading failed: {exc}")
 
 
-async def _leading(
-    shared: _Shared, store: Store, supervisor: ChannelSupervisor, scheduler: JobScheduler
-) -> None:
+async def _leading(shared: _Shared, store: Store, supervisor: ChannelSupervisor) -> None:
     daemon_lease = shared.lease
     try:
         lease = await daemon_lease.acquire()
@@ -261,12 +260,11 @@ async def _leading(
         await daemon_lease.leave()
         raise
     async with daemon_lease:
-        # The poller's, the gateway's and the scheduler's tasks start in here, and keep the
-        # fence: a holder that lost the lease commits neither a cursor nor a fire claim.
+        # The poller's and the gateway's tasks start in here, and keep the fence: a holder
+        # that lost the lease commits no cursor.
         with store.fenced(lease):
             await supervisor.start_ingest()
-            async with scheduler:
-                await asyncio.Event().wait()
+            await asyncio.Event().wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,11 +407,11 @@ async def _enter_daemon(
         # another replica for a session held here.
         await stack.enter_async_context(_running(pickups.run()))
     await supervisor.start()
-    if shared is None:
-        # After the channels: a catch-up run's answer can go out as soon as it is ready.
-        await stack.enter_async_context(scheduler)
-    else:
-        await stack.enter_async_context(_running(_lead(shared, store, supervisor, scheduler)))
+    if shared is not None:
+        await stack.enter_async_context(_running(_lead(shared, store, supervisor)))
+    # After the channels: a catch-up run's answer can go out as soon as it is ready. On every
+    # replica: each fire's claim, made under its job's session lease, decides who runs it.
+    await stack.enter_async_context(scheduler)
     return daemon
 
 

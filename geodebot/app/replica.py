@@ -2,9 +2,10 @@
 
 Every replica serves: it takes in what its platforms spread over all replicas and runs the
 turns of the sessions it holds (chat/leases.py). What only one replica at a time may do is
-done by the holder of this lease, the leader: Telegram's poller (or its webhook registration),
-Discord's gateway and the scheduler. The others are members, and one of them takes over once
-the leader stops renewing.
+done by the holder of this lease, the leader: Telegram's poller (or its webhook registration)
+and Discord's gateway. The others are members, and one of them takes over once the leader
+stops renewing. (The scheduler runs on every replica: a fire's claim, made under its job's
+session lease, decides who runs it; see scheduler/job_scheduler.py.)
 
 The leader renews the lease every third of its time to live, and what it does under the lease
 is fenced with it (``Store.fenced``), so after a takeover nothing of that commits. It also

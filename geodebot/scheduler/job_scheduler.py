@@ -5,6 +5,12 @@ between processes); the store is the single source of truth for job definitions 
 polled, so changes made by the CLI or a chat tool reach a running daemon within a second.
 A due fire is handed to :class:`_FireExecutor`, which passes the exact scheduled times on:
 the claim is keyed by them.
+
+With replicas sharing a PostgreSQL store, every replica runs a scheduler and computes the same
+fires; the claim row decides who runs each. A replica claims a fire only while it holds the
+job's session lease (chat/leases.py), the claim fenced with it, so a fire runs on the replica
+that holds its session, as the session's chat turns do; the others wait a while for its row
+(the holder may be slow, or gone: its lease then expires and one of them takes it).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
@@ -40,7 +46,7 @@ from geodebot.scheduler.schedule import (
     to_ms,
 )
 from geodebot.store.protocol import Store
-from geodebot.store.records import FireCause, FireRecord, JobRecord, StoreError
+from geodebot.store.records import FireCause, FireRecord, JobRecord, Lease, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,12 @@ BATCH = 200
 # Logged once every job of the store has been scheduled after a start (benchmarks wait for it
 # before they call the daemon idle).
 SCHEDULED_MARK = "scheduler: scheduled"
+# With replicas: fires due this shortly before a start are left to the normal schedule, not
+# caught up: another replica's claim of them may be on its way, and a catch-up would record
+# them skipped-missed under it.
+CLAIM_SLACK_S = 2.0
+INTERRUPTED = "the daemon stopped during the run"
+ORPHANED = "the replica running it stopped"
 
 
 class _FireExecutor(BaseExecutor):  # type: ignore[misc]  # APScheduler ships no types
@@ -113,6 +125,14 @@ class JobScheduler:
         self._cron = CronFields()
         self._aps: AsyncIOScheduler | None = None
         self._closing = False
+        self._leases = leases
+        # Each fire's claim names who runs it (empty on SQLite: one process).
+        self._replica = leases.replica_id if leases is not None else ""
+        self._slack_ms = 0 if leases is None else int(CLAIM_SLACK_S * 1000)
+        # Requested runs being started here: a refresh meanwhile does not start them again.
+        self._requested: set[int] = set()
+        # Store polls done since the start (tests wait on it).
+        self.polls = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -136,8 +156,11 @@ class JobScheduler:
         if named:
             log.info("scheduler: %d older jobs now name the binding they post in", named)
         await self._store.jobs_sync_config(self._config_jobs())
-        # Nothing of a previous process can still run: its claimed fires are not re-run.
-        for fire in await self._store.fires_interrupted("the daemon stopped during the run"):
+        # Nothing of a previous process can still run: its claimed fires are not re-run. With
+        # replicas, only this replica's (its id is kept across restarts when configured):
+        # the others' fires may be running; those of a replica gone are swept by _poll.
+        replica = None if self._leases is None else self._replica
+        for fire in await self._store.fires_interrupted(INTERRUPTED, replica=replica):
             log.warning("job %s: fire %s was cut short by a restart", fire.job_id, fire.id)
             self._on_fire(fire)
         for fire in await self._store.fires_settle():
@@ -202,9 +225,24 @@ class JobScheduler:
                 for fire in await self._store.fires_settle():
                     log.info("job %s: fire %s is %s", fire.job_id, fire.id, fire.outcome)
                     self._on_fire(fire)
+                if self._leases is not None:
+                    await self._sweep_orphaned(self._leases.ttl_s)
             except StoreError:
                 log.exception("scheduler: cannot read the store; trying again")
+            self.polls += 1
             await asyncio.sleep(self._poll_s)
+
+    async def _sweep_orphaned(self, ttl_s: float) -> None:
+        """Fail the running fires of replicas silent for a lease's time to live: such a
+        replica's session leases have expired too, so its run could not commit its end."""
+        for fire in await self._store.fires_orphaned(ORPHANED, silent_s=ttl_s):
+            log.warning(
+                "job %s: fire %s was cut short: replica %r stopped",
+                fire.job_id,
+                fire.id,
+                fire.replica,
+            )
+            self._on_fire(fire)
 
     async def _refresh(self, cut_ms: int | None = None) -> None:
         """Schedule the store's jobs as they are now; ``cut_ms``: the moment up to which
@@ -235,7 +273,9 @@ class JobScheduler:
         # Only now: a refresh cut short by a store error is done again in full.
         self._revision = revision
         for fire in await self._store.fires_requested():
-            self._spawn(self._run_requested(fire))
+            if fire.id not in self._requested:
+                self._requested.add(fire.id)
+                self._spawn(self._run_requested(fire))
 
     def _unregister(self, job_id: str) -> None:
         if self._aps is not None:
@@ -247,15 +287,17 @@ class JobScheduler:
         ``last``), then schedule the ones after it."""
         schedule = schedule_of(job)
         owed_after = max(job.since_ms, last if last is not None else job.since_ms)
+        # Missed: due up to here (the fires after it are scheduled, even those already due).
+        missed_upto = cut_ms - self._slack_ms
         plan = None
         try:
             trigger = build_trigger(schedule, self._cron)
             # One step of the trigger for most jobs: when its first fire after what is owed
             # comes after the cut, nothing was missed and that is the one to schedule.
             first = next_fire(schedule, min(owed_after, cut_ms), trigger)
-            if first is not None and first <= cut_ms:
-                plan = plan_catch_up(job, owed_after, cut_ms, trigger)
-                first = next_fire(schedule, cut_ms, trigger)
+            if first is not None and first <= missed_upto:
+                plan = plan_catch_up(job, owed_after, missed_upto, trigger)
+                first = next_fire(schedule, missed_upto, trigger)
         except ScheduleError as exc:
             log.error("job %s: cannot schedule %s: %s", job.id, schedule.describe(), exc)
             return
@@ -276,6 +318,31 @@ class JobScheduler:
         for moment in run_times:
             self._spawn(self._fire(job_id, to_ms(moment), "schedule"))
 
+    async def _hold(self, job: JobRecord, settled: Callable[[], Awaitable[bool]]) -> Lease | None:
+        """With replicas: the job's session lease, taken now if nobody holds it, for a fire
+        that ``settled`` (awaited; true once the fire needs nothing of this replica) does not
+        say is settled. Held by another replica: that one computes the same fire and claims
+        it; should it be gone, its lease expires within a time to live, so the fire is
+        looked at until its row shows up, for at most two of them."""
+        leases = self._leases
+        assert leases is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * leases.ttl_s
+        pause = min(self._poll_s, leases.ttl_s / 3)
+        while True:
+            lease = await leases.hold(job.session_id)
+            if lease is not None:
+                return lease
+            try:
+                if await settled():
+                    return None
+            except StoreError as exc:
+                log.warning("job %s: cannot read its fire: %s", job.id, exc)
+            if self._closing or loop.time() >= deadline:
+                log.info("job %s: its session is held by another replica; left to it", job.id)
+                return None
+            await asyncio.sleep(pause)
+
     def _spawn(self, work: Any) -> None:
         if self._closing:
             work.close()
@@ -288,10 +355,28 @@ class JobScheduler:
         job = self._jobs.get(job_id)
         if job is None or job.paused:
             return
+        if self._leases is None:
+            await self._claim(job, scheduled_ms, cause)
+            return
+
+        async def claimed() -> bool:
+            return await self._store.fire_at(job_id, scheduled_ms) is not None
+
+        lease = await self._hold(job, claimed)
+        if lease is None:
+            return
+        # The claim is the session's work: refused if the lease was lost meanwhile.
+        with self._store.fenced(lease), self._leases.using(job.session_id):
+            await self._claim(job, scheduled_ms, cause)
+
+    async def _claim(self, job: JobRecord, scheduled_ms: int, cause: FireCause) -> None:
+        job_id = job.id
         try:
-            fire, won = await self._store.fire_claim(job_id, scheduled_ms, cause)
+            fire, won = await self._store.fire_claim(
+                job_id, scheduled_ms, cause, replica=self._replica
+            )
         except StoreError as exc:
-            # Its message says it all (the store unwell, or the daemon's lease lost).
+            # Its message says it all (the store unwell, or the session's lease lost).
             log.error("job %s: cannot claim fire %s: %s", job_id, scheduled_ms, exc)
             return
         if fire is None:
@@ -307,16 +392,50 @@ class JobScheduler:
 
     async def _catch_up(self, job: JobRecord, plan: CatchUpPlan) -> None:
         if plan.skipped_ms is not None:
-            skipped = await self._store.fire_skip(job.id, plan.skipped_ms, "catch-up", plan.reason)
-            log.warning("job %s: %s", job.id, plan.reason)
+            try:
+                skipped = await self._store.fire_skip(
+                    job.id, plan.skipped_ms, "catch-up", plan.reason
+                )
+            except StoreError as exc:
+                log.error("job %s: cannot record missed fires: %s", job.id, exc)
+                skipped = None
+            # None: its row exists (another replica caught up first, or a restart).
             if skipped is not None:
+                log.warning("job %s: %s", job.id, plan.reason)
                 self._on_fire(skipped)
         for scheduled_ms in plan.run_ms:
             await self._fire(job.id, scheduled_ms, "catch-up")
 
     async def _run_requested(self, requested: FireRecord) -> None:
+        try:
+            await self._start_requested(requested)
+        finally:
+            self._requested.discard(requested.id)
+
+    async def _start_requested(self, requested: FireRecord) -> None:
         job = self._jobs.get(requested.job_id)
-        fire, won = await self._store.fire_start_requested(requested.id)
+        if job is None or self._leases is None:
+            await self._requested_run(job, requested)
+            return
+
+        async def started() -> bool:
+            fire = await self._store.fire_at(requested.job_id, requested.scheduled_ms)
+            return fire is None or fire.outcome != "requested"
+
+        lease = await self._hold(job, started)
+        if lease is None:
+            return
+        with self._store.fenced(lease), self._leases.using(job.session_id):
+            await self._requested_run(job, requested)
+
+    async def _requested_run(self, job: JobRecord | None, requested: FireRecord) -> None:
+        try:
+            fire, won = await self._store.fire_start_requested(requested.id, replica=self._replica)
+        except StoreError as exc:
+            log.error(
+                "job %s: cannot start requested run %s: %s", requested.job_id, requested.id, exc
+            )
+            return
         if not won:
             return
         self._on_fire(fire)

@@ -17,6 +17,7 @@ from geodebot.store.fires_sql import (
     INSERT_FIRE,
     INSERT_JOB,
     JOB_COLS,
+    ORPHANED,
     REVISION_CURSOR,
     SETTLE_NOTICES,
     SETTLE_RESULTS,
@@ -45,6 +46,7 @@ from geodebot.store.rows import Transactions, Tx
 
 __all__ = ["JobsAndFires"]
 
+FIRE_AT = f"SELECT {FIRE_COLS} FROM job_fires WHERE job_id = ? AND scheduled_ms = ?"
 # Read in the claim's transaction: a pause committed before it stops the fire, even when the
 # scheduler has not yet seen the pause (it reloads jobs at its next store poll).
 PAUSED = "SELECT paused FROM scheduled_jobs WHERE id = ?"
@@ -174,18 +176,17 @@ class JobsAndFires:
 
     # -- fires ----------------------------------------------------------------------------
     async def fire_claim(
-        self: Transactions, job_id: str, scheduled_ms: int, cause: FireCause
+        self: Transactions, job_id: str, scheduled_ms: int, cause: FireCause, *, replica: str = ""
     ) -> tuple[FireRecord | None, bool]:
         async def claim(db: Tx) -> tuple[FireRecord | None, bool]:
             paused = await db.one(PAUSED, (job_id,), lock=True)
             if paused is not None and paused[0]:
                 return None, False
-            params = (job_id, scheduled_ms, cause, "requested", "", time.time(), None)
+            params = (job_id, scheduled_ms, cause, "requested", "", time.time(), None, "")
             row = await db.one(INSERT_FIRE, params)
             if row is None:
-                sql = f"SELECT {FIRE_COLS} FROM job_fires WHERE job_id = ? AND scheduled_ms = ?"
-                return fire_from_row(await db.one(sql, (job_id, scheduled_ms))), False
-            return await start_or_skip(db, fire_from_row(row))
+                return fire_from_row(await db.one(FIRE_AT, (job_id, scheduled_ms))), False
+            return await start_or_skip(db, fire_from_row(row), replica)
 
         # The run starts next: the claim must survive anything that happens during it.
         what = f"claiming fire {scheduled_ms} of job {job_id!r}"
@@ -196,7 +197,7 @@ class JobsAndFires:
     ) -> FireRecord | None:
         async def skip(db: Tx) -> FireRecord | None:
             now = time.time()
-            params = (job_id, scheduled_ms, cause, "skipped-missed", reason, now, now)
+            params = (job_id, scheduled_ms, cause, "skipped-missed", reason, now, now, "")
             row = await db.one(INSERT_FIRE, params)
             return None if row is None else fire_from_row(row)
 
@@ -206,7 +207,7 @@ class JobsAndFires:
         what = f"requesting a run of job {job_id!r}"
 
         async def request(db: Tx) -> FireRecord:
-            params = (job_id, scheduled_ms, "manual", "requested", "", time.time(), None)
+            params = (job_id, scheduled_ms, "manual", "requested", "", time.time(), None, "")
             row = await db.one(INSERT_FIRE, params)
             if row is None:
                 raise StoreError(f"{what} failed: a run at that moment exists; try again")
@@ -220,7 +221,9 @@ class JobsAndFires:
         rows = await self._read("reading requested runs", lambda db: db.all(sql))
         return [fire_from_row(row) for row in rows]
 
-    async def fire_start_requested(self: Transactions, fire_id: int) -> tuple[FireRecord, bool]:
+    async def fire_start_requested(
+        self: Transactions, fire_id: int, *, replica: str = ""
+    ) -> tuple[FireRecord, bool]:
         what = f"starting requested run {fire_id}"
 
         async def start(db: Tx) -> tuple[FireRecord, bool]:
@@ -230,9 +233,16 @@ class JobsAndFires:
             if fire.outcome != "requested":
                 return fire, False
             await db.one(PAUSED, (fire.job_id,), lock=True)  # as a claim of the job does
-            return await start_or_skip(db, fire)
+            return await start_or_skip(db, fire, replica)
 
         return await self._write(what, start, durable=True)
+
+    async def fire_at(self: Transactions, job_id: str, scheduled_ms: int) -> FireRecord | None:
+        async def read(db: Tx) -> FireRecord | None:
+            row = await db.one(FIRE_AT, (job_id, scheduled_ms))
+            return None if row is None else fire_from_row(row)
+
+        return await self._read(f"reading fire {scheduled_ms} of job {job_id!r}", read)
 
     async def fire_finish(
         self: Transactions,
@@ -278,16 +288,45 @@ class JobsAndFires:
 
         return await self._write("settling fire deliveries", settle)
 
-    async def fires_interrupted(self: Transactions, reason: str) -> list[FireRecord]:
+    async def fires_interrupted(
+        self: Transactions, reason: str, *, replica: str | None = None
+    ) -> list[FireRecord]:
         async def sweep(db: Tx) -> list[FireRecord]:
-            sql = (
-                "UPDATE job_fires SET outcome = 'failed', reason = ?, ended_at = ? "
-                f"WHERE outcome = 'running' RETURNING {FIRE_COLS}"
-            )
-            rows = await db.all(sql, (reason, time.time()))
+            sql = "UPDATE job_fires SET outcome = 'failed', reason = ?, ended_at = ? "
+            params: tuple[Any, ...] = (reason, time.time())
+            if replica is None:
+                sql += "WHERE outcome = 'running' "
+            else:
+                sql += "WHERE outcome = 'running' AND replica = ? "
+                params += (replica,)
+            rows = await db.all(sql + f"RETURNING {FIRE_COLS}", params)
             return sorted((fire_from_row(row) for row in rows), key=lambda fire: fire.id)
 
         return await self._write("sweeping interrupted fires", sweep)
+
+    async def fires_orphaned(
+        self: Transactions, reason: str, *, silent_s: float
+    ) -> list[FireRecord]:
+        async def look(db: Tx) -> bool:
+            since = await db.now() - silent_s
+            sql = f"SELECT 1 FROM job_fires WHERE {ORPHANED} LIMIT 1"
+            return await db.one(sql, (since, since)) is not None
+
+        # Polled by every replica's scheduler: a read, and a write only when there is work.
+        if not await self._read("looking for fires of silent replicas", look):
+            return []
+
+        async def sweep(db: Tx) -> list[FireRecord]:
+            since = await db.now() - silent_s
+            sql = (
+                "UPDATE job_fires SET outcome = 'failed', reason = ?, ended_at = ? "
+                f"WHERE {ORPHANED} RETURNING {FIRE_COLS}"
+            )
+            params = (reason, time.time(), since, since)
+            rows = await db.all(sql, params)
+            return sorted((fire_from_row(row) for row in rows), key=lambda fire: fire.id)
+
+        return await self._write("sweeping the fires of silent replicas", sweep)
 
     async def fire_history(
         self: Transactions, job_id: str, *, limit: int | None = None

@@ -19,7 +19,7 @@ JOB_COLS = (
 )
 FIRE_COLS = (
     "id, job_id, scheduled_ms, cause, outcome, reason, claimed_at, started_at, ended_at, "
-    "outbox_id, notice"
+    "outbox_id, notice, replica"
 )
 # The columns of JobRecord.definition(), in its order.
 DEFINITION_COLS = (
@@ -37,8 +37,8 @@ WHERE id = ?
 # second look that another writer could race.
 INSERT_FIRE = f"""
 INSERT INTO job_fires (job_id, scheduled_ms, cause, outcome, reason, claimed_at, started_at,
-    ended_at, outbox_id, notice)
-VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL, '')
+    ended_at, outbox_id, notice, replica)
+VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL, '', ?)
 ON CONFLICT (job_id, scheduled_ms) DO NOTHING
 RETURNING {FIRE_COLS}
 """
@@ -74,6 +74,14 @@ WHERE notice = 'pending'
 RETURNING {FIRE_COLS}
 """
 
+
+# A running fire whose replica has not said it is there since ``?`` (store/replicas.py), or
+# never did, claimed before ``?``: that replica stopped (or was cut off) during the run. The
+# claim's age counts too: a replica may claim its first fire before its first word.
+ORPHANED = """
+outcome = 'running' AND claimed_at < ?
+AND replica NOT IN (SELECT replica_id FROM replicas WHERE seen_at >= ?)
+"""
 
 # Polled every second: two index range reads, each joined to outbox rows by primary key.
 SETTLEABLE = """
@@ -183,8 +191,9 @@ async def fire_row(db: Tx, fire_id: int, *, lock: bool = False) -> FireRecord | 
     return None if row is None else fire_from_row(row)
 
 
-async def start_or_skip(db: Tx, fire: FireRecord) -> tuple[FireRecord, bool]:
-    """The fire runs unless another fire of its job still runs: then it is skipped-overlap."""
+async def start_or_skip(db: Tx, fire: FireRecord, replica: str) -> tuple[FireRecord, bool]:
+    """The fire runs, on ``replica``, unless another fire of its job still runs: then it is
+    skipped-overlap."""
     running = await db.one(RUNNING_OTHER, (fire.job_id, fire.id))
     if running is not None:
         sql = (
@@ -193,8 +202,10 @@ async def start_or_skip(db: Tx, fire: FireRecord) -> tuple[FireRecord, bool]:
         )
         reason = f"fire {running[0]} of this job was still running"
         return fire_from_row(await db.one(sql, (reason, time.time(), fire.id))), False
-    sql = f"UPDATE job_fires SET outcome = 'running' WHERE id = ? RETURNING {FIRE_COLS}"
-    return fire_from_row(await db.one(sql, (fire.id,))), True
+    sql = (
+        f"UPDATE job_fires SET outcome = 'running', replica = ? WHERE id = ? RETURNING {FIRE_COLS}"
+    )
+    return fire_from_row(await db.one(sql, (replica, fire.id))), True
 
 
 async def add_outbound(db: Tx, message: NewOutbound, now: float) -> int:

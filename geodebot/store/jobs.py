@@ -60,13 +60,14 @@ class JobStore(Protocol):
 
     # -- fires ----------------------------------------------------------------------------
     async def fire_claim(
-        self, job_id: str, scheduled_ms: int, cause: FireCause
+        self, job_id: str, scheduled_ms: int, cause: FireCause, *, replica: str = ""
     ) -> tuple[FireRecord | None, bool]:
         """Claim a fire. Writes nothing and returns ``(None, False)`` while the job is
         paused, and ``(existing, False)`` if it was claimed before (also when two claims
-        race). Otherwise the new row is ``running`` and
-        ``(row, True)`` is returned, or, when another fire of the job is still ``running``,
-        it is written ``skipped-overlap`` and ``(row, False)`` is returned."""
+        race). Otherwise the new row is ``running``, its ``replica`` the one given (the one
+        that runs it), and ``(row, True)`` is returned, or, when another fire of the job is
+        still ``running``, it is written ``skipped-overlap`` and ``(row, False)`` is
+        returned."""
 
     async def fire_skip(
         self, job_id: str, scheduled_ms: int, cause: FireCause, reason: str
@@ -78,8 +79,14 @@ class JobStore(Protocol):
 
     async def fires_requested(self) -> list[FireRecord]: ...
 
-    async def fire_start_requested(self, fire_id: int) -> tuple[FireRecord, bool]:
+    async def fire_start_requested(
+        self, fire_id: int, *, replica: str = ""
+    ) -> tuple[FireRecord, bool]:
         """Start a ``requested`` fire as :meth:`fire_claim` starts a new one."""
+
+    async def fire_at(self, job_id: str, scheduled_ms: int) -> FireRecord | None:
+        """The fire of the job at that scheduled time, if it has a row (claimed, requested,
+        skipped)."""
 
     async def fire_finish(
         self,
@@ -99,9 +106,18 @@ class JobStore(Protocol):
         """Finish ``delivering`` fires and pending notices whose outbox rows are finished;
         returns the fires that changed."""
 
-    async def fires_interrupted(self, reason: str) -> list[FireRecord]:
-        """Turn every ``running`` fire ``failed`` with ``reason``: only safe when none can
-        still run (daemon start). The fire stays claimed, so it is never run again."""
+    async def fires_interrupted(
+        self, reason: str, *, replica: str | None = None
+    ) -> list[FireRecord]:
+        """Turn every ``running`` fire ``failed`` with ``reason`` (with ``replica``: only the
+        ones that replica claimed): only safe when none of them can still run (a start).
+        The fire stays claimed, so it is never run again."""
+
+    async def fires_orphaned(self, reason: str, *, silent_s: float) -> list[FireRecord]:
+        """:meth:`fires_interrupted` for the ``running`` fires claimed over ``silent_s``
+        ago whose replica has not said it is there (``replica_seen``) for ``silent_s``, or
+        never did: with replicas, what one that stopped or was cut off left. Its
+        :meth:`fire_finish`, should it come back, is refused."""
 
     async def fire_history(self, job_id: str, *, limit: int | None = None) -> list[FireRecord]:
         """Newest first."""

@@ -559,6 +559,8 @@ class FireRecord:
     ended_at: float | None
     outbox_id: int | None
     notice: NoticeStatus
+    # The replica that started the run (with replicas; see JobStore.fire_claim).
+    replica: str = ""
 
     @property
     def final(self) -> bool:

@@ -262,6 +262,12 @@ async def test_slack_events_spread_over_replicas_are_answered_once_by_the_sessio
     # The events went to both connections in turn: each replica committed its share, and
     # the one holding the session answered them all.
     assert world.slack_rows() == {("delta", "done"): 3, ("epsilon", "done"): 3}
+    # The member runs the scheduler too: each fire's claim decides which replica runs it.
+    leader, _ = world.holder()
+    member = "epsilon" if leader == "delta" else "delta"
+    status, body = await world.get(member, "/healthz")
+    assert json.loads(body)["components"]["scheduler"] == {"ok": True, "jobs": 0}
+    assert status == 200
     holder, _ = world.holder("session:ops")
     survivor = epsilon if holder == "delta" else delta
     # The session's holder dies; its lease expires and the other replica, whose connection

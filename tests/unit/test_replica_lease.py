@@ -13,7 +13,6 @@ import pytest
 
 from geodebot.app.daemon import _lead, _Shared
 from geodebot.app.replica import LEASE_NAME, MEMBER_MARK, DaemonLease
-from geodebot.channels.factory import ChannelSupervisor
 from geodebot.chat.leases import SessionLeases
 from geodebot.store.protocol import Store
 from geodebot.store.records import Fenced, Lease
@@ -163,29 +162,21 @@ async def test_a_takeover_that_waited_renews_at_once_instead_of_losing_the_lease
 async def test_a_leader_whose_leading_fails_stops_the_replica(
     stores: tuple[Store, Store], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Paused just after it took the lease, the leader resumes to find it taken over: the
-    # scheduler's first write is refused. Leading ends, and with it the lease's renewal, so
-    # the replica must stop, not run on taking in as a leader that no longer is one.
+    # Paused just after it took the lease, the leader resumes to find it taken over: its
+    # first write as the leader is refused. Leading ends, and with it the lease's renewal,
+    # so the replica must stop, not run on taking in as a leader that no longer is one.
     one, _ = stores
     stops: list[str] = []
     lease = keeper(one, "web-1", [])
     shared = _Shared(lease, SessionLeases(one, "web-1", ttl_s=TTL), stops.append)
 
-    class RefusedScheduler:
-        async def __aenter__(self) -> None:
+    class RefusedIngest:
+        async def start_ingest(self) -> None:
             raise Fenced("writes of 'web-1' under lease 'daemon' (epoch 1) refused")
 
-        async def __aexit__(self, *exc: object) -> None:
-            return None
-
-    supervisor = ChannelSupervisor({}, _no_sink)
     caplog.set_level(logging.ERROR, logger="geodebot.app.daemon")
-    await asyncio.wait_for(_lead(shared, one, supervisor, RefusedScheduler()), 10)  # type: ignore[arg-type]
+    await asyncio.wait_for(_lead(shared, one, RefusedIngest()), 10)  # type: ignore[arg-type]
     assert len(stops) == 1
     assert stops[0].startswith("leading failed: writes of 'web-1' under lease 'daemon'")
     assert any("leading failed" in r.getMessage() for r in caplog.records)
     assert lease.lease is None  # left: the renewal stopped with it
-
-
-async def _no_sink(inbound: object) -> None:
-    raise AssertionError("nothing is taken in here")

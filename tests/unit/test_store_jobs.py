@@ -4,6 +4,7 @@ finishing and settling against the outbox."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -258,3 +259,96 @@ async def test_rows_written_before_the_binding_was_recorded_still_read(
     assert [j.id for j in unnamed] == ["daily"]
     assert named
     assert after == []
+
+
+async def test_a_fire_names_the_replica_that_runs_it_and_a_start_sweeps_only_its_own(
+    store: Store,
+) -> None:
+    alpha, won = await store.fire_claim("a", 1_000, "schedule", replica="alpha")
+    assert won
+    beta, _ = await store.fire_claim("b", 1_000, "schedule", replica="beta")
+    assert (alpha.replica, beta.replica) == ("alpha", "beta")
+    # What never ran names nobody: a missed fire, a run asked for, a fire skipped for overlap.
+    missed = await store.fire_skip("c", 1_000, "catch-up", "missed")
+    requested = await store.fire_request("d", 5_000)
+    overlap, _ = await store.fire_claim("a", 2_000, "schedule", replica="beta")
+    assert missed is not None
+    assert (missed.replica, requested.replica) == ("", "")
+    assert (overlap.outcome, overlap.replica) == ("skipped-overlap", "")
+    started, won = await store.fire_start_requested(requested.id, replica="beta")
+    assert won
+    assert started.replica == "beta"
+    assert await store.fire_at("d", 5_000) == started
+    assert await store.fire_at("d", 6_000) is None
+
+    swept = await store.fires_interrupted("alpha restarted", replica="alpha")
+    assert [(f.id, f.outcome, f.reason) for f in swept] == [(alpha.id, "failed", "alpha restarted")]
+    assert await store.fires_interrupted("alpha restarted", replica="alpha") == []
+    # One process (SQLite): every running fire.
+    swept = await store.fires_interrupted("restart")
+    assert [f.id for f in swept] == [beta.id, started.id]
+
+
+async def test_the_running_fires_of_a_silent_replica_are_failed_and_cannot_finish(
+    store: Store, place: Place
+) -> None:
+    for name in ("alpha", "beta"):
+        await store.replica_seen(name, role="member", host="h", pid=1)
+    fires = {
+        who: (await store.fire_claim(f"job-{who}", 1_000, "schedule", replica=who))[0]
+        for who in ("alpha", "beta", "ghost", "")
+    }
+    # Claimed just now: nothing is swept, not even the fire of a replica never heard of (a
+    # replica may claim its first fire before it first says it is there).
+    assert await store.fires_orphaned("gone", silent_s=60) == []
+
+    # Ten minutes later: ghost and "" (a row from before fires named their replica) are no
+    # live replica's; alpha and beta still say they are there.
+    place.execute("UPDATE job_fires SET claimed_at = claimed_at - 600")
+    swept = await store.fires_orphaned("gone", silent_s=60)
+    assert sorted((f.replica, f.outcome, f.reason) for f in swept) == [
+        ("", "failed", "gone"),
+        ("ghost", "failed", "gone"),
+    ]
+    # alpha was last heard of a minute and a half ago.
+    place.execute("UPDATE replicas SET seen_at = seen_at - 90 WHERE replica_id = 'alpha'")
+    swept = await store.fires_orphaned("the replica running it stopped", silent_s=60)
+    assert [(f.id, f.outcome, f.reason) for f in swept] == [
+        (fires["alpha"].id, "failed", "the replica running it stopped")
+    ]
+    assert await store.fires_orphaned("gone", silent_s=60) == []
+    beta = await store.fire_at("job-beta", 1_000)
+    assert beta is not None
+    assert beta.outcome == "running"
+    # alpha comes back: its run's end is refused, and nothing is posted for it.
+    with pytest.raises(StoreError, match="it is 'failed'"):
+        await store.fire_finish(fires["alpha"].id, started_at=1.0, result=MESSAGE)
+    assert await store.outbox_pending() == []
+    # Swept fires stay claimed: none is run again.
+    _, won = await store.fire_claim("job-alpha", 1_000, "catch-up", replica="beta")
+    assert not won
+
+
+async def test_fires_written_before_they_named_their_replica_read_as_nobodys(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    place.unmigrated()
+    older = [m for m in load_migrations() if m[0] <= 15]
+    with monkeypatch.context() as patch:
+        patch.setattr(place.module, "load_migrations", lambda: older)
+        async with place.store() as old:
+            assert await old.schema_version() == 15
+    # A fire an older daemon was running, claimed ten minutes ago.
+    place.execute(
+        "INSERT INTO job_fires (job_id, scheduled_ms, cause, outcome, reason, claimed_at, "
+        "notice) VALUES ('a', 1000, 'schedule', 'running', '', ?, '')",
+        (time.time() - 600,),
+    )
+    async with place.store() as store:
+        assert store.version_found == 15
+        before = await store.fire_at("a", 1_000)
+        # No live replica's: with replicas, the first poll of any fails it.
+        swept = await store.fires_orphaned("the replica running it stopped", silent_s=60)
+    assert before is not None
+    assert (before.outcome, before.replica) == ("running", "")
+    assert [(f.id, f.outcome) for f in swept] == [(before.id, "failed")]

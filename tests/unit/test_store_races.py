@@ -188,3 +188,68 @@ async def test_two_deliveries_never_both_take_the_last_place_in_flight(
     assert len(won) == 1
     assert all(isinstance(e, RelayInFlight) for e in refused)
     assert await other.relay_in_flight("ops") == 1
+
+
+async def test_replicas_starting_at_once_sync_and_name_the_jobs_without_failing(
+    stores: tuple[Store, Store],
+) -> None:
+    """Every replica's scheduler syncs the config's jobs and names the bindings of older
+    rows when it starts: started together, neither fails (no unique violation, no deadlock
+    left unretried) and the rows end as one start alone leaves them."""
+    one, other = stores
+    jobs = [record(f"j{n:03d}") for n in range(300)]
+    synced, refused = await outcomes([store.jobs_sync_config(jobs) for store in (one, other) * 2])
+    assert refused == []
+    assert synced.count(True) == 1
+    assert len(await other.job_list()) == 300
+    # Older rows without a binding, named by both at once, in opposite orders (the writes of
+    # each store share transactions: rows locked in opposite orders).
+    unnamed = [record(f"old{n:03d}", origin="chat") for n in range(40)]
+    for job in unnamed:
+        await one.job_add(job)
+    ids = [job.id for job in unnamed]
+    named, refused = await outcomes(
+        [
+            *(one.job_set_delivery(i, "telegram:c1", creator="binding:telegram:c1") for i in ids),
+            *(
+                other.job_set_delivery(i, "telegram:c1", creator="binding:telegram:c1")
+                for i in reversed(ids)
+            ),
+        ]
+    )
+    assert refused == []
+    assert named.count(True) == len(ids)
+    assert not any(job.id in ids for job in await one.jobs_without_binding())
+    changed = [dataclasses.replace(job, prompt="new") for job in jobs[:10]]
+    synced, refused = await outcomes(
+        [one.jobs_sync_config(changed), other.jobs_sync_config(changed)]
+    )
+    assert refused == []
+    assert synced.count(True) == 1
+    assert [j.id for j in await one.job_list() if j.origin == "config"] == [j.id for j in changed]
+
+
+async def test_a_missed_fire_is_recorded_once_and_a_delivery_settled_once(
+    stores: tuple[Store, Store],
+) -> None:
+    """Every replica catches up at its start and settles deliveries at each poll: a missed
+    fire's row is written by one of them, and each fire is settled (told of) by one."""
+    one, other = stores
+    for n in range(ROUNDS):
+        skips = [store.fire_skip("a", n, "catch-up", "missed") for store in (one, other) * 2]
+        recorded, refused = await outcomes(skips)
+        assert refused == []
+        assert len([fire for fire in recorded if fire is not None]) == 1
+    delivering = []
+    for n in range(ROUNDS):
+        fire, _ = await one.fire_claim(f"s{n}", 1_000, "schedule", replica="one")
+        message = NewOutbound(f"job:s{n}", "telegram", "42", None, None, "result", kind="job")
+        done = await one.fire_finish(fire.id, started_at=1.0, result=message)
+        assert done.outbox_id is not None
+        await one.outbox_finish(done.outbox_id, "sent")
+        delivering.append(done.id)
+    settled, refused = await outcomes([store.fires_settle() for store in (one, other) * 2])
+    assert refused == []
+    told = [fire.id for fires in settled for fire in fires]
+    assert sorted(told) == sorted(delivering)
+    assert {f.outcome for f in await other.fire_history("s0")} == {"ok"}

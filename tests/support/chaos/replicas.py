@@ -3,9 +3,10 @@ seeded points (:class:`tests.support.chaos.plan.ReplicaEvent`), and what was see
 
 Each replica has its own config file and state directory, the same config otherwise: the
 fakes (one Telegram token, one Slack app, one Discord bot) and the tool's workspace are
-shared. Every replica serves the sessions it holds; one, the leader, holds the daemon's
-lease (app/replica.py) and with it Telegram's poller, Discord's gateway and the scheduler.
-Here "serving" means leading.
+shared. Every replica serves the sessions it holds and runs the scheduler (a job's fires run
+on the replica holding its session); one, the leader, holds the daemon's lease
+(app/replica.py) and with it Telegram's poller and Discord's gateway. Here "serving" means
+leading.
 
 - A kill SIGKILLs one of the replicas running then (leading or not) and restarts it after its
   down time.

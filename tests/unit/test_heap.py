@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import platform
+import sys
 import weakref
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from geodebot.ops.heap import HeapKeeper
+from geodebot.ops.heap import HeapKeeper, _malloc_trim, trim_malloc
 
 
 class Node:
@@ -74,3 +76,12 @@ async def test_a_sweep_waits_for_a_moment_without_turns(busy: bool) -> None:
     async with running(keeper):
         await until(lambda: keeper.ticks >= 20)
     assert (keeper.sweeps > 0) is (not busy)
+
+
+def test_the_c_allocators_free_memory_can_be_given_back() -> None:
+    # glibc (where the daemon runs) has malloc_trim; elsewhere trim_malloc is False, not an error.
+    garbage = [bytearray(4096) for _ in range(2000)]
+    del garbage
+    assert trim_malloc() in (True, False)
+    if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
+        assert _malloc_trim() is not None

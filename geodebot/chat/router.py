@@ -431,6 +431,8 @@ class ChatRouter:
             if self._streams is not None and not _recorded_only(row)
             else None
         )
+        if stream is not None and row.status == "running":
+            await stream.adopt()
         reply = _Reply()
         try:
             result = await self._run(row, binding, stream, reply)

@@ -153,6 +153,33 @@ class StreamedReply:
         self._changed()
 
     # -- the preview ------------------------------------------------------------------------
+    async def adopt(self) -> None:
+        """For a turn another process began (a crash, or another replica that stopped): the
+        preview that process showed but did not record (it stopped between the send and the
+        record), found by its key where the platform can look it up (Slack's metadata,
+        Discord's nonce while Discord still returns it), becomes this turn's preview, so the
+        answer replaces it instead of arriving as a second message. Call before the turn."""
+        if self.preview_id:
+            return
+        # Index 1: a lookup only, never the answer to a slash command (part 0 fills that in).
+        part = OutboundPart(self._destination, "", f"gb-preview-{self._row.id}", 1, 2, plain=True)
+        try:
+            found = await self._channel.find_sent(part)
+        except NotImplementedError:
+            return
+        except ChannelError as exc:
+            log.info("inbox %s: no look for an earlier preview: %s", self._row.id, exc)
+            return
+        if found is None:
+            return
+        self.preview_id = found.message_id
+        self._first_after_s = 0.0
+        log.info("inbox %s: the preview %s shown before goes on", self._row.id, found.message_id)
+        try:
+            await self._store.inbox_preview(self._row.id, found.message_id)
+        except StoreError as exc:
+            log.warning("inbox %s: preview not recorded: %s", self._row.id, exc)
+
     async def close(self) -> str | None:
         """Stop previewing; waits for a preview request under way, so that nothing edits the
         message after the final answer. The preview's message id, if one was shown."""

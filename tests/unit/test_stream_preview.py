@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from geodebot.channels.base import ChannelError, OutboundPart, SentPart
+from geodebot.channels.base import ChannelError, Destination, OutboundPart, SentPart
 from geodebot.channels.render import LIMITS
 from geodebot.chat import stream
 from geodebot.chat.stream import RETRYING_TEXT, EditPacer, StreamedReply
@@ -296,3 +296,34 @@ async def test_a_preview_whose_record_is_fenced_is_deleted(
     stored = await store.get_inbox(row.id)
     assert stored is not None
     assert stored.preview == ""
+
+
+@pytest.mark.parametrize("lookups", [True, False])
+async def test_a_continued_turn_adopts_the_preview_shown_but_not_recorded_before(
+    store: SQLiteStore, lookups: bool
+) -> None:
+    # The process that began the turn showed a preview and stopped before recording it. The
+    # turn continued elsewhere finds it by its key (Slack, Discord) and goes on editing it,
+    # so the answer replaces it; where the platform cannot look (Telegram), nothing is found.
+    chat = MemoryChannel()
+    chat.lookups_supported = lookups
+    row = await inbox_row(store)
+    dest = Destination("telegram", row.channel, row.thread, row.message_id)
+    before = await chat.send(
+        OutboundPart(dest, "(running edit_file notes.log…)", f"gb-preview-{row.id}", plain=True)
+    )
+    reply = StreamedReply(chat, store, row, EditPacer(0.0), first_after_s=5.0)
+    await reply.adopt()
+    stored = await store.get_inbox(row.id)
+    assert stored is not None
+    if not lookups:
+        assert reply.preview_id is None
+        assert stored.preview == ""
+        return
+    assert reply.preview_id == before.message_id
+    assert stored.preview == before.message_id
+    reply.round_started()
+    reply.text("done")
+    await until(chat, lambda: chat.messages.get(before.message_id) == "done")
+    assert await reply.close() == before.message_id
+    assert len(chat.sent) == 1  # edited, nothing new posted

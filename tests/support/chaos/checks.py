@@ -108,6 +108,9 @@ class _Seen:
     blind: set[tuple[str, str]]  # (platform, event id) of replies resent blind
     blind_fires: set[int]  # scheduled_ms of job posts resent blind
     effects: list[tuple[str, str]]
+    # (platform, event id) -> what the store holds of the message and its replies, for a
+    # problem's line: the inbox row, then each outbox row answering it.
+    rows_of: dict[tuple[str, str], str]
     integrity: dict[str, Any]  # the store's own checks, to print
     damage: list[str]  # what they found wrong
 
@@ -131,6 +134,22 @@ def _read(fakes: Fakes, workspace: Path, store: ChaosStore) -> _Seen:
         " WHERE o.blind_resends > 0"
     )
     integrity, damage = store.integrity()
+    rows_of: dict[tuple[str, str], str] = {}
+    for r in store.rows(
+        "SELECT i.platform, i.event_id, i.id, i.status, i.detail, i.preview, i.pickup,"
+        " o.id, o.status, o.sent_parts, o.in_flight, o.blind_resends, o.error, o.preview"
+        " FROM inbox i LEFT JOIN outbox o ON o.inbox_id = i.id ORDER BY i.id, o.id"
+    ):
+        key = (str(r[0]), str(r[1]))
+        head = rows_of.get(key) or (
+            f"inbox {r[2]} {r[3]} ({r[4]}) preview={r[5]!r} taken in by {r[6]!r}"
+        )
+        if r[7] is not None:
+            head += (
+                f"; outbox {r[7]} {r[8]} parts={r[9]} in_flight={r[10]}"
+                f" blind={r[11]} error={r[12]!r} preview={r[13]!r}"
+            )
+        rows_of[key] = head
     return _Seen(
         fakes=fakes,
         bot=_bot_messages(fakes),
@@ -143,6 +162,7 @@ def _read(fakes: Fakes, workspace: Path, store: ChaosStore) -> _Seen:
         blind={(str(p), str(e)) for p, e in blind},
         blind_fires={int(ms) for (ms,) in blind_fires},
         effects=_effects(workspace),
+        rows_of=rows_of,
         integrity=integrity,
         damage=damage,
     )
@@ -193,7 +213,9 @@ def _answered(
     if _blind_copy(seen, sent, replies):
         return "answered twice: Telegram part resent blind after a kill"
     if len(replies) > 1:
-        problems.append(f"{sent.marker} answered {len(replies)} times: {replies}")
+        problems.append(
+            f"{sent.marker} answered {len(replies)} times: {replies}; {_rows(seen, sent)}"
+        )
         return "answered more than once"
     if len(replies) == 1 and f"done {sent.marker}" in replies[0]:
         if seen.per_marker[sent.marker] > 0:
@@ -205,9 +227,15 @@ def _answered(
     if len(replies) == 1:
         return "answered once with a failure reply"
     if accepted:
-        problems.append(f"{sent.marker} ({sent.chat.platform}) accepted but never answered")
+        problems.append(
+            f"{sent.marker} ({sent.chat.platform}) accepted but never answered; {_rows(seen, sent)}"
+        )
         return "accepted, never answered"
     return "not accepted, not answered"
+
+
+def _rows(seen: _Seen, sent: Sent) -> str:
+    return seen.rows_of.get((sent.chat.platform, sent.event_id), "not in the inbox")
 
 
 def _blind_copy(seen: _Seen, sent: Sent, replies: list[str]) -> bool:

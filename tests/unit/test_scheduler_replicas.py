@@ -29,10 +29,9 @@ from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import ORPHANED, JobScheduler
 from geodebot.store.records import FireRecord, JobRecord
 from geodebot.testing import MemoryChannel
-from tests.support.app import open_app
-from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.postgres import Cluster
+from tests.support.replicas import replica_app
 from tests.support.waiting import until
 from tests.unit.test_store_jobs import record
 
@@ -67,18 +66,15 @@ async def replica(
     poll_s: float = 0.1,
 ) -> AsyncIterator[Replica]:
     """A replica whose scheduler is built but not started (``start`` it, several at once)."""
-    config = with_sections(
-        make_config(tmp_path / name, llm),
-        bindings=BINDINGS,
-        jobs=list(jobs),
-        daemon={"state_dir": str(tmp_path / name / "var"), "replica_id": name},
-        store={"url": url, "lease_ttl_s": TTL_S},
-    )
-    async with AsyncExitStack() as stack:
-        app = await open_app(config, stack, tmp_path / name / "marker")
-        await app.load_models()
+    async with (
+        AsyncExitStack() as stack,
+        replica_app(name, url, tmp_path, llm, stack, bindings=BINDINGS, ttl_s=TTL_S, jobs=jobs) as (
+            config,
+            app,
+            leases,
+        ),
+    ):
         store = app.services.store
-        leases = SessionLeases(store, name, ttl_s=TTL_S, linger_s=3600)
         chat = MemoryChannel("telegram")
         outbox = OutboxSender(store, {"telegram": chat}, leases=leases)
         told: list[FireRecord] = []

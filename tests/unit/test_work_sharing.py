@@ -27,10 +27,9 @@ from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.pickup import SessionPickUps
 from geodebot.chat.router import ChatRouter
 from geodebot.testing import MemoryChannel
-from tests.support.app import open_app
-from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
 from tests.support.postgres import Cluster
+from tests.support.replicas import replica_app
 from tests.support.tools import marker_lines
 from tests.support.waiting import until
 
@@ -87,17 +86,15 @@ async def replica(
 ) -> AsyncIterator[Replica]:
     """``paused``: it takes in and runs what it is given, but renews no lease and looks for
     no work, as a process that stopped being scheduled right after would."""
-    config = with_sections(
-        make_config(tmp_path / name, llm),
-        bindings=BINDINGS,
-        daemon={"state_dir": str(tmp_path / name / "var"), "replica_id": name},
-        store={"url": url, "lease_ttl_s": TTL_S},
-    )
-    async with AsyncExitStack() as stack:
-        app = await open_app(config, stack, tmp_path / name / "marker")
-        await app.load_models()
+    async with (
+        AsyncExitStack() as stack,
+        replica_app(name, url, tmp_path, llm, stack, bindings=BINDINGS, ttl_s=TTL_S) as (
+            config,
+            app,
+            leases,
+        ),
+    ):
         store = app.services.store
-        leases = SessionLeases(store, name, ttl_s=TTL_S, linger_s=3600)
         chat = MemoryChannel("telegram")
         outbox = OutboxSender(store, {"telegram": chat}, leases=leases)
         approvals = ChatApprovals(store, {"telegram": chat}, may_send=leases.valid, shared=True)

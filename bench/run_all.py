@@ -74,7 +74,7 @@ BENCHES = [
     Bench(
         "store",
         "The daemon on PostgreSQL (durable defaults) against SQLite: latency, throughput and "
-        "CPU per reply; two replicas standing by; failover after a SIGKILL.",
+        "CPU per reply; two more replicas as members; failover after a SIGKILL.",
         ["bench/store_bench.py"],
         ["bench/store_bench.py", "--quick"],
     ),

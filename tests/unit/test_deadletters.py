@@ -596,7 +596,7 @@ async def test_messages_left_without_a_reply_in_an_older_database_are_found(
             "DROP TABLE leases; DROP TABLE replicas; "
             "DROP INDEX inbox_pickup; ALTER TABLE inbox DROP COLUMN pickup; "
             "DROP TABLE deadletter_decisions; DROP INDEX inbox_no_reply; "
-            "ALTER TABLE inbox DROP COLUMN no_reply; "
+            "ALTER TABLE inbox DROP COLUMN no_reply; ALTER TABLE job_fires DROP COLUMN replica; "
             "DELETE FROM schema_migrations WHERE version >= 12;"
         )
         db.execute(

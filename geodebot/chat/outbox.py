@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -142,7 +143,7 @@ class OutboxSender:
         if key not in self._active:
             task = asyncio.create_task(self._drain(key))
             self._active[key] = task
-            task.add_done_callback(self._finished)
+            task.add_done_callback(functools.partial(self._finished, key))
 
     @contextlib.contextmanager
     def handing_over(self, inbox_id: int) -> Iterator[None]:
@@ -225,9 +226,8 @@ class OutboxSender:
             # The chat stopped early (platform unwell, or a failure): a fresh pass decides.
             self._wake.set()
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        key = next((k for k, t in self._active.items() if t is task), None)
-        if key is not None:  # cancelled before its first step, so it never released its chat
+    def _finished(self, key: ChatKey, task: asyncio.Task[None]) -> None:
+        if self._active.get(key) is task:  # cancelled before its first step: not released
             self._release(key)
 
     def sending(self, session_id: str) -> bool:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from geodebot.store.postgres_commit import reason
-from geodebot.store.records import StoreError, Wakeups
+from geodebot.store.records import StoreError
+from geodebot.store.wakeups import Wakeups
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool

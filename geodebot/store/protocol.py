@@ -59,8 +59,8 @@ from geodebot.store.records import (
     Unanswered,
     UsageGrouping,
     UsageRow,
-    Wakeups,
 )
+from geodebot.store.wakeups import Wakeups
 
 
 class Store(JobStore, Protocol):

@@ -26,10 +26,11 @@ import aiosqlite
 from geodebot.store.leases import Fences, check_fence
 from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
-from geodebot.store.records import Lease, StoreError, Wakeups
+from geodebot.store.records import Lease, StoreError
 from geodebot.store.rows import Body, Params, Row, Tx, drive, dumps
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
 from geodebot.store.sqlite_commit import GroupCommit
+from geodebot.store.wakeups import Wakeups
 
 # load_migrations and split_statements are named here too: tests and tools import them from
 # the SQLite store, as before there were two stores.

@@ -348,7 +348,8 @@ async def test_a_new_message_waits_for_the_take_up_of_a_session_held_just_now(
         await asyncio.wait_for(read.wait(), 10)
         arrived = message("new", "c1")
         accepted = asyncio.create_task(alpha.chat.deliver(arrived))
-        await asyncio.sleep(0.2)  # what the new message's admission does meanwhile
+        # Admitted (committed and held): queued at once before, waiting for the take-up now.
+        await until(lambda: len(alpha.router._held) == 1, "the new message admitted")
         release.set()
         assert await taking == 1
         await accepted

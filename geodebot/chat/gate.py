@@ -101,9 +101,11 @@ async def commit(
     counters: collections.Counter[str],
     *,
     pickup: str | None = None,
+    durable: bool = True,
 ) -> tuple[Accepted, InboxRow, bool] | None:
     """The gate, then the inbox: ``(decision, row, new)`` once committed (the platform may
-    then be acknowledged), None if the gate dropped it (counted in ``counters``)."""
+    then be acknowledged; not ``durable``: once ``store.sync()`` has returned too), None if
+    the gate dropped it (counted in ``counters``)."""
     counters["received"] += 1
     decision = decide(inbound, index, max_chars.get(inbound.platform, 16_000))
     if not isinstance(decision, Accepted):
@@ -120,5 +122,6 @@ async def commit(
         message_id=inbound.message_id,
         files=[f.to_json() for f in inbound.files],
         pickup=pickup,
+        durable=durable,
     )
     return decision, row, new

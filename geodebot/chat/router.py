@@ -25,7 +25,7 @@ from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
-from geodebot.chat.gate import commit, too_long
+from geodebot.chat.gate import Accepted, commit, too_long
 from geodebot.chat.leases import SessionLeases
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.pickup import PICKUP_TOPIC
@@ -148,6 +148,10 @@ class ChatRouter:
 
     # -- the sink ---------------------------------------------------------------------------
     async def accept(self, inbound: Inbound) -> None:
+        """Returns once the message is committed for good: the platform may be acknowledged.
+
+        The inbox's commit is synced to disk while its turn starts: a turn's first effect on
+        the outside waits for a durable commit of its own, whose sync covers this one."""
         committed = await commit(
             self._store,
             self._index,
@@ -155,10 +159,16 @@ class ChatRouter:
             inbound,
             self.counters,
             pickup=self._replica_id(),
+            durable=False,
         )
         if committed is None:
             return
-        decision, row, new = committed
+        try:
+            await self._accepted(*committed)
+        finally:
+            await self._store.sync()
+
+    async def _accepted(self, decision: Accepted, row: InboxRow, new: bool) -> None:
         if not new:
             # A redelivery: it was committed (and will be or was answered) already.
             self.counters["duplicate"] += 1

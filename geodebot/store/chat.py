@@ -228,6 +228,7 @@ class ChatInboxOutbox:
         cursor: tuple[str, str] | None = None,
         files: Sequence[Mapping[str, Any]] = (),
         pickup: str | None = None,
+        durable: bool = True,
     ) -> tuple[InboxRow, bool]:
         what = f"adding event {event_id!r} of {platform!r} to the inbox"
         if not platform or not event_id:
@@ -246,8 +247,8 @@ class ChatInboxOutbox:
             sql = f"SELECT {INBOX_COLS} FROM inbox WHERE platform = ? AND event_id = ?"
             return inbox_from_row(await db.one(sql, (platform, event_id))), False
 
-        # The platform is acknowledged next.
-        return await self._write(what, add, durable=True)
+        # The platform is acknowledged next (after a sync, if not durable here).
+        return await self._write(what, add, durable=durable)
 
     async def inbox_start(self: Transactions, inbox_id: int) -> InboxRow:
         what = f"starting inbox row {inbox_id}"

@@ -367,6 +367,9 @@ class PostgresStore(PgWakeups, StoreMethods):
             raise StoreError(f"{what} failed: the store is not open")
         return self._pool
 
+    async def sync(self) -> None:
+        """Nothing: every commit is durable (see :meth:`_write`)."""
+
     async def _read(self, what: str, body: Body[_T]) -> _T:
         pool = self._opened(what)
         try:

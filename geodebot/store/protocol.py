@@ -71,6 +71,11 @@ class Store(JobStore, Protocol):
 
     async def schema_version(self) -> int: ...
 
+    async def sync(self) -> None:
+        """Return once every write committed so far is as durable as a durable write's (for
+        the writes made with ``durable=False`` where a method offers it, before the outside
+        acts on them)."""
+
     version_found: int
     """The schema version :meth:`open` found, before it applied the pending migrations (0 for
     a new store): with :meth:`schema_version` after it, what this open migrated."""
@@ -367,8 +372,11 @@ class Store(JobStore, Protocol):
         cursor: tuple[str, str] | None = None,
         files: Sequence[Mapping[str, Any]] = (),
         pickup: str | None = None,
+        durable: bool = True,
     ) -> tuple[InboxRow, bool]:
-        """Commit an accepted event as ``pending``; ``(stored, True)``. ``files``: what the
+        """Commit an accepted event as ``pending``; ``(stored, True)``. Not ``durable``: the
+        caller calls :meth:`sync` before it acknowledges the event (and may start its turn
+        meanwhile). ``files``: what the
         platform said the message carried (JSON objects), kept on the row as they are.
         ``pickup``: with replicas, the one that took the message in (its session may run on
         another).

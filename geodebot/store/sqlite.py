@@ -30,6 +30,7 @@ from geodebot.store.records import Lease, StoreError
 from geodebot.store.rows import Body, Params, Row, Tx, drive, dumps
 from geodebot.store.schema import load_migrations, refuse_newer, split_statements
 from geodebot.store.sqlite_commit import GroupCommit
+from geodebot.store.sqlite_sync import LogSync
 from geodebot.store.wakeups import Wakeups
 
 # load_migrations and split_statements are named here too: tests and tools import them from
@@ -98,9 +99,10 @@ class SQLiteStore(StoreMethods):
             raise
         self._db = db
         try:
+            conn, log_sync = self._writer_connection()
             self._commits = GroupCommit(
-                self._writer_connection(),
-                self.synchronous,
+                conn,
+                log_sync=log_sync,
                 busy_timeout_s=_BUSY_TIMEOUT_MS / 1000,
                 on_checkpoint=self._checkpoint_soon,
             )
@@ -109,26 +111,30 @@ class SQLiteStore(StoreMethods):
             await self.close()
             raise
 
-    def _writer_connection(self) -> sqlite3.Connection:
+    def _writer_connection(self) -> tuple[sqlite3.Connection, LogSync | None]:
         """The connection writes use, on the event loop's thread (see .sqlite_commit): it
-        never waits for a lock or checkpoints the log, which would stop the loop."""
+        never waits for a lock or checkpoints the log, which would stop the loop; nor syncs
+        the log, in WAL mode at FULL or EXTRA, where a :class:`LogSync` does that off the
+        loop for the durable commits. Otherwise every commit is made at the store's level."""
         try:
             conn = sqlite3.connect(self.path, isolation_level=None)
         except sqlite3.Error as exc:
             raise StoreError(f"opening store {str(self.path)!r} for writing failed: {exc}") from exc
         try:
             conn.row_factory = sqlite3.Row
+            wal = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+            log_sync = wal and self.synchronous in ("FULL", "EXTRA")
             for pragma in (
                 "foreign_keys=ON",
                 "busy_timeout=0",
-                f"synchronous={self.synchronous}",
+                f"synchronous={'NORMAL' if log_sync else self.synchronous}",
                 "wal_autocheckpoint=0",
             ):
                 conn.execute(f"PRAGMA {pragma}")
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(f"opening store {str(self.path)!r} for writing failed: {exc}") from exc
-        return conn
+        return conn, LogSync(self.path) if log_sync else None
 
     def _checkpoint_soon(self) -> None:
         """Copy the log into the database on the store's thread, not on the loop; PASSIVE
@@ -152,8 +158,7 @@ class SQLiteStore(StoreMethods):
         # Writes asked for before the close are committed first.
         commits, self._commits = self._commits, None
         if commits is not None:
-            await commits.flush()
-            commits.close()
+            await commits.close()
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
         db, self._db = self._db, None
@@ -229,17 +234,23 @@ class SQLiteStore(StoreMethods):
         the change included) rolls it back. The caller being cancelled meanwhile changes
         nothing: the function still runs to its commit or rollback.
 
-        ``durable`` marks a commit that something outside acts on next (a platform ack, a
-        send, a tool's effect, an operator's order): it is synced to disk at the store's
-        ``synchronous`` level before it returns. Other commits use at most NORMAL, which in WAL
-        mode survives a killed process but not a power cut, until the next durable commit
-        syncs the log up to itself. So nothing the outside world saw can be lost, and a turn
-        costs two or three syncs instead of ten.
+        ``durable`` marks a commit that something outside acts on next (a send, a tool's
+        effect, an operator's order): at FULL or EXTRA it returns once the log is synced to
+        disk after it (off the loop, shared with the durable commits asked for meanwhile).
+        Other commits are made at NORMAL, which in WAL mode survives a killed process but not
+        a power cut, until the next sync of the log, which covers everything before it. So
+        nothing the outside world saw can be lost, and a turn costs two or three syncs, none
+        of them on the loop.
         """
         self._connection(what)
         if self._commits is None:
             raise StoreError(f"{what} failed: the store is not open")
         return await self._commits.write(what, fn, durable)
+
+    async def sync(self) -> None:
+        """Return once every commit so far is on disk as the store's level says."""
+        if self._commits is not None:
+            await self._commits.sync()
 
     async def _read(self, what: str, body: Body[_T]) -> _T:
         return await self._query(what, lambda conn: drive(body(_SQLiteTx(conn))))

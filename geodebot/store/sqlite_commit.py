@@ -22,10 +22,15 @@ does not wait for locks: a busy database is tried again after a pause, up to
 checkpoint copies pages and syncs the database file): every ``checkpoint_every`` commits,
 ``on_checkpoint`` is called to have it done off the loop.
 
+Nor does it sync the log to disk: with a :class:`LogSync`, every commit is made at NORMAL and
+a durable write's caller is told of its commit once the log has been synced after it, on the
+sync's own thread (see .sqlite_sync). Without one (the store's level is NORMAL or OFF, or the
+database is not in WAL mode) every commit is made at the store's level.
+
 What each caller sees: its write happens whole or not at all, it returns once its write is
-committed (synced to disk first if it, or any write committed with it, is durable), writes
-commit in the order they were asked for, and a caller cancelled meanwhile changes nothing:
-its write still runs to its commit or rollback.
+committed (and, if durable, synced to disk), writes commit in the order they were asked for,
+and a caller cancelled meanwhile changes nothing: its write still runs to its commit or
+rollback.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from geodebot.store.records import StoreError
+from geodebot.store.sqlite_sync import LogSync
 
 __all__ = ["GroupCommit"]
 
@@ -70,25 +76,20 @@ class _Busy(Exception):
 
 
 class GroupCommit:
-    """The store's writes, committed in groups on ``conn``, which only this object uses.
-
-    ``synchronous`` is the store's level for durable commits; the others use at most NORMAL
-    (see :meth:`SQLiteStore._transact`).
-    """
+    """The store's writes, committed in groups on ``conn``, which only this object uses;
+    durable ones synced by ``log_sync`` if there is one (see the module's docstring)."""
 
     def __init__(
         self,
         conn: sqlite3.Connection,
-        synchronous: str,
         *,
+        log_sync: LogSync | None,
         busy_timeout_s: float,
         on_checkpoint: Callable[[], None],
         checkpoint_every: int = 100,
     ) -> None:
         self._conn = conn
-        self._durable_level = synchronous
-        self._relaxed_level = "NORMAL" if synchronous in ("FULL", "EXTRA") else synchronous
-        self._level = synchronous
+        self._log = log_sync
         self._busy_timeout_s = busy_timeout_s
         self._on_checkpoint = on_checkpoint
         self._checkpoint_every = checkpoint_every
@@ -115,7 +116,16 @@ class GroupCommit:
         while self._due is not None:
             await asyncio.shield(self._due)
 
-    def close(self) -> None:
+    async def sync(self) -> None:
+        """Return once every write committed so far is on disk (what ``synchronous`` says)."""
+        if self._log is not None:
+            await self._log.sync()
+
+    async def close(self) -> None:
+        """Commit what was asked for, sync what needs it, then close the connection."""
+        await self.flush()
+        if self._log is not None:
+            await self._log.close()
         self._conn.close()
 
     def _drain(self, busy_since: float | None = None) -> None:
@@ -135,8 +145,7 @@ class GroupCommit:
         except Exception as exc:  # a bug here must not leave callers waiting for ever
             log.exception("store: a group of %d writes failed unexpectedly", len(batch))
             outcomes = [_Outcome(error=exc) for _ in batch]
-        for write, outcome in zip(batch, outcomes, strict=True):
-            _settle(write.future, outcome)
+        self._settle_all(batch, outcomes)
         self._commits += 1
         if self._commits % self._checkpoint_every == 0:
             try:
@@ -150,13 +159,32 @@ class GroupCommit:
         elif due is not None and not due.done():
             due.set_result(None)
 
+    def _settle_all(self, batch: list[_Write], outcomes: list[_Outcome]) -> None:
+        """Tell the callers; a durable write's caller once the log is synced after it."""
+        synced: list[tuple[_Write, _Outcome]] = []
+        for write, outcome in zip(batch, outcomes, strict=True):
+            if write.durable and outcome.error is None and self._log is not None:
+                synced.append((write, outcome))
+            else:
+                _settle(write.future, outcome)
+        if self._log is None:
+            return
+        self._log.committed()
+        if not synced:
+            return
+
+        def settle(sync: asyncio.Future[None]) -> None:
+            error = sync.exception() if not sync.cancelled() else asyncio.CancelledError()
+            for write, outcome in synced:
+                if error is not None:
+                    outcome = _Outcome(error=_lost(write.what, error))
+                _settle(write.future, outcome)
+
+        self._log.request().add_done_callback(settle)
+
     def _commit(self, batch: list[_Write]) -> list[_Outcome]:
         conn = self._conn
-        level = self._durable_level if any(w.durable for w in batch) else self._relaxed_level
         try:
-            if level != self._level:
-                conn.execute(f"PRAGMA synchronous={level}")
-                self._level = level
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):

@@ -36,6 +36,7 @@ from tests.support.control import (
     asks_control,
     until_answered,
 )
+from tests.support.disk import Disk
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 
 ids = itertools.count(1000)
@@ -266,6 +267,29 @@ async def test_redelivered_event_is_answered_once(
         assert await h.control() == ["once", CONTROL_ANSWER]
         assert h.router.counters["duplicate"] == 1
     assert [asks_control(r) for r in llm_server.requests] == [False, True]
+
+
+async def test_the_ack_waits_for_the_inbox_sync_and_the_turn_does_not(
+    tmp_path: Path, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm_server.script(Reply("synced"))
+    async with harness(tmp_path, llm_server) as h:
+        disk = Disk(monkeypatch)
+        disk.go.clear()
+        # What the channel does: acknowledge the platform once this returns.
+        accepting = asyncio.create_task(h.chat.deliver(message("hello")))
+        async with asyncio.timeout(10):
+            await disk.sync_started()
+            # The turn has reached the model while the message's sync is on its way.
+            await llm_server.wait_for_requests(1)
+        assert not accepting.done()
+        assert h.chat.sent == []  # nor is anything sent before a sync covers it
+        disk.go.set()
+        async with asyncio.timeout(10):
+            await accepting
+        assert await h.replies(1) == ["synced"]
+        assert disk.synced
+        assert all(path.endswith("-wal") for path in disk.synced)
 
 
 async def test_queued_messages_are_answered_in_order(

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
+from geodebot.store import sqlite_sync
 from geodebot.store.protocol import Store
 from geodebot.store.records import InboxEnding, InboxRow, NewMessage, NewOutbound, StoreError
 from geodebot.store.sqlite import SQLiteStore
@@ -496,31 +497,42 @@ async def test_schema_has_the_chat_tables(store: Store, place: Place) -> None:
 
 # -- durability -----------------------------------------------------------------------------
 async def test_commits_the_outside_acts_on_are_synced_and_the_rest_are_not(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inbox adds (before the ack) and part begins (before the send) commit at FULL; the
-    bookkeeping in between at NORMAL, made durable by the next FULL commit's sync of the log."""
+    """Inbox adds (before the ack) and part begins (before the send) return once the log is
+    synced; the bookkeeping in between does not sync, the next sync covers it. An inbox add
+    whose caller syncs later (the router, while the turn starts) does not either."""
+    synced: list[int] = []
+    monkeypatch.setattr(sqlite_sync, "_fdatasync", synced.append)
     async with SQLiteStore(tmp_path / "geodebot.db", synchronous="FULL") as s:
-        seen: list[str] = []
-        assert s._commits is not None
-        s._commits.connection.set_trace_callback(seen.append)
 
-        async def level_of(step: Awaitable[object]) -> list[str]:
-            seen.clear()
+        async def syncs_of(step: Awaitable[object]) -> int:
+            before = len(synced)
             await step
-            return [sql for sql in seen if sql.startswith("PRAGMA synchronous")]
+            return len(synced) - before
 
         row, _ = await add(s, "1")
-        assert await level_of(s.inbox_start(row.id)) == ["PRAGMA synchronous=NORMAL"]
+        assert len(synced) >= 1
+        assert await syncs_of(s.inbox_start(row.id)) == 0
         _, out = await s.inbox_finish(row.id, "done", reply=reply())
         assert out is not None
-        assert await level_of(s.outbox_begin_part(out.id, 0)) == ["PRAGMA synchronous=FULL"]
-        assert await level_of(s.outbox_part_sent(out.id, 0, "m1", last=True)) == [
-            "PRAGMA synchronous=NORMAL"
-        ]
-        assert await level_of(add(s, "2")) == ["PRAGMA synchronous=FULL"]
-        # Unchanged level: no statement at all.
-        assert await level_of(add(s, "3")) == []
+        assert await syncs_of(s.outbox_begin_part(out.id, 0)) == 1
+        assert await syncs_of(s.outbox_part_sent(out.id, 0, "m1", last=True)) == 0
+        assert await syncs_of(add(s, "2")) == 1
+        relaxed = s.inbox_add(
+            platform="telegram",
+            event_id="3",
+            session_id="telegram:42",
+            channel="42",
+            thread=None,
+            user="u1",
+            text="hello 3",
+            message_id="m-3",
+            durable=False,
+        )
+        assert await syncs_of(relaxed) == 0
+        assert await syncs_of(s.sync()) == 1
+        assert await syncs_of(s.sync()) == 0
         finished = await s.get_outbox(out.id)
         assert finished is not None
         assert finished.status == "sent"

@@ -4,6 +4,7 @@ run on the event loop's thread and never make it wait."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +15,7 @@ import pytest
 
 from geodebot.store.records import StoreError
 from geodebot.store.sqlite import SQLiteStore
+from tests.support.disk import Disk
 
 
 @pytest.fixture
@@ -151,21 +153,91 @@ async def test_close_commits_the_writes_already_asked_for(tmp_path: Path):
         assert [k for k, _ in await rows(reopened)] == ["x", "y"]
 
 
-async def test_a_durable_write_syncs_its_group_at_the_store_level(store: SQLiteStore):
+async def test_the_writer_commits_at_normal_and_never_switches_the_level(store: SQLiteStore):
     assert store._commits is not None
     conn = store._commits.connection
-
-    def level() -> int:
-        return int(conn.execute("PRAGMA synchronous").fetchone()[0])
-
+    seen = traced(store)
     await store._transact("relaxed", insert("relaxed"))
-    # sqlite's numbers: 1 NORMAL, 2 FULL (the store's default level).
-    assert level() == 1
-    await asyncio.gather(
-        store._transact("plain", insert("plain")),
-        store._transact("durable", insert("durable"), durable=True),
-    )
-    assert level() == 2
+    await store._transact("durable", insert("durable"), durable=True)
+    assert not [sql for sql in seen if "synchronous" in sql]
+    # sqlite's numbers: 1 NORMAL. The store's level (FULL) is kept by syncing the log.
+    assert int(conn.execute("PRAGMA synchronous").fetchone()[0]) == 1
+
+
+async def test_a_durable_write_returns_once_the_log_is_synced_after_its_commit(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    disk.go.clear()
+    durable = asyncio.create_task(store._transact("durable", insert("durable"), durable=True))
+    await disk.sync_started()
+    # Committed (a reader sees it) but not yet on disk: its caller waits, the loop does not.
+    assert await rows(store) == [("durable", 0)]
+    assert await store._transact("plain", insert("plain")) == "plain"
+    assert not durable.done()
+    disk.go.set()
+    assert await asyncio.wait_for(durable, 5) == "durable"
+    # The log itself, not the database file (which a checkpoint syncs).
+    assert disk.synced == [f"{store.path}-wal"]
+
+
+async def test_durable_writes_asked_for_during_a_sync_share_the_next_one(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    disk.go.clear()
+    first = asyncio.create_task(store._transact("first", insert("first"), durable=True))
+    await disk.sync_started()
+    # Committed after the running sync began: it cannot cover them.
+    later = [
+        asyncio.create_task(store._transact(k, insert(k), durable=True)) for k in ("a", "b", "c")
+    ]
+    await asyncio.sleep(0.05)
+    assert not any(t.done() for t in (first, *later))
+    disk.go.set()
+    assert await asyncio.wait_for(asyncio.gather(first, *later), 5) == ["first", "a", "b", "c"]
+    assert len(disk.synced) == 2
+
+
+async def test_sync_waits_for_what_was_committed_without_a_sync_and_only_that(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    await store._transact("plain", insert("plain"))
+    assert disk.synced == []
+    disk.go.clear()
+    waiting = asyncio.create_task(store.sync())
+    await disk.sync_started()
+    await asyncio.sleep(0.02)
+    assert not waiting.done()
+    disk.go.set()
+    await asyncio.wait_for(waiting, 5)
+    await store.sync()  # nothing new since
+    assert len(disk.synced) == 1
+
+
+async def test_a_failed_sync_fails_its_writes_and_every_durable_write_after_it(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    disk.error = OSError(errno.EIO, "Input/output error")
+    with pytest.raises(StoreError, match="doomed failed: syncing the store's log to disk failed"):
+        await store._transact("doomed", insert("doomed"), durable=True)
+    disk.error = None  # the disk answers again: the pages it dropped are lost all the same
+    with pytest.raises(StoreError, match="later failed: syncing the store's log"):
+        await store._transact("later", insert("later"), durable=True)
+    with pytest.raises(StoreError, match="syncing the store's log to disk failed"):
+        await store.sync()
+    assert len(disk.synced) == 1
+
+
+async def test_without_the_log_sync_commits_are_made_at_the_store_level(tmp_path: Path):
+    async with SQLiteStore(tmp_path / "off.db", synchronous="OFF") as opened:
+        assert opened._commits is not None
+        conn = opened._commits.connection
+        assert int(conn.execute("PRAGMA synchronous").fetchone()[0]) == 0
+        assert opened._commits._log is None
+        await opened.sync()
 
 
 async def test_a_database_another_process_holds_is_waited_for_without_stopping_the_loop(

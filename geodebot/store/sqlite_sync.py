@@ -1,0 +1,160 @@
+"""Syncing the write-ahead log to disk off the event loop, shared by the commits that need it.
+
+A durable commit (one something outside acts on next: a platform's ack, a send, a tool's
+effect) must be on disk before its caller goes on. SQLite can do that itself, at
+``synchronous=FULL``: the ``COMMIT`` then calls ``fsync`` on the log, on the event loop's
+thread (see .sqlite_commit), which stops every chat for the millisecond or more the disk
+takes, twice per turn, and switching the level between durable and other commits costs
+statements of its own.
+
+So the writer commits everything at NORMAL (in WAL mode: safe against a killed process, not
+against a power cut), and this object makes a durable commit safe against a power cut too: it
+syncs the log file on a thread of its own, and the durable writes' callers are told of their
+commit only once a sync that started after it has finished. One sync covers everything
+written to the log before it started, so the commits that ask while one is under way share
+the next. Meanwhile the loop goes on: a chat's turn starts while its message's sync is still
+on its way to the disk, and only the platform's ack waits for it (``Store.sync``).
+
+A failed sync leaves the log in a state nobody can vouch for (the kernel may have dropped the
+pages it could not write), so it fails the writes waiting for it, and every durable write
+after it, until the daemon is restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import pathlib
+
+from geodebot.store.records import StoreError
+
+__all__ = ["LogSync"]
+
+log = logging.getLogger(__name__)
+
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+class LogSync:
+    """Syncs of the log of the database at ``db_path`` (``<db_path>-wal``), one at a time.
+
+    Use from the event loop's thread only; the syncs themselves run on a thread of their own.
+    """
+
+    def __init__(self, db_path: pathlib.Path) -> None:
+        self._db_path = db_path
+        self._wal_path = db_path.with_name(db_path.name + "-wal")
+        self._fd: int | None = None
+        self._fd_path: pathlib.Path | None = None
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "geodebot-log-sync")
+        # Something was committed since the last sync started.
+        self._dirty = False
+        self._running: asyncio.Future[None] | None = None
+        # The round asked for while one runs; it starts when that one ends.
+        self._next: asyncio.Future[None] | None = None
+        self._failed: StoreError | None = None
+        self._closed = False
+        self.syncs = 0
+
+    def committed(self) -> None:
+        """The writer committed something (not yet on disk)."""
+        self._dirty = True
+
+    def request(self) -> asyncio.Future[None]:
+        """A future done once a sync that started after this call has finished, or failed
+        with a StoreError if it (or an earlier one) could not sync."""
+        loop = asyncio.get_running_loop()
+        if self._failed is not None or self._closed:
+            failed: asyncio.Future[None] = loop.create_future()
+            failed.set_exception(self._failed or StoreError("syncing the store's log: closed"))
+            return failed
+        if self._running is None:
+            return self._start(loop.create_future())
+        if self._next is None:
+            self._next = loop.create_future()
+        return self._next
+
+    async def sync(self) -> None:
+        """Return once everything committed so far is on disk."""
+        if self._dirty:
+            await asyncio.shield(self.request())
+        elif self._running is not None:
+            await asyncio.shield(self._running)
+        elif self._failed is not None:
+            raise self._failed
+
+    async def close(self) -> None:
+        """Wait for the syncs asked for, then release the thread and the file."""
+        self._closed = True
+        while self._running is not None:
+            with contextlib.suppress(StoreError):
+                await asyncio.shield(self._running)
+        self._thread.shutdown(wait=True)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _start(self, done: asyncio.Future[None]) -> asyncio.Future[None]:
+        self._dirty = False
+        self._running = done
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._thread, self._sync_file)
+        work.add_done_callback(lambda work: self._ended(done, work))
+        return done
+
+    def _ended(self, done: asyncio.Future[None], work: asyncio.Future[None]) -> None:
+        error = work.exception() if not work.cancelled() else asyncio.CancelledError()
+        if error is not None and self._failed is None:
+            self._failed = StoreError(f"syncing the store's log to disk failed: {error}")
+            self._failed.__cause__ = error
+            log.critical("store: %s; no durable write succeeds until a restart", self._failed)
+        self.syncs += 1
+        _settle(done, self._failed)
+        self._running = None
+        following, self._next = self._next, None
+        if following is None:
+            return
+        if self._failed is not None:
+            _settle(following, self._failed)
+        else:
+            self._start(following)
+
+    def _sync_file(self) -> None:
+        """On the sync thread: fdatasync the log (the database file if there is no log)."""
+        path = self._wal_path
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            # No log (not created yet, or removed by the last connection's close): everything
+            # committed is in the database file itself.
+            path, current = self._db_path, os.stat(self._db_path)
+        fd = self._fd
+        if fd is None or self._fd_path != path or os.fstat(fd).st_ino != current.st_ino:
+            fd = self._open(path)
+        _fdatasync(fd)
+
+    def _open(self, path: pathlib.Path) -> int:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd, self._fd_path = fd, path
+        # A new file's name must survive a power cut as well as its content.
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return fd
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(None)

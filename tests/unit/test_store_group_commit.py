@@ -153,6 +153,14 @@ async def test_close_commits_the_writes_already_asked_for(tmp_path: Path):
         assert [k for k, _ in await rows(reopened)] == ["x", "y"]
 
 
+async def held(store: SQLiteStore, disk: Disk, key: str) -> asyncio.Task[str]:
+    """A durable insert of ``key``: committed, and its sync under way, held by ``disk``."""
+    disk.go.clear()
+    write = asyncio.create_task(store._transact(key, insert(key), durable=True))
+    await disk.sync_started()
+    return write
+
+
 async def test_the_writer_commits_at_normal_and_never_switches_the_level(store: SQLiteStore):
     assert store._commits is not None
     conn = store._commits.connection
@@ -168,9 +176,7 @@ async def test_a_durable_write_returns_once_the_log_is_synced_after_its_commit(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ):
     disk = Disk(monkeypatch)
-    disk.go.clear()
-    durable = asyncio.create_task(store._transact("durable", insert("durable"), durable=True))
-    await disk.sync_started()
+    durable = await held(store, disk, "durable")
     # Committed (a reader sees it) but not yet on disk: its caller waits, the loop does not.
     assert await rows(store) == [("durable", 0)]
     assert await store._transact("plain", insert("plain")) == "plain"
@@ -185,9 +191,7 @@ async def test_durable_writes_asked_for_during_a_sync_share_the_next_one(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ):
     disk = Disk(monkeypatch)
-    disk.go.clear()
-    first = asyncio.create_task(store._transact("first", insert("first"), durable=True))
-    await disk.sync_started()
+    first = await held(store, disk, "first")
     # Committed after the running sync began: it cannot cover them.
     later = [
         asyncio.create_task(store._transact(k, insert(k), durable=True)) for k in ("a", "b", "c")

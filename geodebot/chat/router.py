@@ -62,6 +62,10 @@ from geodebot.store.records import (
 log = logging.getLogger(__name__)
 
 TYPING_EVERY_S = 4.0
+# An accepted message's commit is synced within this, not at once: the turn's own first
+# durable commit (a quick answer's) comes in that time and one sync covers both, where a sync
+# under way would make it wait for the next. Only the platform's ack waits meanwhile.
+ACK_SYNC_WITHIN_S = 0.005
 # A reply that comes sooner needs no typing indicator: the first one waits this long, which
 # spares a platform request (and the chat's rate limit) on every quick turn.
 TYPING_AFTER_S = 0.5
@@ -150,8 +154,9 @@ class ChatRouter:
     async def accept(self, inbound: Inbound) -> None:
         """Returns once the message is committed for good: the platform may be acknowledged.
 
-        The inbox's commit is synced to disk while its turn starts: a turn's first effect on
-        the outside waits for a durable commit of its own, whose sync covers this one."""
+        The inbox's commit is synced to disk while its turn runs (within ACK_SYNC_WITHIN_S,
+        so a quick turn's answer shares the sync): a turn's first effect on the outside waits
+        for a durable commit of its own, whose sync covers this one."""
         committed = await commit(
             self._store,
             self._index,
@@ -166,7 +171,7 @@ class ChatRouter:
         try:
             await self._accepted(*committed)
         finally:
-            await self._store.sync()
+            await self._store.sync(within_s=ACK_SYNC_WITHIN_S)
 
     async def _accepted(self, decision: Accepted, row: InboxRow, new: bool) -> None:
         if not new:

@@ -367,7 +367,7 @@ class PostgresStore(PgWakeups, StoreMethods):
             raise StoreError(f"{what} failed: the store is not open")
         return self._pool
 
-    async def sync(self) -> None:
+    async def sync(self, *, within_s: float = 0.0) -> None:
         """Nothing: every commit is durable (see :meth:`_write`)."""
 
     async def _read(self, what: str, body: Body[_T]) -> _T:

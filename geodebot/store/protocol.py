@@ -71,10 +71,11 @@ class Store(JobStore, Protocol):
 
     async def schema_version(self) -> int: ...
 
-    async def sync(self) -> None:
+    async def sync(self, *, within_s: float = 0.0) -> None:
         """Return once every write committed so far is as durable as a durable write's (for
         the writes made with ``durable=False`` where a method offers it, before the outside
-        acts on them)."""
+        acts on them). ``within_s``: the store may take up to this much longer, to make the
+        durable writes asked for meanwhile durable with the same sync."""
 
     version_found: int
     """The schema version :meth:`open` found, before it applied the pending migrations (0 for

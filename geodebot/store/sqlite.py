@@ -247,10 +247,10 @@ class SQLiteStore(StoreMethods):
             raise StoreError(f"{what} failed: the store is not open")
         return await self._commits.write(what, fn, durable)
 
-    async def sync(self) -> None:
+    async def sync(self, *, within_s: float = 0.0) -> None:
         """Return once every commit so far is on disk as the store's level says."""
         if self._commits is not None:
-            await self._commits.sync()
+            await self._commits.sync(within_s=within_s)
 
     async def _read(self, what: str, body: Body[_T]) -> _T:
         return await self._query(what, lambda conn: drive(body(_SQLiteTx(conn))))

@@ -116,10 +116,11 @@ class GroupCommit:
         while self._due is not None:
             await asyncio.shield(self._due)
 
-    async def sync(self) -> None:
-        """Return once every write committed so far is on disk (what ``synchronous`` says)."""
+    async def sync(self, *, within_s: float = 0.0) -> None:
+        """Return once every write committed so far is on disk (what ``synchronous`` says);
+        ``within_s`` as in :meth:`LogSync.request`."""
         if self._log is not None:
-            await self._log.sync()
+            await self._log.sync(within_s=within_s)
 
     async def close(self) -> None:
         """Commit what was asked for, sync what needs it, then close the connection."""

@@ -13,7 +13,8 @@ syncs the log file on a thread of its own, and the durable writes' callers are t
 commit only once a sync that started after it has finished. One sync covers everything
 written to the log before it started, so the commits that ask while one is under way share
 the next. Meanwhile the loop goes on: a chat's turn starts while its message's sync is still
-on its way to the disk, and only the platform's ack waits for it (``Store.sync``).
+on its way to the disk, and only the platform's ack waits for it (``Store.sync``), which may
+even wait a few milliseconds for the turn's answer to share it.
 
 A failed sync leaves the log in a state nobody can vouch for (the kernel may have dropped the
 pages it could not write), so it fails the writes waiting for it, and every durable write
@@ -55,6 +56,9 @@ class LogSync:
         self._running: asyncio.Future[None] | None = None
         # The round asked for while one runs; it starts when that one ends.
         self._next: asyncio.Future[None] | None = None
+        # The round asked for with time to spare (see :meth:`sync`), not started yet.
+        self._lingering: asyncio.Future[None] | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._failed: StoreError | None = None
         self._closed = False
         self.syncs = 0
@@ -63,24 +67,31 @@ class LogSync:
         """The writer committed something (not yet on disk)."""
         self._dirty = True
 
-    def request(self) -> asyncio.Future[None]:
+    def request(self, *, within_s: float = 0.0) -> asyncio.Future[None]:
         """A future done once a sync that started after this call has finished, or failed
-        with a StoreError if it (or an earlier one) could not sync."""
+        with a StoreError if it (or an earlier one) could not sync. ``within_s``: the sync
+        may start up to this much later, and serve the requests made meanwhile too."""
         loop = asyncio.get_running_loop()
         if self._failed is not None or self._closed:
             failed: asyncio.Future[None] = loop.create_future()
             failed.set_exception(self._failed or StoreError("syncing the store's log: closed"))
             return failed
-        if self._running is None:
-            return self._start(loop.create_future())
-        if self._next is None:
-            self._next = loop.create_future()
-        return self._next
+        if self._running is not None:
+            if self._next is None:
+                self._next = loop.create_future()
+            return self._next
+        if within_s <= 0:
+            return self._start(self._lingering or loop.create_future())
+        if self._lingering is None:
+            self._lingering = loop.create_future()
+            self._linger_timer = loop.call_later(within_s, self._start_lingering)
+        return self._lingering
 
-    async def sync(self) -> None:
-        """Return once everything committed so far is on disk."""
+    async def sync(self, *, within_s: float = 0.0) -> None:
+        """Return once everything committed so far is on disk; ``within_s`` as in
+        :meth:`request`."""
         if self._dirty:
-            await asyncio.shield(self.request())
+            await asyncio.shield(self.request(within_s=within_s))
         elif self._running is not None:
             await asyncio.shield(self._running)
         elif self._failed is not None:
@@ -89,6 +100,7 @@ class LogSync:
     async def close(self) -> None:
         """Wait for the syncs asked for, then release the thread and the file."""
         self._closed = True
+        self._start_lingering()
         while self._running is not None:
             with contextlib.suppress(StoreError):
                 await asyncio.shield(self._running)
@@ -97,7 +109,15 @@ class LogSync:
             os.close(self._fd)
             self._fd = None
 
+    def _start_lingering(self) -> None:
+        if self._lingering is not None and self._running is None:
+            self._start(self._lingering)
+
     def _start(self, done: asyncio.Future[None]) -> asyncio.Future[None]:
+        if done is self._lingering:
+            self._lingering = None
+            assert self._linger_timer is not None
+            self._linger_timer.cancel()
         self._dirty = False
         self._running = done
         loop = asyncio.get_running_loop()

@@ -220,6 +220,46 @@ async def test_sync_waits_for_what_was_committed_without_a_sync_and_only_that(
     assert len(disk.synced) == 1
 
 
+async def test_a_sync_with_time_to_spare_is_shared_with_the_durable_write_that_follows(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    await store._transact("plain", insert("plain"))
+    # What the router does before a platform's ack: the sync may wait for company.
+    acked = asyncio.create_task(store.sync(within_s=30))
+    await asyncio.sleep(0.05)
+    assert disk.synced == []
+    assert not acked.done()
+    # A durable write (the turn's answer) starts it at once: one sync for both.
+    assert await store._transact("durable", insert("durable"), durable=True) == "durable"
+    await asyncio.wait_for(acked, 5)
+    assert len(disk.synced) == 1
+
+
+async def test_a_sync_with_time_to_spare_starts_by_itself_when_the_time_is_up(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    await store._transact("plain", insert("plain"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(store.sync(within_s=0.2), 5)
+    assert loop.time() - started >= 0.2
+    assert len(disk.synced) == 1
+
+
+async def test_close_runs_a_sync_that_was_waiting_for_company(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    await store._transact("plain", insert("plain"))
+    acked = asyncio.create_task(store.sync(within_s=30))
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(store.close(), 5)
+    await asyncio.wait_for(acked, 1)
+    assert len(disk.synced) == 1
+
+
 async def test_a_failed_sync_fails_its_writes_and_every_durable_write_after_it(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ):

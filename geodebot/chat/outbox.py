@@ -351,27 +351,33 @@ class OutboxSender:
         self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool, begun: bool
     ) -> OutboxRow:
         """Send one part not recorded as sent: at once if just begun or an edit (repeating an
-        edit is harmless), else after looking up an open outcome, resent blindly at most
-        MAX_BLIND_RESENDS times where the platform cannot say."""
+        edit is harmless), else after looking up an open outcome: resent if the platform says
+        it did not arrive, resent blindly at most MAX_BLIND_RESENDS times where the platform
+        cannot say."""
         if begun or part.edit_of is not None:
             return await self._send_part(channel, row, part, last=last, begun=begun)
         if row.in_flight == part.index:
-            if await self._reconciled(channel, row, part, last=last):
+            found = await self._reconciled(channel, row, part, last=last)
+            if found:
                 return await self._refresh(row)
-            if row.blind_resends >= MAX_BLIND_RESENDS:
-                return await self._store.outbox_finish(
-                    row.id, "failed", error="delivery outcome unknown; not resent again"
-                )
-            row = await self._store.outbox_note_blind_resend(row.id)
+            if found is None:
+                # Not a lookup's "not there": a resend may make a second copy.
+                if row.blind_resends >= MAX_BLIND_RESENDS:
+                    return await self._store.outbox_finish(
+                        row.id, "failed", error="delivery outcome unknown; not resent again"
+                    )
+                row = await self._store.outbox_note_blind_resend(row.id)
         return await self._send_part(channel, row, part, last=last)
 
     async def _reconciled(
         self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool
-    ) -> bool:
+    ) -> bool | None:
+        """After an open outcome: True if the part arrived (recorded as sent now), False if
+        the platform says it did not, None where the platform cannot say."""
         try:
             found = await channel.find_sent(part)
         except NotImplementedError:
-            return False
+            return None
         except ChannelError as exc:
             log.warning("outbox %s: lookup of part %s failed: %s", row.id, part.index, exc)
             raise _Later from exc

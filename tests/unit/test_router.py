@@ -651,8 +651,29 @@ async def test_a_begun_part_left_by_a_crash_counts_as_perhaps_sent(
     assert h.chat.texts() == ["after the crash", CONTROL_ANSWER]
     assert final is not None
     assert final.status == "sent"
-    # Not found by a lookup, or not looked up: sent again once, as any open outcome is.
-    assert final.blind_resends == 1
+    # Not found by a lookup: sent again, knowing it had not arrived. Not looked up: sent
+    # again blind, which only one resend may be.
+    assert final.blind_resends == (0 if lookups else 1)
+
+
+async def test_a_part_a_lookup_did_not_find_is_sent_after_a_second_crash_too(
+    tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    # Two processes died in turn between beginning the part and sending it; the second had
+    # resent it as blind (counted so before lookups were trusted). The platform says it
+    # never arrived, so it is sent, not given up as an open outcome.
+    async with harness(tmp_path, llm_server) as h:
+        store = h.app.services.store
+        _, out = await answered(store, "after two crashes", begin_first_part=True)
+        await store.outbox_note_blind_resend(out.id)
+        await store.outbox_begin_part(out.id, 0)
+        h.outbox.kick()
+        assert await h.replies(1) == ["after two crashes"]
+        await h.control()
+        final = await store.get_outbox(out.id)
+    assert h.chat.texts() == ["after two crashes", CONTROL_ANSWER]
+    assert final is not None
+    assert (final.status, final.attempts) == ("sent", 3)
 
 
 async def test_unknown_outcome_without_lookup_is_resent_at_most_once(

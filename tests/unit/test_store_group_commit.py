@@ -220,16 +220,22 @@ async def test_sync_waits_for_what_was_committed_without_a_sync_and_only_that(
     assert len(disk.synced) == 1
 
 
-async def test_a_sync_with_time_to_spare_is_shared_with_the_durable_write_that_follows(
-    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
-):
-    disk = Disk(monkeypatch)
+async def waiting_for_company(store: SQLiteStore, disk: Disk) -> asyncio.Task[None]:
+    """A commit, and a sync of it with 30 s to spare (what the router asks for before a
+    platform's ack), not started yet."""
     await store._transact("plain", insert("plain"))
-    # What the router does before a platform's ack: the sync may wait for company.
     acked = asyncio.create_task(store.sync(within_s=30))
     await asyncio.sleep(0.05)
     assert disk.synced == []
     assert not acked.done()
+    return acked
+
+
+async def test_a_sync_with_time_to_spare_is_shared_with_the_durable_write_that_follows(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    disk = Disk(monkeypatch)
+    acked = await waiting_for_company(store, disk)
     # A durable write (the turn's answer) starts it at once: one sync for both.
     assert await store._transact("durable", insert("durable"), durable=True) == "durable"
     await asyncio.wait_for(acked, 5)
@@ -252,9 +258,7 @@ async def test_close_runs_a_sync_that_was_waiting_for_company(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ):
     disk = Disk(monkeypatch)
-    await store._transact("plain", insert("plain"))
-    acked = asyncio.create_task(store.sync(within_s=30))
-    await asyncio.sleep(0.01)
+    acked = await waiting_for_company(store, disk)
     await asyncio.wait_for(store.close(), 5)
     await asyncio.wait_for(acked, 1)
     assert len(disk.synced) == 1

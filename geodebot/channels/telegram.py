@@ -589,8 +589,11 @@ class TelegramChannel:
         value = json.dumps({"offset": offset, "saved_at": time.time()})
         try:
             await self._cursors.set_cursor(CURSOR_NAME, value)
+        except StoreError as exc:
+            # Only costs redelivery after a restart, which the inbox deduplicates; the store
+            # says what failed (a full disk, say), a traceback would add nothing.
+            log.warning("telegram: cannot save the poll offset: %s", exc)
         except Exception as exc:
-            # Only costs redelivery after a restart, which the inbox deduplicates.
             log.warning("telegram: cannot save the poll offset: %s", exc, exc_info=True)
 
     async def _poll_loop(self) -> None:

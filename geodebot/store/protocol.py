@@ -375,12 +375,11 @@ class Store(JobStore, Protocol):
         pickup: str | None = None,
         durable: bool = True,
     ) -> tuple[InboxRow, bool]:
-        """Commit an accepted event as ``pending``; ``(stored, True)``. Not ``durable``: the
-        caller calls :meth:`sync` before it acknowledges the event (and may start its turn
-        meanwhile). ``files``: what the
+        """Commit an accepted event as ``pending``; ``(stored, True)``. ``files``: what the
         platform said the message carried (JSON objects), kept on the row as they are.
         ``pickup``: with replicas, the one that took the message in (its session may run on
-        another).
+        another). Not ``durable``: the caller calls :meth:`sync` before it acknowledges the
+        event (and may start its turn meanwhile).
 
         A second event with the same ``(platform, event_id)`` writes nothing and returns
         ``(existing, False)``, also when the two race. ``cursor`` ``(name, value)`` is set in

@@ -61,7 +61,6 @@ class LogSync:
         self._linger_timer: asyncio.TimerHandle | None = None
         self._failed: StoreError | None = None
         self._closed = False
-        self.syncs = 0
 
     def committed(self) -> None:
         """The writer committed something (not yet on disk)."""
@@ -131,7 +130,6 @@ class LogSync:
             self._failed = StoreError(f"syncing the store's log to disk failed: {error}")
             self._failed.__cause__ = error
             log.critical("store: %s; no durable write succeeds until a restart", self._failed)
-        self.syncs += 1
         _settle(done, self._failed)
         self._running = None
         following, self._next = self._next, None

@@ -164,6 +164,17 @@ async def turns_per_chat(telegram: FakeTelegram, chats: Sequence[int], n: int, t
     await asyncio.gather(*(chat_loop(c) for c in chats))
 
 
+async def cpu_of(
+    pid: int, telegram: FakeTelegram, chats: Sequence[int], n: int, tag: str, settle_s: float
+) -> tuple[float, int]:
+    """(daemon CPU seconds, replies) of ``n`` turns per chat, all chats in closed loops at
+    once, and ``settle_s`` after (the tail of their work counted to them)."""
+    sent, used = sent_total(telegram), cpu_seconds(pid)
+    await turns_per_chat(telegram, chats, n, tag)
+    await asyncio.sleep(settle_s)
+    return cpu_seconds(pid) - used, sent_total(telegram) - sent
+
+
 async def measure(
     label: str,
     pid: int,
@@ -175,12 +186,7 @@ async def measure(
     """CPU per reply of ``n`` turns per chat, all chats in closed loops at once."""
     started = time.perf_counter()
     print(f"  .. {label}: {n} turn(s) x {len(chats)} chats", end="", flush=True)
-    sent = sent_total(telegram)
-    used = cpu_seconds(pid)
-    await turns_per_chat(telegram, chats, n, label)
-    await asyncio.sleep(SETTLE_S)
-    cpu = cpu_seconds(pid) - used
-    replies = sent_total(telegram) - sent
+    cpu, replies = await cpu_of(pid, telegram, chats, n, label, SETTLE_S)
     phase = Phase(label, messages, cpu * 1000 / max(1, replies), replies, rss_mb(pid))
     print(
         f" ({time.perf_counter() - started:.1f} s): {phase.cpu_ms:.2f} ms CPU per turn, "
@@ -207,11 +213,11 @@ async def alternating(
     for r in range(rounds):
         order = list(groups) if r % 2 == 0 else list(groups)[::-1]
         for label in order:
-            sent, used = sent_total(telegram), cpu_seconds(pid)
-            await turns_per_chat(telegram, groups[label][0], 1, f"{label} {r}")
-            await asyncio.sleep(ROUND_SETTLE_S)
-            cpu[label] += cpu_seconds(pid) - used
-            replies[label] += sent_total(telegram) - sent
+            used, sent = await cpu_of(
+                pid, telegram, groups[label][0], 1, f"{label} {r}", ROUND_SETTLE_S
+            )
+            cpu[label] += used
+            replies[label] += sent
             rss[label] = rss_mb(pid)
     print(f" ({time.perf_counter() - started:.1f} s)", flush=True)
     phases = {}

@@ -101,11 +101,10 @@ async def commit(
     counters: collections.Counter[str],
     *,
     pickup: str | None = None,
-    durable: bool = True,
 ) -> tuple[Accepted, InboxRow, bool] | None:
-    """The gate, then the inbox: ``(decision, row, new)`` once committed (the platform may
-    then be acknowledged; not ``durable``: once ``store.sync()`` has returned too), None if
-    the gate dropped it (counted in ``counters``)."""
+    """The gate, then the inbox: ``(decision, row, new)`` once committed, not yet synced
+    (the platform may be acknowledged once ``store.sync()`` has returned too), None if the
+    gate dropped it (counted in ``counters``)."""
     counters["received"] += 1
     decision = decide(inbound, index, max_chars.get(inbound.platform, 16_000))
     if not isinstance(decision, Accepted):
@@ -122,6 +121,6 @@ async def commit(
         message_id=inbound.message_id,
         files=[f.to_json() for f in inbound.files],
         pickup=pickup,
-        durable=durable,
+        durable=False,
     )
     return decision, row, new

@@ -164,7 +164,6 @@ class ChatRouter:
             inbound,
             self.counters,
             pickup=self._replica_id(),
-            durable=False,
         )
         if committed is None:
             return

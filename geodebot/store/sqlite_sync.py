@@ -48,8 +48,7 @@ class LogSync:
     def __init__(self, db_path: pathlib.Path) -> None:
         self._db_path = db_path
         self._wal_path = db_path.with_name(db_path.name + "-wal")
-        self._fd: int | None = None
-        self._fd_path: pathlib.Path | None = None
+        self._fd: int | None = None  # the log's, opened by the first sync that finds it
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "geodebot-log-sync")
         # Something was committed since the last sync started.
         self._dirty = False
@@ -141,32 +140,32 @@ class LogSync:
             self._start(following)
 
     def _sync_file(self) -> None:
-        """On the sync thread: fdatasync the log (the database file if there is no log)."""
-        path = self._wal_path
-        try:
-            current = os.stat(path)
-        except FileNotFoundError:
-            # No log (not created yet, or removed by the last connection's close): everything
-            # committed is in the database file itself.
-            path, current = self._db_path, os.stat(self._db_path)
-        fd = self._fd
-        if fd is None or self._fd_path != path or os.fstat(fd).st_ino != current.st_ino:
-            fd = self._open(path)
-        _fdatasync(fd)
+        """On the sync thread: fdatasync the log. The log stays while any connection is open
+        (the writer's is, for this object's life), so it is opened once; before it exists,
+        everything committed is in the database file, which is synced instead."""
+        if self._fd is None:
+            try:
+                self._fd = _open_synced(self._wal_path)
+            except FileNotFoundError:
+                fd = os.open(self._db_path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    _fdatasync(fd)
+                finally:
+                    os.close(fd)
+                return
+        _fdatasync(self._fd)
 
-    def _open(self, path: pathlib.Path) -> int:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self._fd, self._fd_path = fd, path
-        # A new file's name must survive a power cut as well as its content.
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        return fd
+
+def _open_synced(path: pathlib.Path) -> int:
+    """``path`` opened for syncing, its directory synced once: a new file's name must
+    survive a power cut as well as its content."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return fd
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

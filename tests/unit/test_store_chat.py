@@ -513,8 +513,9 @@ async def test_commits_the_outside_acts_on_are_synced_and_the_rest_are_not(
             await step
             return len(synced) - before
 
+        opened = len(synced)  # one sync per migration applied
         row, _ = await add(s, "1")
-        assert len(synced) >= 1
+        assert len(synced) - opened == 1
         assert await syncs_of(s.inbox_start(row.id)) == 0
         _, out = await s.inbox_finish(row.id, "done", reply=reply())
         assert out is not None

@@ -54,6 +54,9 @@ from tests.support.fakes.llm_server import FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
 
 SLOPE_MAX_KB_PER_TURN = 1.0
+# The store's write-ahead log: started again from its beginning after each checkpoint, and
+# cut back to this when a burst left it larger (store/sqlite.py, journal_size_limit).
+LOG_MAX_MB = 32 * 1024 * 1024 / 1e6
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Sample:
     # The context cache's bytes (its own measure, not RSS): bounded, it grows until full.
     cache_mb: float | None = None
     cache_max_mb: float | None = None
+    # The SQLite store's write-ahead log file.
+    log_mb: float = 0.0
 
 
 def slope_kb_per_turn(samples: list[Sample], *, cache: bool = True) -> float:
@@ -77,6 +82,10 @@ def slope_kb_per_turn(samples: list[Sample], *, cache: bool = True) -> float:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+
+
+def log_mb(state: Path) -> float:
+    return sum(p.stat().st_size for p in state.rglob("*.db-wal")) / 1e6
 
 
 async def sample(pid: int, socket: Path, turns: int, started: float) -> Sample:
@@ -120,11 +129,13 @@ async def run(turns: int, every: int, chats: int) -> list[Sample]:
                     await asyncio.sleep(0.5)  # let deliveries and bookkeeping settle
                     samples.append(await sample(pid, socket, done, started))
                     last = samples[-1]
+                    last.log_mb = log_mb(Path(tmp))
                     print(
                         f"  {last.turns:>7,} turns  {last.seconds:7.1f} s  "
                         f"RSS {last.rss_mb:7.2f} MB  fds {last.fds:4d}  "
                         f"threads {last.threads}  tasks {last.tasks}  "
-                        f"context cache {last.cache_mb or 0:6.2f} MB",
+                        f"context cache {last.cache_mb or 0:6.2f} MB  "
+                        f"store log {last.log_mb:6.2f} MB",
                         flush=True,
                     )
             finally:
@@ -161,6 +172,13 @@ def report(samples: list[Sample]) -> bool:
             f"context cache: at most {held:.2f} MB held, bound {end.cache_max_mb:.2f} MB: "
             f"{'PASS' if within else 'FAIL'}"
         )
+    largest_log = max(s.log_mb for s in samples)
+    log_ok = largest_log <= LOG_MAX_MB
+    ok = ok and log_ok
+    print(
+        f"store log (SQLite WAL): at most {largest_log:.2f} MB "
+        f"(target <= {LOG_MAX_MB:.1f}): {'PASS' if log_ok else 'FAIL'}"
+    )
     # Flat: the second half never goes above the first half's highest count. Open files
     # move by a few with keep-alive connections; a leak would climb past it.
     for name, get in (

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _BUSY_TIMEOUT_MS = 5_000
+_LOG_SIZE_LIMIT = 32 * 1024 * 1024
 
 
 class SQLiteStore(StoreMethods):
@@ -117,7 +118,8 @@ class SQLiteStore(StoreMethods):
         the log, in WAL mode at FULL or EXTRA, where a :class:`LogSync` does that off the
         loop for the durable commits. Otherwise every commit is made at the store's level."""
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None)
+            # Used by one thread at a time: the loop's, or the one between_writes lends it to.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StoreError(f"opening store {str(self.path)!r} for writing failed: {exc}") from exc
         try:
@@ -129,6 +131,9 @@ class SQLiteStore(StoreMethods):
                 "busy_timeout=0",
                 f"synchronous={'NORMAL' if log_sync else self.synchronous}",
                 "wal_autocheckpoint=0",
+                # When the log starts again from its beginning, a file a burst left larger
+                # than a few checkpoints' worth is cut back to this.
+                f"journal_size_limit={_LOG_SIZE_LIMIT}",
             ):
                 conn.execute(f"PRAGMA {pragma}")
         except sqlite3.Error as exc:
@@ -137,18 +142,21 @@ class SQLiteStore(StoreMethods):
         return conn, LogSync(self.path) if log_sync else None
 
     def _checkpoint_soon(self) -> None:
-        """Copy the log into the database on the store's thread, not on the loop; PASSIVE
-        takes no lock that writes wait for."""
+        """Copy the log into the database off the loop: most of it on the store's thread
+        beside the writes (PASSIVE takes no lock that writes wait for), then what they added
+        meanwhile between two writes, so that the next write starts the log again from its
+        beginning (see .sqlite_commit) instead of making it longer."""
         if self._db is None or (self._checkpointing and not self._checkpointing.done()):
             return
         self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint())
 
     async def _checkpoint(self) -> None:
         try:
-            await self._query(
-                "checkpointing the log",
-                lambda db: db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall(),
-            )
+            await self._query("checkpointing the log", _checkpoint_passive)
+            if self._commits is not None:
+                await self._commits.between_writes(
+                    "finishing the checkpoint of the log", _checkpoint_passive
+                )
         except StoreError as exc:
             log.warning("store: %s", exc)
 
@@ -329,6 +337,10 @@ class _SQLiteTx:
 
     async def now(self) -> float:
         return time.time()  # one machine: its clock is the database's
+
+
+def _checkpoint_passive(db: sqlite3.Connection) -> None:
+    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _version(db: sqlite3.Connection) -> int:

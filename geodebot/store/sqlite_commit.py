@@ -20,7 +20,12 @@ What the loop must never do is wait. Another process holding the write lock (an 
 does not wait for locks: a busy database is tried again after a pause, up to
 ``busy_timeout_s``, while the loop goes on. And it does not checkpoint the log itself (a
 checkpoint copies pages and syncs the database file): every ``checkpoint_every`` commits,
-``on_checkpoint`` is called to have it done off the loop.
+``on_checkpoint`` is called to have it done off the loop. The log only starts again from its
+beginning when a write finds it wholly copied, which under steady traffic a checkpoint beside
+the writes never leaves it (they add to it while it runs), so the log would grow for as long
+as the traffic lasts, and every sync of a growing file costs the journal's too:
+:meth:`GroupCommit.between_writes` lets the store copy the last few pages while no write is
+being made.
 
 Nor does it sync the log to disk: with a :class:`LogSync`, every commit is made at NORMAL and
 a durable write's caller is told of its commit once the log has been synced after it, on the
@@ -97,6 +102,8 @@ class GroupCommit:
         self._pending: list[_Write] = []
         # Set while a pass is due (a scheduled drain, or a pause on a busy database).
         self._due: asyncio.Future[None] | None = None
+        # Set while between_writes has the connection: writes wait in _pending meanwhile.
+        self._lent: asyncio.Future[Any] | None = None
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -122,14 +129,43 @@ class GroupCommit:
         if self._log is not None:
             await self._log.sync(within_s=within_s)
 
+    async def between_writes(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``fn(connection)`` on a thread while no write is made: the writes asked for
+        meanwhile wait, and are committed together as soon as it returns. For short work only
+        (the end of a checkpoint); one at a time."""
+        if self._lent is not None:
+            raise StoreError(f"{what} failed: the connection is lent already")
+        loop = asyncio.get_running_loop()
+        # A pass is never under way here: it runs whole in one callback of the loop. The
+        # connection comes back when fn has returned, even if this caller is cancelled.
+        lent = self._lent = loop.run_in_executor(None, fn, self._conn)
+        lent.add_done_callback(self._given_back)
+        try:
+            return await asyncio.shield(lent)
+        except sqlite3.Error as exc:
+            raise _lost(what, exc) from exc
+
+    def _given_back(self, lent: asyncio.Future[Any]) -> None:
+        self._lent = None
+        if self._pending:
+            self._due = self._due or asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(self._drain)
+
     async def close(self) -> None:
         """Commit what was asked for, sync what needs it, then close the connection."""
+        if self._lent is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._lent)  # given back before this goes on
         await self.flush()
         if self._log is not None:
             await self._log.close()
         self._conn.close()
 
     def _drain(self, busy_since: float | None = None) -> None:
+        if self._lent is not None:
+            return  # between_writes drains when it gives the connection back
+        if not self._pending:  # drained already by a pass scheduled twice
+            return
         batch, self._pending = self._pending, []
         try:
             outcomes = self._commit(batch)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -330,7 +331,11 @@ async def test_the_log_is_checkpointed_off_the_loop(
 ):
     assert store._commits is not None
     assert store._db is not None
-    on_loop = traced(store)
+    loop_thread = threading.get_ident()
+    on_writer: list[tuple[int, str]] = []
+    store._commits.connection.set_trace_callback(
+        lambda sql: on_writer.append((threading.get_ident(), sql))
+    )
     on_thread: list[str] = []
     await store._db.set_trace_callback(on_thread.append)
     monkeypatch.setattr(store._commits, "_checkpoint_every", 5)
@@ -339,11 +344,87 @@ async def test_the_log_is_checkpointed_off_the_loop(
         await store._transact(f"c{i}", insert(f"c{i}"))
         if store._checkpointing is not None:
             await store._checkpointing  # one at a time: a later one would be skipped
-    # Every fifth commit, by the reading connection's thread, not by the write connection,
-    # whose own automatic checkpoints are off.
+    # Every fifth commit, by the reading connection's thread, then the rest by the write
+    # connection, lent to a thread; never on the loop, and the write connection's own
+    # automatic checkpoints are off.
     assert on_thread.count("PRAGMA wal_checkpoint(PASSIVE)") == 2
-    assert not any("checkpoint" in sql.lower() for sql in on_loop)
+    finishing = [t for t, sql in on_writer if "checkpoint" in sql.lower()]
+    assert len(finishing) == 2
+    assert loop_thread not in finishing
     assert store._commits.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+
+
+async def test_under_steady_writes_the_log_starts_again_instead_of_growing(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    """A checkpoint beside the writes leaves the log with pages it has not copied (the
+    writes made meanwhile), and only a log wholly copied starts again from its beginning:
+    the end of each checkpoint is made between two writes."""
+    assert store._commits is not None
+    monkeypatch.setattr(store._commits, "_checkpoint_every", 10)
+    log_file = store.path.with_name(store.path.name + "-wal")
+    largest = 0
+
+    async def writer(n: int) -> None:
+        nonlocal largest
+        for i in range(300):
+            await store._transact(f"w{n}.{i}", insert(f"w{n}.{i}" + "x" * 3000))
+            largest = max(largest, log_file.stat().st_size)
+
+    # Four writers keep a write in every pass of the loop while a checkpoint runs.
+    await asyncio.gather(*(writer(n) for n in range(4)))
+    written = 1200 * 3000
+    # The keys alone are written twice (table and index); without the ending between two
+    # writes the log grows to several times this.
+    assert largest < written, f"the log grew to {largest} bytes for {written} written"
+    assert len(await rows(store)) == 1200
+
+
+async def test_writes_wait_while_the_connection_is_lent_and_commit_when_it_is_back(
+    store: SQLiteStore,
+):
+    assert store._commits is not None
+    lent_out = threading.Event()
+    give_back = threading.Event()
+
+    def borrow(db: sqlite3.Connection) -> int:
+        lent_out.set()
+        give_back.wait(5)
+        return int(db.execute("SELECT COUNT(*) FROM probe").fetchone()[0])
+
+    borrowing = asyncio.create_task(store._commits.between_writes("borrowing", borrow))
+    await asyncio.to_thread(lent_out.wait, 5)
+    writes = [asyncio.create_task(store._transact(f"k{i}", insert(f"k{i}"))) for i in range(3)]
+    await asyncio.sleep(0.05)
+    assert not any(w.done() for w in writes)
+    with pytest.raises(StoreError, match="lent already"):
+        await store._commits.between_writes("again", borrow)
+    give_back.set()
+    assert await borrowing == 0
+    assert await asyncio.gather(*writes) == ["k0", "k1", "k2"]
+    assert [k for k, _ in await rows(store)] == ["k0", "k1", "k2"]
+
+
+async def test_close_waits_for_a_lent_connection(tmp_path: Path):
+    store = SQLiteStore(tmp_path / "lent.db")
+    await store.open()
+    assert store._commits is not None
+    lent_out = threading.Event()
+    give_back = threading.Event()
+
+    def borrow(db: sqlite3.Connection) -> None:
+        lent_out.set()
+        give_back.wait(5)
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    borrowing = asyncio.create_task(store._commits.between_writes("borrowing", borrow))
+    await asyncio.to_thread(lent_out.wait, 5)
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()
+    give_back.set()
+    await closing
+    await borrowing  # the borrower's statement ran on the open connection
 
 
 async def test_an_unexpected_failure_of_a_group_fails_its_writes_and_the_next_go_on(

@@ -86,8 +86,9 @@ async def _sweep_receipts(store: Store) -> None:
 
 
 async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str | None:
-    """Run until SIGTERM or SIGINT; or, with a shared store, until this replica loses the
-    daemon's lease, which it returns the reason of (the process then exits non-zero).
+    """Run until SIGTERM or SIGINT; or until it must stop at once, which it returns the reason
+    of (the process then exits non-zero): with a shared store, this replica lost the daemon's
+    lease; on SQLite, the store could not sync its log to disk.
 
     Every part that owns I/O is entered on one stack in the order it depends on the others,
     so leaving unwinds it backwards: the IPC socket closes, no new job fires and running
@@ -122,7 +123,15 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
             if metrics is not None:
                 metrics.known_tools = _known_tools(config, app)
             store = app.services.store
-            shared = await _shared(config, app, stack, stop, lost)
+
+            def stop_now(why: str) -> None:
+                lost.append(why)
+                stop.set()
+
+            # Nothing can be made durable any more, so nothing may be acked or sent: a restart
+            # recovers what is on disk, and the platforms bring the rest again.
+            store.on_broken(lambda exc: stop_now(f"the store cannot make writes durable: {exc}"))
+            shared = await _shared(config, app, stack, stop_now)
             if shared is None:
                 # No call can still be running: one process uses this store. With replicas,
                 # a session's calls are swept by whoever takes the session over.
@@ -158,8 +167,8 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 # Nothing a turn or the outbox does now can commit or be sent: no waiting.
                 turns_grace.end_now()
                 sends_grace.end_now()
-                log.info("shutting down at once: the daemon's lease was lost")
-                notifier.stopping("stopping: the daemon's lease was lost")
+                log.info("shutting down at once: %s", lost[0])
+                notifier.stopping(f"stopping: {lost[0]}")
             else:
                 log.info("shutting down (grace %s s)", grace)
                 notifier.stopping(f"stopping: draining turns for up to {grace:g} s")
@@ -216,7 +225,7 @@ class _Shared:
 
 
 async def _shared(
-    config: Config, app: App, stack: AsyncExitStack, stop: asyncio.Event, lost: list[str]
+    config: Config, app: App, stack: AsyncExitStack, stop_now: Callable[[str], None]
 ) -> _Shared | None:
     """With a shared store, the leases this replica will hold; None on SQLite, which one
     process uses at a time. Every replica serves: it takes in what its platforms spread over
@@ -227,8 +236,7 @@ async def _shared(
         return None
 
     def on_lost(why: str) -> None:
-        lost.append(why)
-        stop.set()
+        stop_now(f"the daemon's lease was lost: {why}")
 
     store = app.services.store
     ttl = config.store.lease_ttl_s
@@ -236,7 +244,7 @@ async def _shared(
     sessions = SessionLeases(store, app.replica_id, ttl_s=ttl)
     # Left after everything that runs turns: the sessions are let go once their work stopped.
     await stack.enter_async_context(sessions)
-    return _Shared(lease, sessions, on_lost)
+    return _Shared(lease, sessions, stop_now)
 
 
 async def _lead(shared: _Shared, store: Store, supervisor: ChannelSupervisor) -> None:

@@ -366,8 +366,8 @@ async def _serve(config: Config, args: argparse.Namespace) -> int:
 
     lost = await serve(config)
     if lost is not None:
-        # Not a clean stop: systemd (Restart=on-failure) starts it again, as a member.
-        print(f"geodebot: stopped serving: the daemon's lease was lost: {lost}", file=sys.stderr)
+        # Not a clean stop: systemd (Restart=on-failure) starts it again.
+        print(f"geodebot: stopped serving: {lost}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 

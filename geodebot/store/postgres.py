@@ -21,7 +21,7 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import psycopg
@@ -369,6 +369,9 @@ class PostgresStore(PgWakeups, StoreMethods):
 
     async def sync(self, *, within_s: float = 0.0) -> None:
         """Nothing: every commit is durable (see :meth:`_write`)."""
+
+    def on_broken(self, callback: Callable[[StoreError], None]) -> None:
+        """Never called: the server keeps its own durability (see :class:`Store`)."""
 
     async def _read(self, what: str, body: Body[_T]) -> _T:
         pool = self._opened(what)

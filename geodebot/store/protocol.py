@@ -15,7 +15,7 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol
 
@@ -54,6 +54,7 @@ from geodebot.store.records import (
     SessionRecord,
     SpendCharge,
     SpendRefusal,
+    StoreError,
     TimelineEvent,
     ToolBatchRecord,
     Unanswered,
@@ -76,6 +77,12 @@ class Store(JobStore, Protocol):
         the writes made with ``durable=False`` where a method offers it, before the outside
         acts on them). ``within_s``: the store may take up to this much longer, to make the
         durable writes asked for meanwhile durable with the same sync."""
+
+    def on_broken(self, callback: Callable[[StoreError], None]) -> None:
+        """Have ``callback`` called (once, on the event loop) if the store can no longer make
+        any write durable, with why: the process should stop, and a restart recovers what is
+        on disk. (SQLite: a sync of its log failed. PostgreSQL keeps its own durability and
+        never calls it: a lost connection fails writes, and they are tried again.)"""
 
     version_found: int
     """The schema version :meth:`open` found, before it applied the pending migrations (0 for

@@ -62,6 +62,7 @@ class SQLiteStore(StoreMethods):
         self._commits: GroupCommit | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._fences = Fences()
+        self._on_broken: list[Callable[[StoreError], None]] = []
         self.version_found = 0
 
     async def __aenter__(self) -> Self:
@@ -139,7 +140,14 @@ class SQLiteStore(StoreMethods):
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(f"opening store {str(self.path)!r} for writing failed: {exc}") from exc
-        return conn, LogSync(self.path) if log_sync else None
+        return conn, LogSync(self.path, on_failed=self._broken) if log_sync else None
+
+    def on_broken(self, callback: Callable[[StoreError], None]) -> None:
+        self._on_broken.append(callback)
+
+    def _broken(self, exc: StoreError) -> None:
+        for callback in self._on_broken:
+            callback(exc)
 
     def _checkpoint_soon(self) -> None:
         """Copy the log into the database off the loop: most of it on the store's thread

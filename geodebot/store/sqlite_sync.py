@@ -18,7 +18,8 @@ even wait a few milliseconds for the turn's answer to share it.
 
 A failed sync leaves the log in a state nobody can vouch for (the kernel may have dropped the
 pages it could not write), so it fails the writes waiting for it, and every durable write
-after it, until the daemon is restarted.
+after it, and tells its owner (``on_failed``): the daemon stops at once and exits non-zero,
+as PostgreSQL does after a failed fsync, and its restart recovers what is on disk.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import contextlib
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 
 from geodebot.store.records import StoreError
 
@@ -45,8 +47,12 @@ class LogSync:
     Use from the event loop's thread only; the syncs themselves run on a thread of their own.
     """
 
-    def __init__(self, db_path: pathlib.Path) -> None:
+    def __init__(
+        self, db_path: pathlib.Path, *, on_failed: Callable[[StoreError], None] | None = None
+    ) -> None:
         self._db_path = db_path
+        # Told once, when the first sync fails.
+        self._on_failed = on_failed
         self._wal_path = db_path.with_name(db_path.name + "-wal")
         self._fd: int | None = None  # the log's, opened by the first sync that finds it
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "geodebot-log-sync")
@@ -129,6 +135,11 @@ class LogSync:
             self._failed = StoreError(f"syncing the store's log to disk failed: {error}")
             self._failed.__cause__ = error
             log.critical("store: %s; no durable write succeeds until a restart", self._failed)
+            if self._on_failed is not None:
+                try:
+                    self._on_failed(self._failed)
+                except Exception:  # the failure is recorded and returned all the same
+                    log.exception("store: telling of the failed sync failed")
         _settle(done, self._failed)
         self._running = None
         following, self._next = self._next, None

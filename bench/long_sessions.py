@@ -27,7 +27,11 @@ few separate short chats:
    alternates its two systems), so a drift of the machine's speed meets both alike; measured
    one phase after the other, the same code's ratio read anywhere from 0.9x to 1.6x. The
    baseline is the short sessions' figure, at about ``SHORT`` (60) messages; the long ones'
-   is at about ``LONG`` (540).
+   is at about ``LONG`` (540);
+3. restarts: the daemon is stopped and started again ``--restarts`` times, and each time,
+   after the warm-up, the long sessions' first and second turns are measured as in 1. The
+   cold / warm ratio is of all the cold turns' CPU against all the second turns' (one pair
+   of 50-turn samples read anywhere from 2.2x to 3.0x on the same code).
 
 Targets: warm CPU per turn at ~540 messages <= 1.5x the figure at ~60, and the first turn
 of a session after a restart <= 3x the warm figure at the same length.
@@ -98,6 +102,7 @@ COLD_RATIO_MAX = 3.0
 class Sizes:
     chats: int
     turns: int  # measured warm turns per chat and phase
+    restarts: int  # further cold / second pairs, each after a restart
 
 
 @dataclass
@@ -231,6 +236,28 @@ async def alternating(
     return phases
 
 
+def pooled(label: str, phases: Sequence[Phase]) -> Phase:
+    """One phase of several samples: CPU per reply over all their replies."""
+    replies = sum(p.replies for p in phases)
+    cpu_ms = sum(p.cpu_ms * p.replies for p in phases)
+    messages = sum(p.messages * p.replies for p in phases)
+    return Phase(label, messages / max(1, replies), cpu_ms / max(1, replies), replies,
+                 phases[-1].rss_mb)  # fmt: skip
+
+
+async def cold_and_second(
+    pid: int, telegram: FakeTelegram, warm: Sequence[int], long_: Sequence[int], seeded: float
+) -> tuple[Phase, Phase]:
+    """A fresh process: warmed up on other chats (its first turns load code and open
+    connections, so the cold figure is about the sessions' history), then each long
+    session's first turn, its history read from the store, and at once its second turn."""
+    await turns_per_chat(telegram, warm, WARM_TURNS, "warm-up")
+    await asyncio.sleep(SETTLE_S)
+    cold = await measure("long, cold", pid, telegram, long_, 1, seeded + 1)
+    second = await measure("long, second turn", pid, telegram, long_, 1, seeded + 3)
+    return cold, second
+
+
 async def start(config: Path, telegram: FakeTelegram) -> DaemonProcess:
     daemon = DaemonProcess(config, geodebot_env(telegram))
     await daemon.start(timeout_s=60)
@@ -247,6 +274,7 @@ async def run(sizes: Sizes) -> tuple[Figures, list[str]]:
     # Two turns before the warm rounds add 4 messages, then k warm turns 2 each: the mean
     # over the warm turns is the seeded length + 4 + k.
     short_seed, long_seed = SHORT - 4 - k, LONG - 4 - k
+    earlier_logs: list[str] = []  # of the daemons stopped for a restart
     with tempfile.TemporaryDirectory(prefix="geodebot-long-") as tmp:
         async with FakeLLMServer(record=False) as llm, FakeTelegram() as telegram:
             llm.default = Reply(ANSWER)
@@ -265,14 +293,8 @@ async def run(sizes: Sizes) -> tuple[Figures, list[str]]:
             try:
                 assert daemon.proc is not None
                 pid = daemon.proc.pid
-                # A fresh process's first turns load code and open connections: done on
-                # other chats, so the cold figures are about the sessions' history.
-                await turns_per_chat(telegram, warm, WARM_TURNS, "warm-up")
-                await asyncio.sleep(SETTLE_S)
-                # Each session's first turn in this process: its history read from the store.
-                cold = await measure("long, cold", pid, telegram, long_, 1, long_seed + 1)
-                # At once: the two figures the cold ratio compares are taken moments apart.
-                second = await measure("long, second turn", pid, telegram, long_, 1, long_seed + 3)
+                cold, second = await cold_and_second(pid, telegram, warm, long_, long_seed)
+                colds, seconds = [cold], [second]
                 short_cold = await measure("short, cold", pid, telegram, short, 1, short_seed + 1)
                 # The long sessions had a turn more: as many again for the short ones.
                 await turns_per_chat(telegram, short, 1, "even")
@@ -281,9 +303,26 @@ async def run(sizes: Sizes) -> tuple[Figures, list[str]]:
                     "long": (long_, long_seed + 4 + k),
                 }
                 figures.phases.update(await alternating(pid, telegram, groups, k))
-                figures.phases["long-cold"] = cold
-                figures.phases["long-second"] = second
                 figures.phases["short-cold"] = short_cold
+                seeded = long_seed + 4 + 2 * k
+                for _ in range(sizes.restarts):
+                    await stop_daemon(daemon)
+                    earlier_logs.extend(daemon.log)
+                    print("  .. restarted", flush=True)
+                    daemon = await start(config, telegram)
+                    assert daemon.proc is not None
+                    cold, second = await cold_and_second(
+                        daemon.proc.pid, telegram, warm, long_, seeded
+                    )
+                    colds.append(cold)
+                    seconds.append(second)
+                    seeded += 4
+                if len(colds) > 1:
+                    pairs = zip(colds, seconds, strict=True)
+                    each = ", ".join(f"{c.cpu_ms / s.cpu_ms:.2f}x" for c, s in pairs)
+                    print(f"  .. cold / second of each process: {each}", flush=True)
+                figures.phases["long-cold"] = pooled("long, cold", colds)
+                figures.phases["long-second"] = pooled("long, second turn", seconds)
             except TimeoutError:
                 # A chat got no reply: never expected. Keep what tells why.
                 await stop_daemon(daemon)
@@ -299,7 +338,7 @@ async def run(sizes: Sizes) -> tuple[Figures, list[str]]:
                 raise
             finally:
                 await stop_daemon(daemon)
-    return figures, daemon.log
+    return figures, [*earlier_logs, *daemon.log]
 
 
 def report(figures: Figures) -> bool:
@@ -354,10 +393,13 @@ def parse(argv: list[str] | None) -> Sizes:
     parser.add_argument("--quick", action="store_true", help="fewer measured turns (~1 minute)")
     parser.add_argument("--chats", type=int, default=50)
     parser.add_argument("--turns", type=int, default=12, help="measured warm turns per chat")
+    parser.add_argument(
+        "--restarts", type=int, default=3, help="further cold / second pairs after restarts"
+    )
     args = parser.parse_args(argv)
     if args.quick:
-        args.turns = 4
-    return Sizes(chats=args.chats, turns=args.turns)
+        args.turns, args.restarts = 4, 1
+    return Sizes(chats=args.chats, turns=args.turns, restarts=args.restarts)
 
 
 async def amain(sizes: Sizes) -> int:

@@ -394,26 +394,39 @@ async def test_under_steady_writes_the_log_starts_again_instead_of_growing(
     assert len(await rows(store)) == 1200
 
 
+class Borrower:
+    """Borrows the store's write connection (GroupCommit.between_writes) and keeps it, on
+    its thread, until ``give_back`` is set; then runs ``then`` on it."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        assert store._commits is not None
+        self.commits = store._commits
+        self.give_back = threading.Event()
+        self._lent_out = threading.Event()
+
+    async def borrow(self, then: Callable[[sqlite3.Connection], Any]) -> asyncio.Task[Any]:
+        def borrowed(db: sqlite3.Connection) -> Any:
+            self._lent_out.set()
+            self.give_back.wait(5)
+            return then(db)
+
+        task = asyncio.create_task(self.commits.between_writes("borrowing", borrowed))
+        await asyncio.to_thread(self._lent_out.wait, 5)
+        return task
+
+
 async def test_writes_wait_while_the_connection_is_lent_and_commit_when_it_is_back(
     store: SQLiteStore,
 ):
-    assert store._commits is not None
-    lent_out = threading.Event()
-    give_back = threading.Event()
-
-    def borrow(db: sqlite3.Connection) -> int:
-        lent_out.set()
-        give_back.wait(5)
-        return int(db.execute("SELECT COUNT(*) FROM probe").fetchone()[0])
-
-    borrowing = asyncio.create_task(store._commits.between_writes("borrowing", borrow))
-    await asyncio.to_thread(lent_out.wait, 5)
+    borrower = Borrower(store)
+    count = "SELECT COUNT(*) FROM probe"
+    borrowing = await borrower.borrow(lambda db: db.execute(count).fetchone()[0])
     writes = [asyncio.create_task(store._transact(f"k{i}", insert(f"k{i}"))) for i in range(3)]
     await asyncio.sleep(0.05)
     assert not any(w.done() for w in writes)
     with pytest.raises(StoreError, match="lent already"):
-        await store._commits.between_writes("again", borrow)
-    give_back.set()
+        await borrower.commits.between_writes("again", lambda db: None)
+    borrower.give_back.set()
     assert await borrowing == 0
     assert await asyncio.gather(*writes) == ["k0", "k1", "k2"]
     assert [k for k, _ in await rows(store)] == ["k0", "k1", "k2"]
@@ -422,21 +435,13 @@ async def test_writes_wait_while_the_connection_is_lent_and_commit_when_it_is_ba
 async def test_close_waits_for_a_lent_connection(tmp_path: Path):
     store = SQLiteStore(tmp_path / "lent.db")
     await store.open()
-    assert store._commits is not None
-    lent_out = threading.Event()
-    give_back = threading.Event()
-
-    def borrow(db: sqlite3.Connection) -> None:
-        lent_out.set()
-        give_back.wait(5)
-        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-
-    borrowing = asyncio.create_task(store._commits.between_writes("borrowing", borrow))
-    await asyncio.to_thread(lent_out.wait, 5)
+    borrower = Borrower(store)
+    checkpoint = "PRAGMA wal_checkpoint(PASSIVE)"
+    borrowing = await borrower.borrow(lambda db: db.execute(checkpoint).fetchall())
     closing = asyncio.create_task(store.close())
     await asyncio.sleep(0.05)
     assert not closing.done()
-    give_back.set()
+    borrower.give_back.set()
     await closing
     await borrowing  # the borrower's statement ran on the open connection
 

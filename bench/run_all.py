@@ -89,7 +89,7 @@ BENCHES = [
     Bench(
         "soak",
         "20,000 turns: RSS series and slope (whole, and without the bounded context cache), "
-        "open files, threads, asyncio tasks.",
+        "open files, threads, asyncio tasks, the size of the store's log.",
         ["bench/soak.py"],
         ["bench/soak.py", "--turns", "3000", "--every", "500"],
     ),

@@ -41,6 +41,7 @@ rollback.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import sqlite3
@@ -104,6 +105,9 @@ class GroupCommit:
         self._due: asyncio.Future[None] | None = None
         # Set while between_writes has the connection: writes wait in _pending meanwhile.
         self._lent: asyncio.Future[Any] | None = None
+        # Its own thread (started on first use): in a shared pool the connection could wait
+        # for a free thread, and every write with it.
+        self._lender = concurrent.futures.ThreadPoolExecutor(1, "geodebot-store-lent")
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -138,7 +142,7 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         # A pass is never under way here: it runs whole in one callback of the loop. The
         # connection comes back when fn has returned, even if this caller is cancelled.
-        lent = self._lent = loop.run_in_executor(None, fn, self._conn)
+        lent = self._lent = loop.run_in_executor(self._lender, fn, self._conn)
         lent.add_done_callback(self._given_back)
         try:
             return await asyncio.shield(lent)
@@ -156,6 +160,7 @@ class GroupCommit:
         if self._lent is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._lent)  # given back before this goes on
+        self._lender.shutdown(wait=False)  # idle now: nothing is lent
         await self.flush()
         if self._log is not None:
             await self._log.close()

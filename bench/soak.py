@@ -14,7 +14,8 @@ and the run's 50 sessions of up to 800 messages stay under the bound. Its measur
 against what tracemalloc sees (tests/unit/test_context_cache.py), so what RSS does beside it
 is what would show a leak. Targets (issue: soak): RSS without the context cache grows less
 than 1 KB per turn, and the cache stays within its bound; descriptors, threads and tasks
-flat: never above, in the second half, the highest count of the first half.
+flat: never above, in the second half, the highest count of the first half (open files: give
+or take two, the keep-alive connections' coming and going).
 
 Run from the repo root: ``.venv/bin/python bench/soak.py [--turns 20000] [--every 1000]``.
 Exits 1 on FAIL. KB and MB here are 10^3 and 10^6 bytes.
@@ -54,6 +55,7 @@ from tests.support.fakes.llm_server import FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
 
 SLOPE_MAX_KB_PER_TURN = 1.0
+FDS_SLACK = 2
 # The store's write-ahead log: started again from its beginning after each checkpoint, and
 # cut back to this when a burst left it larger (store/sqlite.py, journal_size_limit).
 LOG_MAX_MB = 32 * 1024 * 1024 / 1e6
@@ -179,12 +181,14 @@ def report(samples: list[Sample]) -> bool:
         f"store log (SQLite WAL): at most {largest_log:.2f} MB "
         f"(target <= {LOG_MAX_MB:.1f}): {'PASS' if log_ok else 'FAIL'}"
     )
-    # Flat: the second half never goes above the first half's highest count. Open files
-    # move by a few with keep-alive connections; a leak would climb past it.
-    for name, get in (
-        ("open fds", lambda s: s.fds),
-        ("threads", lambda s: s.threads),
-        ("asyncio tasks", lambda s: s.tasks),
+    # Flat: the second half never goes above the first half's highest count, give or take
+    # the slack. Open files move by one or two with the keep-alive connections to the fakes
+    # (31 to 32 within a run is common), and three samples a half, as the short run takes,
+    # need not catch the highest; a leak climbs past that and keeps climbing.
+    for name, get, slack in (
+        ("open fds", lambda s: s.fds, FDS_SLACK),
+        ("threads", lambda s: s.threads, 0),
+        ("asyncio tasks", lambda s: s.tasks, 0),
     ):
         before = [get(s) for s in first]
         after = [get(s) for s in second]
@@ -192,11 +196,12 @@ def report(samples: list[Sample]) -> bool:
             print(f"{name}: not reported by the daemon: FAIL")
             ok = False
             continue
-        flat = max(after) <= max(before)  # type: ignore[type-var]  # figures of one kind per name
+        flat = max(after) <= max(before) + slack
         ok = ok and flat
+        allowed = f" (+{slack} allowed)" if slack else ""
         print(
             f"{name}: first half {min(before)}..{max(before)}, second half "  # type: ignore[type-var]  # figures of one kind per name
-            f"{min(after)}..{max(after)}: {'PASS' if flat else 'FAIL'}"  # type: ignore[type-var]  # figures of one kind per name
+            f"{min(after)}..{max(after)}{allowed}: {'PASS' if flat else 'FAIL'}"  # type: ignore[type-var]  # figures of one kind per name
         )
     rate = end.turns / end.seconds
     print(

@@ -31,7 +31,7 @@ few separate short chats:
 3. restarts: the daemon is stopped and started again ``--restarts`` times, and each time,
    after the warm-up, the long sessions' first and second turns are measured as in 1. The
    cold / warm ratio is of all the cold turns' CPU against all the second turns' (one pair
-   of 50-turn samples read anywhere from 2.2x to 3.0x on the same code).
+   of 50-turn samples read anywhere from 1.6x to 3.5x in one run).
 
 Targets: warm CPU per turn at ~540 messages <= 1.5x the figure at ~60, and the first turn
 of a session after a restart <= 3x the warm figure at the same length.

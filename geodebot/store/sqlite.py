@@ -63,6 +63,7 @@ class SQLiteStore(StoreMethods):
         self._checkpointing: asyncio.Task[None] | None = None
         self._fences = Fences()
         self._on_broken: list[Callable[[StoreError], None]] = []
+        self._broken_by: StoreError | None = None
         self.version_found = 0
 
     async def __aenter__(self) -> Self:
@@ -144,8 +145,11 @@ class SQLiteStore(StoreMethods):
 
     def on_broken(self, callback: Callable[[StoreError], None]) -> None:
         self._on_broken.append(callback)
+        if self._broken_by is not None:  # broke before anyone asked: told at once
+            callback(self._broken_by)
 
     def _broken(self, exc: StoreError) -> None:
+        self._broken_by = exc
         for callback in self._on_broken:
             callback(exc)
 
@@ -159,10 +163,16 @@ class SQLiteStore(StoreMethods):
         self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint())
 
     async def _checkpoint(self) -> None:
+        commits = self._commits
+        if commits is None:
+            return
+        groups = commits.groups
         try:
             await self._query("checkpointing the log", _checkpoint_passive)
-            if self._commits is not None:
-                await self._commits.between_writes(
+            # Nothing written meanwhile: the log is wholly copied already, no write waits.
+            # (Closed meanwhile: nothing to finish.)
+            if self._commits is commits and commits.groups != groups:
+                await commits.between_writes(
                     "finishing the checkpoint of the log", _checkpoint_passive
                 )
         except StoreError as exc:

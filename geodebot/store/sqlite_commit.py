@@ -113,6 +113,11 @@ class GroupCommit:
     def connection(self) -> sqlite3.Connection:
         return self._conn
 
+    @property
+    def groups(self) -> int:
+        """Groups committed (or failed) so far: a change says a write was made meanwhile."""
+        return self._commits
+
     async def write(self, what: str, fn: Callable[[sqlite3.Connection], _T], durable: bool) -> _T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from geodebot.store import sqlite as sqlite_store
 from geodebot.store.records import StoreError
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.disk import Disk
@@ -286,6 +287,10 @@ async def test_a_failed_sync_fails_its_writes_and_every_durable_write_after_it(
         await store.sync()
     assert len(disk.synced) == 1
     assert len(broken) == 1
+    # Asked after the store broke: told at once.
+    late: list[StoreError] = []
+    store.on_broken(late.append)
+    assert late == broken
 
 
 async def test_without_the_log_sync_commits_are_made_at_the_store_level(tmp_path: Path):
@@ -351,13 +356,48 @@ async def test_the_log_is_checkpointed_off_the_loop(
         await store._transact(f"c{i}", insert(f"c{i}"))
         if store._checkpointing is not None:
             await store._checkpointing  # one at a time: a later one would be skipped
-    # Every fifth commit, by the reading connection's thread, then the rest by the write
-    # connection, lent to a thread of its own; never on the loop, and the write connection's
-    # own automatic checkpoints are off.
+    # Every fifth commit, by the reading connection's thread; nothing was written while it
+    # ran, so the write connection has nothing to finish (it never checkpoints on the loop:
+    # its own automatic checkpoints are off).
     assert on_thread.count("PRAGMA wal_checkpoint(PASSIVE)") == 2
-    finishing = [t for t, sql in on_writer if "checkpoint" in sql.lower()]
-    assert finishing == ["geodebot-store-lent_0"] * 2
+    assert not any("checkpoint" in sql.lower() for _, sql in on_writer)
     assert store._commits.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+
+
+async def test_a_checkpoint_written_beside_is_finished_between_writes_off_the_loop(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+):
+    assert store._commits is not None
+    on_writer: list[tuple[str, str]] = []
+    store._commits.connection.set_trace_callback(
+        lambda sql: on_writer.append((threading.current_thread().name, sql))
+    )
+    loop = asyncio.get_running_loop()
+    real = sqlite_store._checkpoint_passive
+    beside: list[asyncio.Future[str]] = []
+
+    def bulk_then_a_write(db: sqlite3.Connection) -> None:
+        real(db)
+        if threading.current_thread().name.startswith("geodebot-store-lent"):
+            return
+        # A write committed after the bulk pass copied the log, before it returns.
+        done = threading.Event()
+
+        def write() -> None:
+            beside.append(asyncio.ensure_future(store._transact("beside", insert("beside"))))
+            beside[0].add_done_callback(lambda _: done.set())
+
+        loop.call_soon_threadsafe(write)
+        assert done.wait(5)
+
+    monkeypatch.setattr(sqlite_store, "_checkpoint_passive", bulk_then_a_write)
+    monkeypatch.setattr(store._commits, "_checkpoint_every", 1)
+    await store._transact("first", insert("first"))
+    assert store._checkpointing is not None
+    await store._checkpointing
+    assert await beside[0] == "beside"
+    finishing = [t for t, sql in on_writer if "checkpoint" in sql.lower()]
+    assert finishing == ["geodebot-store-lent_0"]
 
 
 async def test_under_steady_writes_the_log_starts_again_instead_of_growing(

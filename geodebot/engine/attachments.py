@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from geodebot.engine.compaction import ContextItem
+from geodebot.engine.compaction import Context, ContextItem, as_context
 from geodebot.engine.llm.types import Block, FileBlock, Message, TextBlock, human_size
 from geodebot.store.files import FileStore
 from geodebot.store.records import StoreError
@@ -89,19 +89,21 @@ class FileView:
         # callback, which the garbage collector may run in the middle of one.
         self._dead: list[tuple[int, weakref.ref[Message]]] = []
 
-    async def view(self, items: Sequence[ContextItem]) -> Sequence[ContextItem]:
+    async def view(self, items: Sequence[ContextItem]) -> Context:
         """``items`` as the model sees them: file blocks filled in or named (see above)."""
         self._reap()
-        shown = _choose(items)
+        context = as_context(items)
+        shown = _choose(context)
         if not shown:
-            return items
+            return context
         # Only messages with a file shown change: a file not shown stays a reference, which
-        # every adapter renders as the line naming it (FileBlock.note).
-        view = list(items)
+        # every adapter renders as the line naming it (FileBlock.note). The item keeps its
+        # canonical JSON, where a file is its reference.
+        changes: dict[int, ContextItem] = {}
         for index, positions in shown.items():
-            item = items[index]
-            view[index] = replace(item, message=await self._resolved(item.message, positions))
-        return view
+            item = context[index]
+            changes[index] = replace(item, message=await self._resolved(item.message, positions))
+        return context.replacing(changes)
 
     async def _resolved(self, message: Message, shown: frozenset[int]) -> Message:
         key = id(message)
@@ -169,17 +171,15 @@ class FileView:
             self._bytes -= entry.size
 
 
-def _choose(items: Sequence[ContextItem]) -> dict[int, frozenset[int]]:
+def _choose(items: Context) -> dict[int, frozenset[int]]:
     """Which file blocks get their content, newest first, within the count and byte bounds:
     item index -> positions of its shown blocks. A summary never carries files."""
     chosen: dict[int, set[int]] = {}
     count = total = 0
-    for index in range(len(items) - 1, -1, -1):
+    for index in reversed(items.with_files):
         if count >= FILES_SHOWN:
             break
         item = items[index]
-        if not item.files or item.is_summary:
-            continue
         for position in range(len(item.message.content) - 1, -1, -1):
             block = item.message.content[position]
             if not isinstance(block, FileBlock):

@@ -8,9 +8,10 @@ what the model sees, never in the store) by a summary that records the seq range
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from json.encoder import encode_basestring
+from typing import Any, overload
 
 from geodebot.engine.llm.types import (
     FileBlock,
@@ -87,31 +88,155 @@ IMAGE_CHARS = 4 * 1_600
 IMAGE_DROPPED = "[an earlier image was dropped: only the latest one stays in the context]"
 
 
+def _chars(item: ContextItem) -> int:
+    return len(item.canonical) + (item.images + item.files) * IMAGE_CHARS
+
+
+class Context(Sequence[ContextItem]):
+    """A session's context, in order, with what every model round measures of it kept up to
+    date as items are appended: its size (:func:`estimate_tokens`), which items carry
+    images (:func:`latest_images_only`) or files (the file view), its messages, and the
+    digest of their canonical JSON (for the request's hash in the evidence ledger).
+
+    A long-lived session's context is long, and measured afresh, each round cost time in
+    proportion to the whole history; kept here, a round costs what was appended since. The
+    items are only appended, or one is given its seq once saved (``context[i] = item`` with
+    the same message); compaction makes a new Context."""
+
+    __slots__ = ("_chars", "_digest", "_files", "_images", "_items", "_messages")
+
+    def __init__(self, items: Iterable[ContextItem] = ()) -> None:
+        self._items: list[ContextItem] = []
+        self._messages: list[Message] = []
+        self._chars = 0
+        self._images: list[int] = []  # indices of the items that carry images
+        self._files: list[int] = []  # ... and of those that carry files (summaries never do)
+        # sha256 of '[[<item>,<item>...', continued by each append.
+        self._digest: Any = hashlib.sha256(b"[[")
+        for item in items:
+            self.append(item)
+
+    def append(self, item: ContextItem) -> None:
+        index = len(self._items)
+        self._items.append(item)
+        self._messages.append(item.message)
+        self._chars += _chars(item)
+        if item.images:
+            self._images.append(index)
+        if item.files and not item.is_summary:
+            self._files.append(index)
+        self._digest.update(f"{',' if index else ''}{item.canonical}".encode())
+
+    def copy(self) -> Context:
+        other = Context()
+        other._items, other._messages = list(self._items), list(self._messages)
+        other._chars = self._chars
+        other._images, other._files = list(self._images), list(self._files)
+        other._digest = self._digest.copy()
+        return other
+
+    def replacing(self, changes: Mapping[int, ContextItem]) -> Context:
+        """A copy with the items at these indices replaced (a view of it for the model)."""
+        other, carriers, rehash = self.copy(), False, False
+        for index, item in changes.items():
+            old = other._items[index]
+            other._items[index], other._messages[index] = item, item.message
+            other._chars += _chars(item) - _chars(old)
+            rehash |= item.canonical != old.canonical
+            carriers |= (bool(item.images), bool(item.files)) != (bool(old.images), bool(old.files))
+        if rehash:
+            other._digest = hashlib.sha256(b"[[")
+            other._digest.update(",".join(item.canonical for item in other._items).encode())
+        if carriers:
+            other._images = [i for i, item in enumerate(other._items) if item.images]
+            other._files = [
+                i for i, item in enumerate(other._items) if item.files and not item.is_summary
+            ]
+        return other
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> ContextItem: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[ContextItem]: ...
+    def __getitem__(self, index: int | slice) -> ContextItem | list[ContextItem]:
+        return self._items[index]
+
+    def __setitem__(self, index: int, item: ContextItem) -> None:
+        if item.message is not self._items[index].message:
+            raise ValueError("an item of a context is replaced only by its own message")
+        self._items[index] = item
+
+    def __iter__(self) -> Iterator[ContextItem]:
+        return iter(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Context):
+            return self._items == other._items
+        return self._items == other if isinstance(other, list) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it wraps
+
+    def __repr__(self) -> str:
+        return f"Context({self._items!r})"
+
+    @property
+    def chars(self) -> int:
+        """What :func:`estimate_tokens` counts: the canonical JSON's characters, an image
+        or a file as IMAGE_CHARS."""
+        return self._chars
+
+    @property
+    def with_images(self) -> Sequence[int]:
+        return self._images
+
+    @property
+    def with_files(self) -> Sequence[int]:
+        return self._files
+
+    def messages(self) -> tuple[Message, ...]:
+        return tuple(self._messages)
+
+    def digest(self, *after: str) -> str:
+        """The sha256 (hex) of ``[[item,...],after,...]``: the items' canonical JSON, then
+        the canonical JSON texts ``after``, as hashing that whole text gives, in time
+        independent of the context's length."""
+        final = self._digest.copy()
+        final.update(f"],{','.join(after)}]".encode() if after else b"]]")
+        return str(final.hexdigest())
+
+
+def as_context(items: Sequence[ContextItem]) -> Context:
+    return items if isinstance(items, Context) else Context(items)
+
+
 def estimate_tokens(items: Sequence[ContextItem], system: str = "") -> int:
     """A cheap, provider-independent estimate: about four characters per token."""
-    chars = sum(len(item.canonical) + (item.images + item.files) * IMAGE_CHARS for item in items)
-    return (len(system) + chars) // 4 + 1
+    return (len(system) + as_context(items).chars) // 4 + 1
 
 
-def latest_images_only(items: Sequence[ContextItem]) -> Sequence[ContextItem]:
+def latest_images_only(items: Sequence[ContextItem]) -> Context:
     """The context as the model sees it: tool-result images only in the newest message
     that has any (a computer-use session takes a screenshot per step)."""
-    carrying = [index for index, item in enumerate(items) if item.images]
+    context = as_context(items)
+    carrying = context.with_images
     if len(carrying) <= 1:
-        return items
-    view = list(items)
+        return context
+    changes: dict[int, ContextItem] = {}
     for index in carrying[:-1]:
-        item = items[index]
+        item = context[index]
         blocks = tuple(
             replace(b, content=f"{b.content}\n{IMAGE_DROPPED}", images=())
             if isinstance(b, ToolResultBlock) and b.images
             else b
             for b in item.message.content
         )
-        view[index] = ContextItem(
+        changes[index] = ContextItem(
             item.seq, replace(item.message, content=blocks), item.is_summary, item.covers_from
         )
-    return view
+    return context.replacing(changes)
 
 
 def split_point(items: Sequence[ContextItem], keep_recent: int) -> int | None:

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from sys import getsizeof
 
-from geodebot.engine.compaction import ContextItem
+from geodebot.engine.compaction import Context, ContextItem
 from geodebot.engine.llm.types import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from geodebot.store.records import NewMessage
 
@@ -39,7 +39,7 @@ __all__ = ["ContextCache", "item_size"]
 class _Entry:
     generation: int
     next_seq: int
-    items: list[ContextItem]
+    items: Context
     size: int
     # No message at or below this seq is in the context (it is at least the current
     # summary's upper bound): a summary reaching lower would bring back messages not held.
@@ -144,14 +144,14 @@ class ContextCache:
         """What ``geodebot status`` shows of it: sessions and bytes held, and the bound."""
         return {"sessions": len(self), "bytes": self._size, "max_bytes": self._max_bytes}
 
-    def get(self, session_id: str, generation: int, next_seq: int) -> list[ContextItem] | None:
+    def get(self, session_id: str, generation: int, next_seq: int) -> Context | None:
         """A copy of the context, if the entry is still the session's current context."""
         entry = self._entries.get(session_id)
         if entry is None or (entry.generation, entry.next_seq) != (generation, next_seq):
             return None
         self.hits += 1
         self._entries.move_to_end(session_id)
-        return list(entry.items)
+        return entry.items.copy()
 
     def put(
         self, session_id: str, generation: int, next_seq: int, items: Sequence[ContextItem]
@@ -163,7 +163,8 @@ class ContextCache:
             return
         messages = [item.seq for item in items if not item.is_summary]
         floor = min(messages) - 1 if messages else next_seq - 1
-        self._set(session_id, _Entry(generation, next_seq, list(items), _size(items), floor))
+        copy = items.copy() if isinstance(items, Context) else Context(items)
+        self._set(session_id, _Entry(generation, next_seq, copy, _size(items), floor))
 
     def appended(
         self,
@@ -199,7 +200,7 @@ class ContextCache:
                 if upto < floor:
                     self.drop(session_id)
                     return
-                items = [item, *(i for i in items if not i.is_summary and i.seq > upto)]
+                items = Context([item, *(i for i in items if not i.is_summary and i.seq > upto)])
                 floor, size = upto, _size(items)
             else:
                 # The common case (a turn's messages) costs only what it adds.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import logging
 import time
 import uuid
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from geodebot.engine import compaction
-from geodebot.engine.compaction import ContextItem
+from geodebot.engine.compaction import Context, ContextItem
 from geodebot.engine.ledger import content_hash
 from geodebot.engine.llm.errors import LLMContextOverflow, LLMError
 from geodebot.engine.llm.types import (
@@ -129,7 +128,7 @@ class _Turn:
     refused: list[str] = field(default_factory=list)
     # The user's message until the turn's first checkpoint writes it (see _run), with the
     # context list and item that get its seq then.
-    unsaved: tuple[_Append, list[ContextItem], ContextItem] | None = None
+    unsaved: tuple[_Append, Context, ContextItem] | None = None
     # What the caller writes with the turn's last checkpoint (see arun).
     ending: Ending | None = None
     # The stop reason of the turn's latest model answer ("end_turn", "refusal", ...).
@@ -293,7 +292,7 @@ class AgenticLoop:
         user = Message.user_text(message)
         turn.events.append((turn.id, "turn_started", {"mode": "record", "chars": len(message)}))
         item = ContextItem(0, user)
-        turn.unsaved = (_append(user, turn.id), [item], item)
+        turn.unsaved = (_append(user, turn.id), Context([item]), item)
         self._close(turn, "completed")
         result = self._outcome(turn, "completed", "")
         return self._report(turn, await self._end(turn, [], result))
@@ -324,7 +323,7 @@ class AgenticLoop:
         turn.events.append((turn.id, "turn_resumed", {}))
         return await self._rounds(turn, items)
 
-    async def _restore(self, turn: _Turn) -> list[ContextItem]:
+    async def _restore(self, turn: _Turn) -> Context:
         """The one restore path: context, then any batch a crash left unfinished."""
         items = await self._context(turn)
         pending, turn.pending = turn.pending, None
@@ -338,19 +337,19 @@ class AgenticLoop:
             )
         return items
 
-    async def _context(self, turn: _Turn) -> list[ContextItem]:
+    async def _context(self, turn: _Turn) -> Context:
         cache, session_id = self._svc.context_cache, self._session.id
         if cache is not None:
             cached = cache.get(session_id, turn.generation, turn.next_seq)
             if cached is not None:
                 return cached
         # A miss reads the whole history: the rows as stored, decoded in one pass.
-        items = decode_context(await self._svc.store.load_context_json(session_id))
+        items = Context(decode_context(await self._svc.store.load_context_json(session_id)))
         if cache is not None:
             cache.put(session_id, turn.generation, turn.next_seq, items)
         return items
 
-    async def _rounds(self, turn: _Turn, items: list[ContextItem]) -> TurnResult:
+    async def _rounds(self, turn: _Turn, items: Context) -> TurnResult:
         budgets = self._svc.budgets
         while turn.rounds < budgets.max_rounds:
             turn.rounds += 1
@@ -389,7 +388,7 @@ class AgenticLoop:
         )
 
     # -- phases ---------------------------------------------------------------------------
-    def _request(self, items: Sequence[ContextItem]) -> LLMRequest:
+    def _request(self, items: Context) -> LLMRequest:
         tools = self._session.plan.schemas()
         if self._tool_tokens is None:
             chars = sum(len(t.description) + len(canonical_json(t.input_schema)) for t in tools)
@@ -397,7 +396,7 @@ class AgenticLoop:
         system = self._svc.system_prompt
         return LLMRequest(
             system=system,
-            messages=tuple(item.message for item in items),
+            messages=items.messages(),
             tools=tools,
             max_tokens=self._svc.limits.max_tokens,
             estimated_input_tokens=compaction.estimate_tokens(items, system) + self._tool_tokens,
@@ -414,21 +413,14 @@ class AgenticLoop:
         session = self._session
         return spend.wrap(llm, session_id=session.id, turn_id=turn.id, scope=session.spend)
 
-    async def _call(
-        self, turn: _Turn, request: LLMRequest, items: Sequence[ContextItem]
-    ) -> LLMResponse:
+    async def _call(self, turn: _Turn, request: LLMRequest, items: Context) -> LLMResponse:
         llm = self._llm(turn)
         started = time.monotonic()
-        # content_hash([system, [message JSON...], [tool name...]]), built from each item's
-        # cached canonical JSON instead of serialising the whole context again.
-        canonical = ",".join(
-            (
-                canonical_json(request.system),
-                "[" + ",".join(item.canonical for item in items) + "]",
-                canonical_json([t.name for t in request.tools]),
-            )
+        # content_hash([[message JSON...], system, [tool name...]]), the messages' part kept
+        # by the context as it grows (see Context.digest).
+        request_hash = items.digest(
+            canonical_json(request.system), canonical_json([t.name for t in request.tools])
         )
-        request_hash = hashlib.sha256(f"[{canonical}]".encode()).hexdigest()
         base = {"session": self._session.id, "turn": turn.id, "request_sha256": request_hash}
         listener = self._session.listener
         try:
@@ -487,7 +479,7 @@ class AgenticLoop:
                 fresh = asyncio.get_running_loop().time() + self._session.time_budget_s
                 turn.deadline.reschedule(fresh)
 
-    async def _process_tools(self, turn: _Turn, items: list[ContextItem], message: Message) -> None:
+    async def _process_tools(self, turn: _Turn, items: Context, message: Message) -> None:
         calls = list(message.tool_uses)
         batch = ToolBatchRecord(
             id=new_id("b"),
@@ -512,7 +504,7 @@ class AgenticLoop:
     async def _execute_batch(
         self,
         turn: _Turn,
-        items: list[ContextItem],
+        items: Context,
         batch: ToolBatchRecord,
         calls: Sequence[ToolUseBlock],
     ) -> None:
@@ -556,7 +548,7 @@ class AgenticLoop:
     async def _save_results(
         self,
         turn: _Turn,
-        items: list[ContextItem],
+        items: Context,
         batch: ToolBatchRecord,
         results: Sequence[ToolResultBlock],
         status: BatchStatus,
@@ -568,9 +560,7 @@ class AgenticLoop:
         items.append(ContextItem(seqs[0], message))
         self._svc.emit("batch_done", {"session": self._session.id, "batch": batch.id})
 
-    async def _terminate(
-        self, turn: _Turn, items: list[ContextItem], message: Message
-    ) -> TurnResult | None:
+    async def _terminate(self, turn: _Turn, items: Context, message: Message) -> TurnResult | None:
         answer = message.text
         name, verdict = await run_verifiers(
             self._svc.verifiers,
@@ -599,9 +589,7 @@ class AgenticLoop:
             items.append(ContextItem(seq, written.message))
         return None
 
-    async def _maybe_compact(
-        self, turn: _Turn, items: list[ContextItem], *, force: bool
-    ) -> list[ContextItem]:
+    async def _maybe_compact(self, turn: _Turn, items: Context, *, force: bool) -> Context:
         limit = self._svc.budgets.compact_at * self._svc.limits.context_tokens
         size = compaction.estimate_tokens(
             compaction.latest_images_only(items), self._svc.system_prompt
@@ -632,7 +620,7 @@ class AgenticLoop:
             summary, turn.id, kind="summary", covers_from=covers_from, covers_to=covers_to
         )
         seqs = await self._checkpoint(turn, [written])
-        return [ContextItem(seqs[0], summary, True, covers_from), *items[index:]]
+        return Context([ContextItem(seqs[0], summary, True, covers_from), *items[index:]])
 
     # -- endings --------------------------------------------------------------------------
     async def _budget_exhausted(self, turn: _Turn) -> TurnResult:
@@ -657,7 +645,7 @@ class AgenticLoop:
         turn.events.append(
             (turn.id, "tool_batch_cancelled", {"batch": batch.id, "uncertain": True})
         )
-        await self._save_results(turn, [], batch, results, "abandoned")
+        await self._save_results(turn, Context(), batch, results, "abandoned")
 
     async def _cancelled(self, turn: _Turn) -> None:
         """Record a turn its caller cancelled: the open batch abandoned, the turn closed."""

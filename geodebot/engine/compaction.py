@@ -106,15 +106,21 @@ class Context(Sequence[ContextItem]):
     __slots__ = ("_chars", "_digest", "_files", "_images", "_items", "_messages")
 
     def __init__(self, items: Iterable[ContextItem] = ()) -> None:
-        self._items: list[ContextItem] = []
-        self._messages: list[Message] = []
-        self._chars = 0
-        self._images: list[int] = []  # indices of the items that carry images
-        self._files: list[int] = []  # ... and of those that carry files (summaries never do)
+        # Made whole in a few passes, not appended one by one: a cache miss makes one of a
+        # whole history.
+        self._items: list[ContextItem] = list(items)
+        self._messages: list[Message] = [item.message for item in self._items]
+        self._chars = sum(map(_chars, self._items))
+        # The indices of the items that carry images, and of those that carry files
+        # (summaries never do).
+        self._images: list[int] = [i for i, item in enumerate(self._items) if item.images]
+        self._files: list[int] = [
+            i for i, item in enumerate(self._items) if item.files and not item.is_summary
+        ]
         # sha256 of '[[<item>,<item>...', continued by each append.
-        self._digest: Any = hashlib.sha256(b"[[")
-        for item in items:
-            self.append(item)
+        self._digest: Any = hashlib.sha256(
+            b"[[" + ",".join(item.canonical for item in self._items).encode()
+        )
 
     def append(self, item: ContextItem) -> None:
         index = len(self._items)
@@ -128,7 +134,7 @@ class Context(Sequence[ContextItem]):
         self._digest.update(f"{',' if index else ''}{item.canonical}".encode())
 
     def copy(self) -> Context:
-        other = Context()
+        other = Context.__new__(Context)
         other._items, other._messages = list(self._items), list(self._messages)
         other._chars = self._chars
         other._images, other._files = list(self._images), list(self._files)

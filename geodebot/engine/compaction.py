@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from json.encoder import encode_basestring
 from typing import Any, overload
 
@@ -81,6 +81,36 @@ def _text_only_canonical(message: Message) -> str | None:
             return None
         parts.append(f'{{"text":{encode_basestring(block.text)},"type":"text"}}')
     return f'{{"content":[{",".join(parts)}],"role":{encode_basestring(message.role)}}}'
+
+
+# Each field's slot, set directly by text_item (see there).
+_SLOTS = {f.name: vars(ContextItem)[f.name].__set__ for f in fields(ContextItem)}
+_SET_SEQ, _SET_MESSAGE, _SET_SUMMARY, _SET_COVERS, _SET_CANONICAL, _SET_IMAGES, _SET_FILES = (
+    _SLOTS.pop(name)
+    for name in ("seq", "message", "is_summary", "covers_from", "canonical", "images", "files")
+)
+if _SLOTS:
+    raise TypeError(f"text_item must set every field of ContextItem, also {sorted(_SLOTS)}")
+
+
+def text_item(
+    seq: int, message: Message, is_summary: bool, covers_from: int | None, canonical: str
+) -> ContextItem:
+    """``ContextItem(seq, message, is_summary, covers_from, canonical)`` for a message of text
+    blocks (no image, no file) whose canonical JSON is known: what decoding a whole history
+    makes of most of its messages. The frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__`` and then runs ``__post_init__``, three times the cost of
+    setting the slots directly, which a cache miss pays for every message of a long
+    history. The item is as frozen as any."""
+    item = object.__new__(ContextItem)
+    _SET_SEQ(item, seq)
+    _SET_MESSAGE(item, message)
+    _SET_SUMMARY(item, is_summary)
+    _SET_COVERS(item, covers_from)
+    _SET_CANONICAL(item, canonical)
+    _SET_IMAGES(item, 0)
+    _SET_FILES(item, 0)
+    return item
 
 
 # What one screenshot costs a provider, roughly (about 1,600 tokens for 1280x800).

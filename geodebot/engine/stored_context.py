@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from json import decoder
 from json.encoder import encode_basestring
 
-from geodebot.engine.compaction import ContextItem
+from geodebot.engine.compaction import ContextItem, text_item
 from geodebot.engine.llm.types import Block, Message, Role, TextBlock
 from geodebot.store.records import ContextRow
 
@@ -95,4 +95,4 @@ def _text_item(
         parts.append(f'{{"text":{escaped},"type":"text"}}')
         canonical = f'{{"content":[{",".join(parts)}],"role":"{role}"}}'
         message = Message(role, tuple(blocks))
-    return ContextItem(seq, message, is_summary, covers_from, canonical)
+    return text_item(seq, message, is_summary, covers_from, canonical)

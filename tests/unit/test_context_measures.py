@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, fields, replace
 
 import pytest
 
@@ -139,3 +139,15 @@ def test_the_newest_files_are_chosen_from_the_items_that_carry_them() -> None:
     chosen = _choose(Context(items))
     assert sorted(chosen) == carriers[-FILES_SHOWN:]
     assert all(positions == frozenset({1}) for positions in chosen.values())
+
+
+def test_an_item_made_from_its_slots_is_the_one_the_dataclass_makes() -> None:
+    message = Message("assistant", (TextBlock("one"), TextBlock("two")))
+    made = ContextItem(12, message, True, 3)
+    fast = compaction.text_item(12, message, True, 3, made.canonical)
+    assert [getattr(fast, f.name) for f in fields(ContextItem)] == [
+        getattr(made, f.name) for f in fields(ContextItem)
+    ]
+    assert fast == made
+    with pytest.raises(FrozenInstanceError):
+        fast.seq = 13  # type: ignore[misc]

@@ -12,6 +12,7 @@ import pytest
 from geodebot.engine import compaction
 from geodebot.engine.attachments import FILES_SHOWN, _choose
 from geodebot.engine.compaction import IMAGE_CHARS, Context, ContextItem
+from geodebot.engine.ledger import content_hash
 from geodebot.engine.llm.types import (
     FileBlock,
     ImageData,
@@ -87,6 +88,19 @@ def test_appends_keep_every_measure_equal_to_measuring_afresh(seed: int) -> None
             assert_measures(context, items)
     assert_measures(context, items)
     assert Context().digest() == hashlib.sha256(b"[[]]").hexdigest()
+
+
+def test_the_digest_is_the_ledgers_hash_of_the_request_parts() -> None:
+    rng = random.Random(11)
+    context, messages = Context(), []
+    for seq in range(40):
+        item = random_item(rng, seq)
+        if item.images:  # in the digest an image stands as the digest of its bytes
+            continue
+        context.append(item)
+        messages.append(item.message.to_json())
+        parts = [messages, "You are a careful assistant.", ["read_file", "search"]]
+        assert context.digest(SYSTEM, TOOLS) == content_hash(parts)
 
 
 def test_an_item_gets_its_seq_once_saved_and_nothing_else_replaces_one() -> None:

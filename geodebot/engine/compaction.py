@@ -208,13 +208,6 @@ class Context(Sequence[ContextItem]):
     def __iter__(self) -> Iterator[ContextItem]:
         return iter(self._items)
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Context):
-            return self._items == other._items
-        return self._items == other if isinstance(other, list) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it wraps
-
     def __repr__(self) -> str:
         return f"Context({self._items!r})"
 

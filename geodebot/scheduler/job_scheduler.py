@@ -131,6 +131,10 @@ class JobScheduler:
         self._slack_ms = 0 if leases is None else int(CLAIM_SLACK_S * 1000)
         # Requested runs being started here: a refresh meanwhile does not start them again.
         self._requested: set[int] = set()
+        # Jobs whose catch-up has not claimed its first fire yet: their scheduled fires wait
+        # for it, so an owed fire is not left skipped as an overlap of a newer one that a slow
+        # store let claim first.
+        self._catching_up: dict[str, asyncio.Event] = {}
         # Store polls done since the start (tests wait on it).
         self.polls = 0
 
@@ -302,7 +306,9 @@ class JobScheduler:
             log.error("job %s: cannot schedule %s: %s", job.id, schedule.describe(), exc)
             return
         if plan is not None:
-            self._spawn(self._catch_up(job, plan))
+            claimed = asyncio.Event()
+            self._catching_up[job.id] = claimed
+            self._spawn(self._catch_up(job, plan, claimed))
         if first is not None and self._aps is not None:
             self._aps.add_job(
                 _never_called,
@@ -351,30 +357,49 @@ class JobScheduler:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _fire(self, job_id: str, scheduled_ms: int, cause: FireCause) -> None:
+    async def _fire(
+        self,
+        job_id: str,
+        scheduled_ms: int,
+        cause: FireCause,
+        claimed: asyncio.Event | None = None,
+    ) -> None:
+        """``claimed``: set once this fire's claim is settled (won, lost or not made)."""
+        if cause == "schedule" and (catching_up := self._catching_up.get(job_id)) is not None:
+            await catching_up.wait()
         job = self._jobs.get(job_id)
         if job is None or job.paused:
             return
         if self._leases is None:
-            await self._claim(job, scheduled_ms, cause)
+            await self._claim(job, scheduled_ms, cause, claimed)
             return
 
-        async def claimed() -> bool:
+        async def made() -> bool:
             return await self._store.fire_at(job_id, scheduled_ms) is not None
 
-        lease = await self._hold(job, claimed)
+        lease = await self._hold(job, made)
         if lease is None:
             return
         # The claim is the session's work: refused if the lease was lost meanwhile.
         with self._store.fenced(lease), self._leases.using(job.session_id):
-            await self._claim(job, scheduled_ms, cause)
+            await self._claim(job, scheduled_ms, cause, claimed)
 
-    async def _claim(self, job: JobRecord, scheduled_ms: int, cause: FireCause) -> None:
+    async def _claim(
+        self,
+        job: JobRecord,
+        scheduled_ms: int,
+        cause: FireCause,
+        claimed: asyncio.Event | None = None,
+    ) -> None:
         job_id = job.id
         try:
-            fire, won = await self._store.fire_claim(
-                job_id, scheduled_ms, cause, replica=self._replica
-            )
+            try:
+                fire, won = await self._store.fire_claim(
+                    job_id, scheduled_ms, cause, replica=self._replica
+                )
+            finally:
+                if claimed is not None:
+                    claimed.set()
         except StoreError as exc:
             # Its message says it all (the store unwell, or the session's lease lost).
             log.error("job %s: cannot claim fire %s: %s", job_id, scheduled_ms, exc)
@@ -390,21 +415,27 @@ class JobScheduler:
         self._on_fire(fire)
         await self._runner.run(job, fire)
 
-    async def _catch_up(self, job: JobRecord, plan: CatchUpPlan) -> None:
-        if plan.skipped_ms is not None:
-            try:
-                skipped = await self._store.fire_skip(
-                    job.id, plan.skipped_ms, "catch-up", plan.reason
-                )
-            except StoreError as exc:
-                log.error("job %s: cannot record missed fires: %s", job.id, exc)
-                skipped = None
-            # None: its row exists (another replica caught up first, or a restart).
-            if skipped is not None:
-                log.warning("job %s: %s", job.id, plan.reason)
-                self._on_fire(skipped)
-        for scheduled_ms in plan.run_ms:
-            await self._fire(job.id, scheduled_ms, "catch-up")
+    async def _catch_up(self, job: JobRecord, plan: CatchUpPlan, claimed: asyncio.Event) -> None:
+        try:
+            if plan.skipped_ms is not None:
+                await self._record_missed(job, plan.skipped_ms, plan.reason)
+            for scheduled_ms in plan.run_ms:
+                await self._fire(job.id, scheduled_ms, "catch-up", claimed)
+        finally:
+            claimed.set()
+            if self._catching_up.get(job.id) is claimed:
+                del self._catching_up[job.id]
+
+    async def _record_missed(self, job: JobRecord, skipped_ms: int, reason: str) -> None:
+        try:
+            skipped = await self._store.fire_skip(job.id, skipped_ms, "catch-up", reason)
+        except StoreError as exc:
+            log.error("job %s: cannot record missed fires: %s", job.id, exc)
+            return
+        # None: its row exists (another replica caught up first, or a restart).
+        if skipped is not None:
+            log.warning("job %s: %s", job.id, reason)
+            self._on_fire(skipped)
 
     async def _run_requested(self, requested: FireRecord) -> None:
         try:

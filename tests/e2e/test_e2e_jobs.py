@@ -53,12 +53,17 @@ class JobWorld:
         self, job_id: str, predicate: Callable[[list[FireRecord]], bool]
     ) -> list[FireRecord]:
         # The daemon's outcome is visible only in its store, which this process reads.
-        async with asyncio.timeout(20):
-            while True:
-                rows = await self.history(job_id)
-                if predicate(rows):
-                    return rows
-                await asyncio.sleep(0.1)
+        rows: list[FireRecord] = []
+        try:
+            async with asyncio.timeout(20):
+                while True:
+                    rows = await self.history(job_id)
+                    if predicate(rows):
+                        return rows
+                    await asyncio.sleep(0.1)
+        except TimeoutError:
+            seen = [(f.id, f.cause, f.outcome, f.scheduled_ms, f.reason) for f in rows]
+            raise AssertionError(f"job {job_id}: the history never came to pass: {seen}") from None
 
 
 @pytest.fixture

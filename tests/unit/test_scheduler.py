@@ -435,3 +435,43 @@ async def test_a_fire_due_before_its_job_is_scheduled_runs_once_with_its_own_tim
         rows = await world.wait_history(lambda rows: any(r.final for r in rows))
     assert [(r.cause, r.outcome) for r in rows] == [("schedule", "ok")]
     assert rows[0].scheduled_ms == to_ms(datetime.fromisoformat(at))
+
+
+async def test_a_slow_catch_up_still_runs_before_the_next_scheduled_fire(
+    tmp_path: Path, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catch-up claims its fire before the live schedule claims the next one: a store
+    slow to record the missed fires must not let the next fire run first and leave the owed
+    one skipped as an overlap."""
+    llm_server.default = Reply("done")
+    spec = job(every="1s", catch_up="latest")
+    async with scheduler_world(tmp_path, llm_server, [spec]) as world:
+        scheduler = await world.start_scheduler()
+        await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+        await scheduler.stop(5)
+        await asyncio.sleep(2.2)
+        recorded = world.store.fire_skip
+
+        async def slow_skip(*args: object, **kwargs: object) -> FireRecord | None:
+            # Longer than the interval: the next scheduled fire falls due meanwhile.
+            await asyncio.sleep(1.2)
+            return await recorded(*args, **kwargs)
+
+        monkeypatch.setattr(world.store, "fire_skip", slow_skip)
+        # Whichever fire runs first after the restart still runs when the other is claimed.
+        llm_server.script(Delay(1.5, Reply("slow")))
+        await world.start_scheduler()
+        await world.wait_history(
+            lambda rows: any(
+                r.cause == "catch-up" and r.outcome in ("ok", "skipped-overlap") for r in rows
+            )
+        )
+        await world.schedulers[-1].stop(5)
+        rows = await world.history()
+    catch_up = [r for r in rows if r.cause == "catch-up"]
+    assert [r.outcome for r in catch_up] == ["skipped-missed", "ok"]
+    assert catch_up[0].scheduled_ms < catch_up[1].scheduled_ms
+    later = [r for r in rows if r.cause == "schedule" and r.scheduled_ms > catch_up[1].scheduled_ms]
+    assert later
+    assert later[0].outcome == "skipped-overlap"
+    assert later[0].reason == f"fire {catch_up[1].id} of this job was still running"

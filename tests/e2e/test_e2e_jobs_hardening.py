@@ -327,7 +327,7 @@ async def test_old_chat_jobs_go_by_the_one_binding_of_their_session_or_fail_if_s
     rows = await daemon.wait_history("old-shared", lambda rows: any(f.final for f in rows))
     chats = [await daemon.wait_text(f"REPORT {tag}", [A, B, X, Y]) for tag in ("JOB-OA", "JOB-LA")]
 
-    assert [f.outcome for f in rows] == ["failed"]
+    assert [f.outcome for f in rows] == ["failed"], rows
     assert "shared by telegram:-2001, telegram:-2002" in rows[0].reason
     assert daemon.requests_of("JOB-OS") == []
     assert {chat: len(daemon.texts(chat)) for chat in (X, Y)} == sent_before

@@ -180,12 +180,15 @@ class Daemon:
 
 
 def old_job(job_id: str, session: str, prompt: str) -> JobRecord:
-    """A chat-made job as rows were written before jobs recorded their binding."""
+    """A chat-made job as rows were written before jobs recorded their binding; anchored at
+    its making, as the chat's tool anchors one, so it does not fire at a whole hour while the
+    tests run."""
     now = time.time()
     return JobRecord(
         id=job_id, origin="chat", schedule_kind="every", schedule="1h", timezone="UTC",
-        anchor_ms=0, prompt=prompt, deliver_to=session, session_id=f"job:{job_id}", tools=(),
-        time_budget_s=None, catch_up="latest", notify_on_failure=True,
+        anchor_ms=int(now * 1000), prompt=prompt, deliver_to=session,
+        session_id=f"job:{job_id}", tools=(), time_budget_s=None, catch_up="latest",
+        notify_on_failure=True,
         creator=f"binding:{session}", paused=False, since_ms=int(now * 1000), created_at=now,
         updated_at=now,
     )  # fmt: skip

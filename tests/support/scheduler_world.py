@@ -30,6 +30,11 @@ BINDINGS = [
 ]
 
 
+# A schedule for jobs a test runs by hand: it does not fire while a test runs (an "every" of
+# a config job is anchored at the epoch, so "1h" fires at every whole hour).
+NOT_DUE = "2099-01-01T00:00:00+00:00"
+
+
 def job(job_id: str = "digest", **fields: Any) -> dict[str, Any]:
     return {"id": job_id, "prompt": "Summarise.", "deliver_to": "ops", **fields}
 

@@ -19,7 +19,7 @@ from geodebot.scheduler.schedule import to_ms
 from geodebot.store.records import FireRecord, JobRecord
 from geodebot.store.sqlite import SQLiteStore
 from tests.support.fakes.llm_server import Call, Delay, Error, FakeLLMServer, Reply
-from tests.support.scheduler_world import BINDINGS, job, scheduler_world
+from tests.support.scheduler_world import BINDINGS, NOT_DUE, job, scheduler_world
 
 
 async def test_interval_job_posts_its_result_and_records_ok(
@@ -333,13 +333,14 @@ async def test_a_chat_made_job_loses_tools_its_binding_no_longer_has(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
     llm_server.default = Reply("done")
-    control = job("control", every="1h", tools=["get_time"])
+    control = job("control", at=NOT_DUE, tools=["get_time"])
     async with scheduler_world(tmp_path, llm_server, [control]) as world:
         now = time.time()
         made_in_chat = JobRecord(
             id="chatty", origin="chat", schedule_kind="every", schedule="1h", timezone="UTC",
-            anchor_ms=0, prompt="Use the clock.", deliver_to="ops", session_id="job:chatty",
-            tools=("get_time",), time_budget_s=None, catch_up="latest", notify_on_failure=True,
+            anchor_ms=int(now * 1000), prompt="Use the clock.", deliver_to="ops",
+            session_id="job:chatty", tools=("get_time",), time_budget_s=None, catch_up="latest",
+            notify_on_failure=True,
             creator="binding:ops", paused=False, since_ms=int(now * 1000), created_at=now,
             updated_at=now,
         )  # fmt: skip
@@ -367,12 +368,12 @@ async def test_an_operator_job_writes_unattended_a_chat_job_only_what_its_bindin
     being written with them; a chat-made one gets only its binding's pre-approvals."""
     marker = tmp_path / "marker"
     bindings = [{**BINDINGS[0], "tools": ["write_marker"]}, BINDINGS[1]]
-    writer = job("writer", every="1h", tools=["write_marker"])
+    writer = job("writer", at=NOT_DUE, tools=["write_marker"])
     async with scheduler_world(tmp_path, llm_server, [writer], bindings=bindings) as world:
         now = time.time()
         made_in_chat = JobRecord(
             id="chatty", origin="chat", schedule_kind="every", schedule="1h", timezone="UTC",
-            anchor_ms=0, prompt="Write.", deliver_to="ops", session_id="job:chatty",
+            anchor_ms=int(now * 1000), prompt="Write.", deliver_to="ops", session_id="job:chatty",
             tools=("write_marker",), time_budget_s=None, catch_up="latest",
             notify_on_failure=True, creator="binding:ops", paused=False,
             since_ms=int(now * 1000), created_at=now, updated_at=now,
@@ -424,7 +425,7 @@ async def test_a_fire_due_before_its_job_is_scheduled_runs_once_with_its_own_tim
     llm_server.default = Reply("on its time")
     fire_s = time.time() + 3.0
     at = datetime.fromtimestamp(fire_s, UTC).isoformat()
-    others = [job(f"other-{index:03d}", every="1h") for index in range(300)]
+    others = [job(f"other-{index:03d}", at=NOT_DUE) for index in range(300)]
     async with scheduler_world(tmp_path, llm_server, [job(at=at), *others]) as world:
         scheduler = await world.start_scheduler()
         assert scheduler.registered() == 0

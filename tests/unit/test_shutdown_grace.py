@@ -24,7 +24,7 @@ from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.schedule import format_fire
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Hang, Item, Reply
-from tests.support.scheduler_world import job, scheduler_world
+from tests.support.scheduler_world import NOT_DUE, job, scheduler_world
 
 GRACE_S = 1.0
 # Longer than the grace, shorter than twice it: a chat turn this slow is answered only if
@@ -55,7 +55,7 @@ async def test_running_turns_get_the_grace_once_not_once_per_service(
         return None
 
     llm_server.responder = model
-    async with scheduler_world(tmp_path, llm_server, [job("digest", every="1h")]) as world:
+    async with scheduler_world(tmp_path, llm_server, [job("digest", at=NOT_DUE)]) as world:
         config, grace = world.config, Grace(GRACE_S)
         router = ChatRouter(
             world.app.run_turn,

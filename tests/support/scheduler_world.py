@@ -68,6 +68,14 @@ class World:
         self.schedulers.append(scheduler)
         return scheduler
 
+    async def down_after_a_run(self, down_s: float) -> None:
+        """A scheduler runs until the job's first ``ok`` fire, stops, and stays stopped for
+        ``down_s`` (a downtime a restart catches up on)."""
+        scheduler = await self.start_scheduler()
+        await self.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
+        await scheduler.stop(5)
+        await asyncio.sleep(down_s)
+
     async def history(self, job_id: str = "digest") -> list[FireRecord]:
         return list(reversed(await self.store.fire_history(job_id)))
 

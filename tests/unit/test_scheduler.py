@@ -207,10 +207,7 @@ async def test_restart_with_catch_up_skip_runs_none_and_says_so(
     llm_server.default = Reply("on time")
     spec = job(every="1s", catch_up="skip")
     async with scheduler_world(tmp_path, llm_server, [spec]) as world:
-        scheduler = await world.start_scheduler()
-        await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
-        await scheduler.stop(5)
-        await asyncio.sleep(1.5)
+        await world.down_after_a_run(1.5)
         await world.start_scheduler()
         rows = await world.wait_history(
             lambda rows: any(r.outcome == "skipped-missed" for r in rows)
@@ -447,10 +444,7 @@ async def test_a_slow_catch_up_still_runs_before_the_next_scheduled_fire(
     llm_server.default = Reply("done")
     spec = job(every="1s", catch_up="latest")
     async with scheduler_world(tmp_path, llm_server, [spec]) as world:
-        scheduler = await world.start_scheduler()
-        await world.wait_history(lambda rows: any(r.outcome == "ok" for r in rows))
-        await scheduler.stop(5)
-        await asyncio.sleep(2.2)
+        await world.down_after_a_run(2.2)
         recorded = world.store.fire_skip
 
         async def slow_skip(*args: object, **kwargs: object) -> FireRecord | None:

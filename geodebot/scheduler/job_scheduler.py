@@ -364,29 +364,25 @@ class JobScheduler:
         cause: FireCause,
         claimed: asyncio.Event | None = None,
     ) -> None:
-        """``claimed``: set once this fire's claim is settled (won, lost, or not made here)."""
+        """``claimed``: set as soon as this fire's claim is settled, before its run."""
         if cause == "schedule" and (catching_up := self._catching_up.get(job_id)) is not None:
             await catching_up.wait()
-        try:
-            job = self._jobs.get(job_id)
-            if job is None or job.paused:
-                return
-            if self._leases is None:
-                await self._claim(job, scheduled_ms, cause, claimed)
-                return
+        job = self._jobs.get(job_id)
+        if job is None or job.paused:
+            return
+        if self._leases is None:
+            await self._claim(job, scheduled_ms, cause, claimed)
+            return
 
-            async def made() -> bool:
-                return await self._store.fire_at(job_id, scheduled_ms) is not None
+        async def made() -> bool:
+            return await self._store.fire_at(job_id, scheduled_ms) is not None
 
-            lease = await self._hold(job, made)
-            if lease is None:
-                return
-            # The claim is the session's work: refused if the lease was lost meanwhile.
-            with self._store.fenced(lease), self._leases.using(job.session_id):
-                await self._claim(job, scheduled_ms, cause, claimed)
-        finally:
-            if claimed is not None:
-                claimed.set()
+        lease = await self._hold(job, made)
+        if lease is None:
+            return
+        # The claim is the session's work: refused if the lease was lost meanwhile.
+        with self._store.fenced(lease), self._leases.using(job.session_id):
+            await self._claim(job, scheduled_ms, cause, claimed)
 
     async def _claim(
         self,
@@ -425,6 +421,8 @@ class JobScheduler:
                 await self._record_missed(job, plan.skipped_ms, plan.reason)
             for scheduled_ms in plan.run_ms:
                 await self._fire(job.id, scheduled_ms, "catch-up", claimed)
+                # Also when it made no claim (the job paused, its session held elsewhere).
+                claimed.set()
         finally:
             claimed.set()
             if self._catching_up.get(job.id) is claimed:

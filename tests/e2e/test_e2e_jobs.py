@@ -20,6 +20,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.llm_server import FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.waiting import fires_when
 
 GROUP, ALICE = -1001, 4242
 
@@ -53,17 +54,7 @@ class JobWorld:
         self, job_id: str, predicate: Callable[[list[FireRecord]], bool]
     ) -> list[FireRecord]:
         # The daemon's outcome is visible only in its store, which this process reads.
-        rows: list[FireRecord] = []
-        try:
-            async with asyncio.timeout(20):
-                while True:
-                    rows = await self.history(job_id)
-                    if predicate(rows):
-                        return rows
-                    await asyncio.sleep(0.1)
-        except TimeoutError:
-            seen = [(f.id, f.cause, f.outcome, f.scheduled_ms, f.reason) for f in rows]
-            raise AssertionError(f"job {job_id}: the history never came to pass: {seen}") from None
+        return await fires_when(self.tmp / "var" / DB_FILE, job_id, predicate)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import DaemonProcess
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Item, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
+from tests.support.waiting import fires_when
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -170,13 +171,7 @@ class Daemon:
     async def wait_history(
         self, job_id: str, predicate: Callable[[list[FireRecord]], bool]
     ) -> list[FireRecord]:
-        async with asyncio.timeout(30):
-            while True:
-                async with SQLiteStore(self.store_path) as store:
-                    rows = list(reversed(await store.fire_history(job_id)))
-                if predicate(rows):
-                    return rows
-                await asyncio.sleep(0.1)
+        return await fires_when(self.store_path, job_id, predicate, timeout=30)
 
 
 def old_job(job_id: str, session: str, prompt: str) -> JobRecord:

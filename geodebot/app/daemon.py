@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from geodebot.app.build import App, build_app
 from geodebot.app.replica import DaemonLease
 from geodebot.app.store import store_facts, store_place
-from geodebot.channels.base import Channel, Destination
+from geodebot.channels.base import Channel, Destination, Typing
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.approvals import ChatApprovals
@@ -312,7 +312,9 @@ async def _enter_daemon(
     channels = build_channels(config, store, ingest_later=shared is not None)
 
     async def typing(destination: Destination) -> None:
-        await channels[destination.platform].typing(destination)
+        channel = channels[destination.platform]
+        if isinstance(channel, Typing):
+            await channel.typing(destination)
 
     # The outbox's window is its own: replies of turns that used the whole grace still go.
     outbox = OutboxSender(

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Platform = Literal["telegram", "slack", "discord"]
 
@@ -34,7 +34,7 @@ class InboundFile:
     it is downloaded yet, and nothing of it is trusted (name, type and size are the sender's
     word until the bytes are checked)."""
 
-    # What the adapter needs to download it (see Channel.download): Telegram's file_id, Slack's
+    # What the adapter needs to download it (see Files.download): Telegram's file_id, Slack's
     # url_private_download, Discord's attachment URL.
     ref: str
     name: str
@@ -273,27 +273,21 @@ SENDING_ONLY = "sending only: another replica takes in"
 
 
 class Channel(Protocol):
-    """A platform connection. ``start`` returns once connected and receiving; a channel
-    made to take in later (what only one replica at a time may do: Telegram's poller or
-    webhook registration, Discord's gateway) returns from ``start`` able to send, and
-    receives once ``start_ingest`` returned."""
+    """A platform connection: what every adapter has. ``start`` returns once connected and
+    receiving (see :class:`DeferredIngest` for a channel made to take in later).
+
+    What only some platforms can do is a capability protocol of its own, checked with
+    ``isinstance`` by the one part that uses it: :class:`Cards` (approval cards),
+    :class:`Edits` (a part's ``edit_of`` honoured, messages deleted), :class:`Lookups` (a sent
+    part found by its key), :class:`Files` (user files downloaded), :class:`Typing`.
+    """
 
     @property
     def platform(self) -> Platform: ...
 
-    @property
-    def ingesting(self) -> bool:
-        """True while this channel takes in what the platform brings (False while sending
-        only, or stopped)."""
-
     async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
         """Connect and deliver messages to ``sink`` and card button presses to ``presses``
         (without one, presses are answered as not valid)."""
-
-    async def start_ingest(self) -> None:
-        """After ``start``: begin taking in what ``start`` left for later; does nothing if it
-        takes in already. Raises ChannelError (as ``start``) when it cannot; the channel can
-        still send then, and this may be called again."""
 
     async def stop(self) -> None: ...
 
@@ -304,20 +298,47 @@ class Channel(Protocol):
         """Send one part (uploading ``part.file`` with it, if set). Raises ChannelError (with
         retry_after on 429) or SendUnknown."""
 
-    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
-        """The bytes of a file a user sent, fetched through the platform (with the bot's
-        credentials where the platform needs them, and only from the platform's own hosts).
+    def status(self) -> ChannelStatus: ...
 
-        Raises FileTooLarge as soon as more than ``max_bytes`` arrive (or are announced), so
-        an oversized file is never held whole; ChannelError when the platform refuses or the
-        file is gone.
-        """
+
+@runtime_checkable
+class DeferredIngest(Protocol):
+    """A channel that can be made to take in later: what only one replica at a time may do
+    (Telegram's poller or webhook registration, Discord's gateway). Made so, ``start``
+    returns able to send, and it receives once ``start_ingest`` returned."""
+
+    @property
+    def ingesting(self) -> bool:
+        """True while this channel takes in what the platform brings (False while sending
+        only, or stopped)."""
+
+    async def start_ingest(self) -> None:
+        """After ``start``: begin taking in what ``start`` left for later; does nothing if it
+        takes in already. Raises ChannelError (as ``start``) when it cannot; the channel can
+        still send then, and this may be called again."""
+
+
+@runtime_checkable
+class Edits(Protocol):
+    """A platform whose messages can be changed after they were sent: ``send`` edits the
+    message a part's ``edit_of`` names, and a message can be deleted (streamed previews)."""
+
+    async def delete(self, destination: Destination, message_id: str) -> None:
+        """Delete a message this bot posted. Raises ChannelError."""
+
+
+@runtime_checkable
+class Lookups(Protocol):
+    """A platform that can say whether a part arrived, after an unknown outcome."""
 
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
-        """After an unknown outcome: the part's message if the platform can tell, else None.
+        """The part's message if the platform can tell, else None. Raises
+        NotImplementedError for a part of a kind it cannot look up (a file, say)."""
 
-        Raises NotImplementedError where the platform offers no way to look it up.
-        """
+
+@runtime_checkable
+class Cards(Protocol):
+    """A platform that shows approval cards with buttons."""
 
     async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
         """Post an approval card. Raises ChannelError (with retry_after on 429) or SendUnknown."""
@@ -327,12 +348,26 @@ class Channel(Protocol):
     ) -> None:
         """Replace a posted card (its outcome set: the buttons go). Raises ChannelError."""
 
-    async def delete(self, destination: Destination, message_id: str) -> None:
-        """Delete a message this bot posted. Raises ChannelError."""
+
+@runtime_checkable
+class Files(Protocol):
+    """A platform users can send files through."""
+
+    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
+        """The bytes of a file a user sent, fetched through the platform (with the bot's
+        credentials where the platform needs them, and only from the platform's own hosts).
+
+        Raises FileTooLarge as soon as more than ``max_bytes`` arrive (or are announced), so
+        an oversized file is never held whole; ChannelError when the platform refuses or the
+        file is gone.
+        """
+
+
+@runtime_checkable
+class Typing(Protocol):
+    """A platform that shows that the bot is typing."""
 
     async def typing(self, destination: Destination) -> None: ...
-
-    def status(self) -> ChannelStatus: ...
 
 
 def command_of(text: str, bot_username: str | None = None) -> str | None:

@@ -13,7 +13,7 @@ import random
 import sys
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 
-from geodebot.channels.base import Channel, ChannelError, InboundSink, PressSink
+from geodebot.channels.base import Channel, ChannelError, DeferredIngest, InboundSink, PressSink
 from geodebot.config.schema import (
     TELEGRAM_SECRET,
     Config,
@@ -175,7 +175,7 @@ class ChannelSupervisor:
         await _first_attempts(self.ready.values(), first_attempt_s)
 
     async def start_ingest(self, first_attempt_s: float = 30.0) -> None:
-        """Make every channel take in (``Channel.start_ingest``), each once it started;
+        """Make every channel take in (``DeferredIngest.start_ingest``), each once it started;
         returns when each took in or its first attempt timed out, as :meth:`start` does.
         Calls after the first only wait (the first's attempts go on)."""
         if not self._ingest_started:
@@ -191,8 +191,10 @@ class ChannelSupervisor:
 
     async def _keep_ingesting(self, name: str, channel: Channel) -> None:
         await self.ready[name].wait()
-        # A failed attempt leaves the channel sending: only the taking in is tried again.
-        await _retried(name, "take in", channel.start_ingest)
+        # A channel that cannot be made to take in later took in from its start.
+        if isinstance(channel, DeferredIngest):
+            # A failed attempt leaves the channel sending: only the taking in is tried again.
+            await _retried(name, "take in", channel.start_ingest)
         log.info("channel %s takes in", name)
         self.ingesting[name].set()
 

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from geodebot.channels.base import (
     ApprovalCard,
+    Cards,
     Channel,
     ChannelError,
     Destination,
@@ -98,7 +99,8 @@ class ChatApprovals:
         self._listening: asyncio.Task[None] | None = None
         # Told when a request is shown or settled here (the console's open pages follow it).
         self._on_change = on_change
-        self._channels = channels
+        # The platforms that show cards; a turn elsewhere has no desk.
+        self._cards = {name: c for name, c in channels.items() if isinstance(c, Cards)}
         self._redactor = redactor if redactor is not None else Redactor()
         self._clock = clock
         self._sleep = sleep
@@ -128,7 +130,7 @@ class ChatApprovals:
         """The desk for a turn answering ``row``; None when no card can be shown there. Its
         approvers are the binding's (maybe nobody); a call only the asker may approve
         (ToolSpec.asks_caller) goes to ``row.user`` alone."""
-        if row.platform not in self._channels:
+        if row.platform not in self._cards:
             return None
         # Where the reply goes: in its thread, answering the message (Slack threads a
         # channel's reply under the message it answers).
@@ -239,7 +241,7 @@ class ChatApprovals:
         return stored if stored is not None else request
 
     async def _post(self, destination: Destination, card: ApprovalCard) -> str | None:
-        channel = self._channels[destination.platform]
+        channel = self._cards[destination.platform]
         for attempt in range(1, CARD_ATTEMPTS + 1):
             try:
                 return (await channel.send_card(destination, card)).message_id
@@ -334,7 +336,7 @@ class ChatApprovals:
 
     async def _edit(self, request: ApprovalRecord, message_id: str) -> None:
         card = request.card
-        channel = self._channels.get(str(card.get("platform")))
+        channel = self._cards.get(str(card.get("platform")))
         # Any replica may show an outcome: the one that took the press in does (the card's
         # session may run on another), and showing it twice changes nothing.
         if channel is None:

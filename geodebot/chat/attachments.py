@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from geodebot.channels.base import Channel, ChannelError, FileTooLarge, InboundFile
+from geodebot.channels.base import Channel, ChannelError, Files, FileTooLarge, InboundFile
 from geodebot.chat.replies import files_refused, reply_to
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.attachments import IMAGE_TYPES, PDF_TYPE, SHOWN_LIMITS, TEXT_TYPE
@@ -128,7 +128,8 @@ class Attachments:
     def __init__(self, store: Store, files: FileStore, channels: Mapping[str, Channel]) -> None:
         self._store = store
         self._files = files
-        self._channels = channels
+        # The platforms users can send files through.
+        self._channels = {name: c for name, c in channels.items() if isinstance(c, Files)}
 
     async def blocks(
         self, row: InboxRow, binding: BindingConfig

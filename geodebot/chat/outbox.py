@@ -22,6 +22,8 @@ from geodebot.channels.base import (
     Channel,
     ChannelError,
     Destination,
+    Edits,
+    Lookups,
     OutboundFile,
     OutboundPart,
     Platform,
@@ -374,6 +376,8 @@ class OutboxSender:
     ) -> bool | None:
         """After an open outcome: True if the part arrived (recorded as sent now), False if
         the platform says it did not, None where the platform cannot say."""
+        if not isinstance(channel, Lookups):
+            return None
         try:
             found = await channel.find_sent(part)
         except NotImplementedError:
@@ -517,6 +521,8 @@ class OutboxSender:
         self, channel: Channel, row: OutboxRow, part: OutboundPart, copy: str, kept: str
     ) -> None:
         try:
+            if not isinstance(channel, Edits):
+                raise ChannelError(f"{row.platform} cannot delete a message")
             await channel.delete(part.destination, copy)
         except ChannelError as exc:
             log.error("outbox %s part %s: second copy %s left: %s", row.id, part.index, copy, exc)

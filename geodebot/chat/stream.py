@@ -14,9 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import Protocol, cast, runtime_checkable
 
-from geodebot.channels.base import Channel, ChannelError, Destination, OutboundPart, Platform
+from geodebot.channels.base import (
+    Channel,
+    ChannelError,
+    Destination,
+    Edits,
+    Lookups,
+    OutboundPart,
+    Platform,
+)
 from geodebot.channels.render import LIMITS
 from geodebot.config.schema import BindingConfig
 from geodebot.store.protocol import Store
@@ -67,6 +75,12 @@ class EditPacer:
         self._next[key] = max(self._next.get(key, 0.0), now + seconds)
 
 
+@runtime_checkable
+class PreviewChannel(Channel, Edits, Protocol):
+    """What a streamed preview needs of its platform: a message sent, then edited as the
+    answer grows (``edit_of``), and deleted when it must not stay."""
+
+
 class ReplyStreams:
     """Makes each chat turn's StreamedReply, where its binding streams."""
 
@@ -85,7 +99,8 @@ class ReplyStreams:
 
     def for_row(self, row: InboxRow, binding: BindingConfig) -> StreamedReply | None:
         channel = self._channels.get(row.platform)
-        if not binding.stream or channel is None:
+        # A platform whose messages cannot be edited shows the answer when it is done.
+        if not binding.stream or not isinstance(channel, PreviewChannel):
             return None
         return StreamedReply(channel, self._store, row, self._pacer, may_send=self._may_send)
 
@@ -96,7 +111,7 @@ class StreamedReply:
 
     def __init__(
         self,
-        channel: Channel,
+        channel: PreviewChannel,
         store: Store,
         row: InboxRow,
         pacer: EditPacer,
@@ -163,6 +178,8 @@ class StreamedReply:
             return
         # Index 1: a lookup only, never the answer to a slash command (part 0 fills that in).
         part = OutboundPart(self._destination, "", f"gb-preview-{self._row.id}", 1, 2, plain=True)
+        if not isinstance(self._channel, Lookups):
+            return
         try:
             found = await self._channel.find_sent(part)
         except NotImplementedError:

@@ -1,6 +1,6 @@
 """The layout's contract, checked on the source: imports point down the layers, never up or
-round in a cycle; engine/ and store/ never import a platform SDK; only engine/llm imports
-model SDKs.
+round in a cycle, between packages or between the modules of one package; only channels/
+imports a platform SDK; only engine/llm imports model SDKs.
 
 Layers, top to bottom (see the README's "Architecture"): cli -> app -> ops, chat, scheduler,
 desktop, testing -> channels -> engine -> store, config, logs. A package may import its own
@@ -142,22 +142,36 @@ def test_no_import_cycle_between_packages() -> None:
     assert cycles(package_graph()) == []
 
 
-@pytest.mark.parametrize(
-    ("source", "forbidden"),
-    [
-        ("channels", {"chat", "scheduler", "ops", "app", "cli"}),
-        ("chat", {"app", "cli"}),
-        ("scheduler", {"app", "cli"}),
-        ("ops", {"app", "cli"}),
-        ("engine", {"channels", "chat", "scheduler", "ops", "app", "cli"}),
-        ("store", set(LAYERS) - {"store"}),
-        ("config", set(LAYERS) - {"config"}),
-        ("logs", set(LAYERS) - {"logs"}),
-    ],
-)
+# Spelled out per package, so a change of LAYERS cannot quietly allow these.
+FORBIDDEN: dict[str, set[str]] = {
+    "__main__": set(),
+    "cli": {"__main__"},
+    "app": {"cli", "__main__"},
+    "ops": {"app", "cli"},
+    "chat": {"app", "cli", "ops"},
+    "scheduler": {"app", "cli", "ops"},
+    "relay": {"app", "cli", "ops"},
+    "desktop": {"app", "cli", "chat", "scheduler", "relay", "ops"},
+    "testing": {"app", "cli"},
+    "channels": {"chat", "scheduler", "relay", "ops", "app", "cli"},
+    "engine": {"channels", "chat", "scheduler", "relay", "ops", "app", "cli"},
+    "store": set(LAYERS) - {"store"},
+    "config": set(LAYERS) - {"config"},
+    "logs": set(LAYERS) - {"logs"},
+}
+# The packages that may import a platform SDK: the adapters, and the composition root's
+# callers only through them.
+SDK_PACKAGES = {"channels"}
+
+
+@pytest.mark.parametrize(("source", "forbidden"), sorted(FORBIDDEN.items()))
 def test_the_edges_never_import_what_is_above_them(source: str, forbidden: set[str]) -> None:
-    # Spelled out per package, so a change of LAYERS cannot quietly allow these.
     assert package_graph().get(source, set()) & forbidden == set()
+
+
+def test_every_package_is_in_the_contract() -> None:
+    packages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
+    assert (packages | {"__main__", "testing"}) == set(LAYERS) == set(FORBIDDEN)
 
 
 def test_every_stage_lives_in_its_package() -> None:
@@ -167,7 +181,14 @@ def test_every_stage_lives_in_its_package() -> None:
     assert packages - set(LAYERS) == set()
 
 
-@pytest.mark.parametrize("subpackage", ["engine", "store"])
+@pytest.mark.parametrize(
+    "subpackage",
+    sorted(
+        path.name
+        for path in PACKAGE.iterdir()
+        if (path / "__init__.py").exists() and path.name not in SDK_PACKAGES
+    ),
+)
 def test_no_platform_sdk_imports(subpackage: str) -> None:
     offenders = {
         str(path.relative_to(PACKAGE)): sorted(sdk_roots(path) & PLATFORM_SDKS)
@@ -175,6 +196,34 @@ def test_no_platform_sdk_imports(subpackage: str) -> None:
         if sdk_roots(path) & PLATFORM_SDKS
     }
     assert offenders == {}
+
+
+def test_the_top_modules_import_no_platform_sdk() -> None:
+    offenders = {path.name for path in PACKAGE.glob("*.py") if sdk_roots(path) & PLATFORM_SDKS}
+    assert offenders == set()
+
+
+def module_graph(subpackage: str, root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Which modules of ``subpackage`` each of its modules imports (type-only imports
+    count: a cycle of them is still two modules that cannot be read apart)."""
+    paths = sorted((root / subpackage).rglob("*.py"))
+    names = {module_name(path, root) for path in paths}
+    return {
+        module_name(path, root): {
+            target
+            for target in imports(path, root)
+            if target in names and target != module_name(path, root)
+        }
+        for path in paths
+    }
+
+
+@pytest.mark.parametrize(
+    "subpackage",
+    sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()),
+)
+def test_no_import_cycle_inside_a_package(subpackage: str) -> None:
+    assert cycles(module_graph(subpackage)) == []
 
 
 def test_model_sdks_only_in_llm_adapters() -> None:
@@ -244,3 +293,17 @@ def test_the_checker_sees_a_cycle_and_a_bottom_package_reaching_sideways(tmp_pat
     graph = package_graph(root)
     assert cycles(graph) == [["chat", "scheduler", "chat"]]
     assert upward(graph) == ["store -> config"]
+
+
+def test_the_checker_sees_a_cycle_inside_a_package(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "chat/a.py": "from geodebot.chat.b import x\n",
+            "chat/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from . import a\n",
+            "chat/c.py": "from geodebot.chat.a import y\n",
+        },
+    )
+    assert cycles(module_graph("chat", root)) == [
+        ["geodebot.chat.a", "geodebot.chat.b", "geodebot.chat.a"]
+    ]

@@ -26,7 +26,7 @@ from geodebot.engine.tools.spec import (
 )
 
 if TYPE_CHECKING:
-    from geodebot.engine.tools.builtin import BuiltinSettings
+    from geodebot.engine.tools.builtin.settings import BuiltinSettings
 
 MAX_STREAM_BYTES = 64 * 1024
 MAX_COMMAND_CHARS = 100_000

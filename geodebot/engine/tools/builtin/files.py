@@ -33,7 +33,7 @@ from geodebot.engine.tools.spec import (
 )
 
 if TYPE_CHECKING:
-    from geodebot.engine.tools.builtin import BuiltinSettings
+    from geodebot.engine.tools.builtin.settings import BuiltinSettings
 
 RESOURCE_KEYS = ("fs:workspace",)
 MAX_OUTPUT_BYTES = 64 * 1024

@@ -28,7 +28,7 @@ from geodebot.engine.tools.spec import (
 )
 
 if TYPE_CHECKING:
-    from geodebot.engine.tools.builtin import BuiltinSettings
+    from geodebot.engine.tools.builtin.settings import BuiltinSettings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

@@ -1,8 +1,8 @@
 """Closed-loop throughput with 1, 2 and 3 replicas of ``geodebot serve`` on one PostgreSQL.
 
 Every replica serves: each session's turns run on the replica holding its lease
-(chat/leases.py), and a message that another replica took in is picked up by the holder
-(chat/pickup.py). Three replicas run on one database of a PostgreSQL server this script starts
+(replicas/leases.py), and a message that another replica took in is picked up by the holder
+(replicas/pickup.py). Three replicas run on one database of a PostgreSQL server this script starts
 in a temp directory with the server's durable defaults (``Cluster.start(durable=True)``).
 Telegram runs in webhook mode behind the fake Bot API's round-robin balancer
 (``FakeTelegram.webhook_targets``); Slack spreads events over the replicas' Socket Mode

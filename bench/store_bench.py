@@ -9,8 +9,8 @@ so a change in the machine's speed meets both alike:
 * sequential latency (p50, p99) of one chat: what PostgreSQL's round trips add to a turn;
 * closed-loop throughput over ``--chats`` chats and the daemon's CPU per reply;
 * the same throughput with two more replicas on the database (members: every Telegram
-  message reaches the leader, whose poller takes the chats' sessions; app/replica.py,
-  chat/leases.py), and what an idle member costs;
+  message reaches the leader, whose poller takes the chats' sessions; replicas/daemon_lease.py,
+  replicas/leases.py), and what an idle member costs;
 * failover: SIGKILL the replica running a turn (and the leader, if that is another one),
   time until a survivor leads and until it has answered the message the killed one was
   working on. The turn's replica is the holder of its session's lease: not always the
@@ -56,7 +56,7 @@ from telegram_bench import (
     stop_daemon,
 )
 
-from geodebot.app.replica import LEAD_MARK, MEMBER_MARK
+from geodebot.replicas.daemon_lease import LEAD_MARK, MEMBER_MARK
 from tests.support.daemon import MODELS_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from geodebot.app.build import App, build_app
-from geodebot.app.replica import DaemonLease
 from geodebot.app.store import store_facts, store_place
 from geodebot.channels.base import Channel, Destination, Typing
 from geodebot.channels.factory import ChannelSupervisor, build_channels
@@ -22,9 +21,8 @@ from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed
-from geodebot.chat.leases import SessionLeases
 from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.pickup import SessionPickUps
+from geodebot.chat.ownership import LocalOwner, SessionElsewhere, SessionOwner
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.stream import ReplyStreams
 from geodebot.config.schema import Config, ConfigError, resolve_secret, split_host_port
@@ -36,6 +34,11 @@ from geodebot.engine.tools.spec import Approver
 from geodebot.ops.heap import HeapKeeper
 from geodebot.ops.procstat import process_figures
 from geodebot.ops.sdnotify import SystemdNotifier
+from geodebot.replicas.daemon_lease import DaemonLease
+from geodebot.replicas.leases import SessionLeases
+from geodebot.replicas.owner import LeasedOwner
+from geodebot.replicas.pickup import SessionPickUps
+from geodebot.replicas.takeup import SessionTakeUp
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.fire_runner import ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
@@ -50,24 +53,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def ipc_handler(
-    app: App, on_status: StatusHandler | None = None, sessions: SessionLeases | None = None
-) -> IPCServer:
-    """The local chat socket. With replicas, a turn runs here only while this replica holds
-    its session (chat/leases.py), as a chat's does."""
+def ipc_handler(app: App, owner: SessionOwner, on_status: StatusHandler | None = None) -> IPCServer:
+    """The local chat socket. A turn runs here only while this process runs its session
+    (chat/ownership.py), as a chat's does."""
     tools = app.config.tools.ipc_tools
     run_turn = app.run_turn
 
     async def on_turn(session_id: str, text: str, approver: Approver) -> TurnResult:
         spec = SessionSpec(session_id, tools=tools, approver=approver)
-        if sessions is None:
-            return await run_turn(Mode.IPC, spec, text)
-        lease = await sessions.hold(session_id)
-        if lease is None:
+        try:
+            async with owner.running(session_id):
+                return await run_turn(Mode.IPC, spec, text)
+        except SessionElsewhere:
             busy = f"Session {session_id} is running on another replica; ask that one."
             return TurnResult(session_id, "", "store_error", busy, error="SessionElsewhere")
-        with app.services.store.fenced(lease), sessions.using(session_id):
-            return await run_turn(Mode.IPC, spec, text)
 
     return IPCServer(app.config.socket_path, on_turn, on_status)
 
@@ -99,7 +98,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     takes in what its platforms bring it, runs the turns and job fires of the sessions it
     holds, and runs the scheduler (each fire's claim decides who runs it). What only one may
     take in (Telegram's poller, Discord's gateway) is the leader's, under the daemon's lease
-    (app/replica.py); another replica takes that over when the leader stops.
+    (replicas/daemon_lease.py); another replica takes that over when the leader stops.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -148,9 +147,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 sends_grace=sends_grace,
             )
             status.daemon = daemon
-            ipc = ipc_handler(
-                app, _status_report(app, daemon), shared.sessions if shared is not None else None
-            )
+            ipc = ipc_handler(app, daemon.owner, _status_report(app, daemon))
             await stack.enter_async_context(ipc)
             log.info(
                 "geodebot serving: replica %s, store %s, state in %s, chat socket %s, channels: %s",
@@ -212,7 +209,7 @@ def _log_tasks(why: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Shared:
-    """What replicas sharing a store hold (app/replica.py, chat/leases.py)."""
+    """What replicas sharing a store hold (replicas/daemon_lease.py, replicas/leases.py)."""
 
     # The daemon's lease: its holder takes in what one replica at a time may (Telegram's
     # poller or webhook registration, Discord's gateway).
@@ -284,6 +281,8 @@ class _Daemon:
     approvals: ChatApprovals
     # Replays made here (the console) reach the router and outbox at once.
     deadletters: DeadLetters
+    # Which process runs each session's work (chat/ownership.py).
+    owner: SessionOwner
     # The leases held, when replicas share the store.
     shared: _Shared | None = None
 
@@ -306,7 +305,7 @@ async def _enter_daemon(
     """Build the chat and job paths and enter them on ``stack``, connections first (so they
     close last), then the outbox, the router and the scheduler."""
     store = app.services.store
-    sessions = shared.sessions if shared is not None else None
+    owner: SessionOwner = LocalOwner() if shared is None else LeasedOwner(store, shared.sessions)
     # With replicas the channels take in only what every replica may until this one holds
     # the daemon's lease (see _lead).
     channels = build_channels(config, store, ingest_later=shared is not None)
@@ -330,7 +329,7 @@ async def _enter_daemon(
             if live is None
             else lambda row: live.publish("deadletters", session=row.session_id)
         ),
-        leases=sessions,
+        owner=owner,
     )
     approvals = ChatApprovals(
         store,
@@ -341,8 +340,8 @@ async def _enter_daemon(
             if live is None
             else lambda request: live.publish("approvals", session=request.session_id)
         ),
-        may_send=sessions.valid if sessions is not None else None,
-        shared=sessions is not None,
+        may_send=owner.holds,
+        shared=owner.replica_id is not None,
     )
     router = ChatRouter(
         app.run_turn,
@@ -361,10 +360,10 @@ async def _enter_daemon(
             store,
             channels,
             interval_s=config.daemon.stream_edit_interval_s,
-            may_send=sessions.valid if sessions is not None else None,
+            may_send=owner.holds,
         ),
         attachments=Attachments(store, app.files, channels) if app.files is not None else None,
-        leases=sessions,
+        owner=owner,
     )
     scheduler = JobScheduler(
         app.run_turn,
@@ -377,15 +376,9 @@ async def _enter_daemon(
         on_fire=(
             ignore_fire if live is None else lambda fire: live.publish("jobs", job=fire.job_id)
         ),
-        leases=sessions,
+        owner=owner,
     )
-    pickups = None
-    if sessions is not None:
-        sessions.wire(
-            on_lost=router.session_lost,
-            in_use=lambda sid: router.session_in_use(sid) or outbox.sending(sid),
-        )
-        pickups = SessionPickUps(store, sessions, router.take_up, outbox.kick)
+    pickups = _pickups(store, owner, router, outbox)
     if app.relay is not None:
 
         def delivered(post: OutboxRow, message: InboxRow) -> None:
@@ -396,7 +389,7 @@ async def _enter_daemon(
     supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
     feed = ReplayFeed(store, router.take, outbox.submit)
     deadletters = DeadLetters(store, on_replayed=feed.replayed)
-    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters, shared)
+    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters, owner, shared)
     if metrics is not None:
         # Both are made exactly when [daemon] http is set.
         assert live is not None
@@ -408,9 +401,12 @@ async def _enter_daemon(
     # Before recover: a replay from now on is the feed's to hand over, an earlier one is
     # read by recover and the outbox's first scan like any pending row.
     await feed.start()
-    recovered = await router.recover()
-    if recovered:
-        log.info("answering %s message(s) accepted before the restart", recovered)
+    if pickups is None:
+        # One process uses the store: what it left unanswered is its own. Replicas take up
+        # each session's rows when they take the session (replicas/takeup.py).
+        recovered = await router.recover()
+        if recovered:
+            log.info("answering %s message(s) accepted before the restart", recovered)
     await stack.enter_async_context(_running(feed.run()))
     if pickups is not None:
         # Sessions with work nobody does: left by a replica that stopped, or committed by
@@ -423,6 +419,16 @@ async def _enter_daemon(
     # replica: each fire's claim, made under its job's session lease, decides who runs it.
     await stack.enter_async_context(scheduler)
     return daemon
+
+
+def _pickups(
+    store: Store, owner: SessionOwner, router: ChatRouter, outbox: OutboxSender
+) -> SessionPickUps | None:
+    """With replicas: the look for sessions with work this replica should take up."""
+    if not isinstance(owner, LeasedOwner):
+        return None
+    take_up = SessionTakeUp(store, router, owner)
+    return SessionPickUps(store, owner.leases, take_up.take_up, outbox.kick)
 
 
 def _max_chars(config: Config) -> dict[str, int]:

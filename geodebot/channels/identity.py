@@ -15,7 +15,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from telegram import Bot
 
 from geodebot.channels.base import ChannelError
-from geodebot.channels.telegram_request import AiohttpRequest
+from geodebot.channels.telegram.request import AiohttpRequest
 from geodebot.config.schema import DiscordConfig, SlackConfig, TelegramConfig
 from geodebot.logs.redact import Redactor
 

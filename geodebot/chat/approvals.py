@@ -90,7 +90,7 @@ class ChatApprovals:
     ) -> None:
         self._store = store
         # As the outbox's: false for a session whose lease this replica may no longer hold
-        # (chat/leases.py). A card goes on the platform outside the outbox; the replica that
+        # (replicas/leases.py). A card goes on the platform outside the outbox; the replica that
         # took the session over shows it.
         self._may_send = may_send
         # Replicas share the store: a press taken in by one decides a request another's turn

@@ -29,7 +29,7 @@ from geodebot.channels.base import (
     Platform,
     SendUnknown,
 )
-from geodebot.chat.leases import SessionLeases
+from geodebot.chat.ownership import SessionElsewhere, SessionOwner
 from geodebot.engine.lanes import Grace
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
@@ -73,13 +73,14 @@ class OutboxSender:
         grace: Grace | None = None,
         files: FileStore | None = None,
         on_finished: OnFinished | None = None,
-        leases: SessionLeases | None = None,
+        owner: SessionOwner,
     ) -> None:
         self._store = store
-        # With replicas: a row is sent by the replica that holds its session's lease
-        # (chat/leases.py), its writes fenced by that lease. A part begun under a lease
-        # since lost is left for the replica that holds the session now, never sent by both.
-        self._leases = leases
+        # A row is sent by the process running its session (chat/ownership.py), its writes
+        # fenced. With replicas, a part begun under a lease since lost is left for the
+        # replica that holds the session now, never sent by both.
+        self._owner = owner
+        owner.subscribe_in_use(self.sending)
         # Whoever shows what became of replies (the console's open pages); it must return at
         # once and not raise.
         self._on_finished = on_finished
@@ -188,8 +189,8 @@ class OutboxSender:
         for row in rows:
             if row.id in done or row.inbox_id in self._handovers:
                 continue
-            if self._leases is not None and not self._leases.valid(row.session_id):
-                continue  # another replica's to send, or nobody's yet (see chat/pickup.py)
+            if not self._owner.holds(row.session_id):
+                continue  # another replica's to send, or nobody's yet (see replicas/pickup.py)
             self.submit(row)
 
     async def stop(self, grace_s: float) -> None:
@@ -281,14 +282,13 @@ class OutboxSender:
     async def deliver(self, row: OutboxRow) -> OutboxRow:
         """Send what is left of ``row``; the row as it ends up (still ``pending`` when the
         chat is to be tried again later, by :class:`_Later`, raised)."""
-        if self._leases is None:
-            done = await self._deliver(row)
-        else:
-            lease = self._leases.lease(row.session_id)
-            if lease is None:
-                raise Fenced(f"outbox {row.id}: not sent: its session's lease is not held here")
-            with self._store.fenced(lease), self._leases.using(row.session_id):
+        try:
+            async with self._owner.running(row.session_id, take=False):
                 done = await self._deliver(row)
+        except SessionElsewhere:
+            raise Fenced(
+                f"outbox {row.id}: not sent: its session's lease is not held here"
+            ) from None
         if done.status != "pending" and self._on_finished is not None:
             try:
                 self._on_finished(done)
@@ -404,7 +404,7 @@ class OutboxSender:
             if not begun:
                 row = await self._store.outbox_begin_part(row.id, part.index)
             begun = False  # a retry begins the part again, as any send does
-            if self._leases is not None and not self._leases.valid(row.session_id):
+            if not self._owner.holds(row.session_id):
                 raise Fenced(f"outbox {row.id}: not sent: its session's lease is lost")
             try:
                 sent = await channel.send(part)
@@ -489,8 +489,7 @@ class OutboxSender:
         holder's record shows another message. If the holder recorded this one (its lookup
         found it), gave the row up, or records nothing in time, the message stays: a second
         copy is better than none."""
-        assert self._leases is not None
-        wait_s = min(max(self._leases.ttl_s, COPY_WAIT_MIN_S), COPY_WAIT_MAX_S)
+        wait_s = min(max(self._owner.takeover_s, COPY_WAIT_MIN_S), COPY_WAIT_MAX_S)
         deadline = asyncio.get_running_loop().time() + wait_s
         channel = self._channels[row.platform]
         while True:

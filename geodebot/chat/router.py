@@ -26,9 +26,8 @@ from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
 from geodebot.chat.gate import Accepted, commit, too_long
-from geodebot.chat.leases import SessionLeases
 from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.pickup import PICKUP_TOPIC
+from geodebot.chat.ownership import SessionElsewhere, SessionOwner
 from geodebot.chat.queues import SessionQueues
 from geodebot.chat.replies import (
     BUSY_TEXT,
@@ -102,10 +101,11 @@ class ChatRouter:
         approvals: ChatApprovals | None = None,
         streams: ReplyStreams | None = None,
         attachments: Attachments | None = None,
-        leases: SessionLeases | None = None,
+        owner: SessionOwner,
     ) -> None:
         self._run_turn = run_turn
-        self._leases = leases
+        # Which process runs each session's turns (chat/ownership.py).
+        self._owner = owner
         self._attachments = attachments
         self._approvals = approvals
         self._streams = streams
@@ -132,12 +132,8 @@ class ChatRouter:
         # follow): a row handed over twice (the dead-letter feed and recover() can both find
         # a row replayed while the daemon starts) runs once.
         self._held: set[int] = set()
-        # With replicas: per session, the lease epoch whose take-up (take_up) is done here,
-        # and the lock that makes every other row of the session wait for it. A row queued
-        # before the session's earlier rows were taken up would run first, and a turn a
-        # replica left begun would then be started over (its tool run a second time).
-        self._taken_up: dict[str, int] = {}
-        self._taking_up: dict[str, asyncio.Lock] = {}
+        owner.subscribe_lost(self.session_lost)
+        owner.subscribe_in_use(self.session_in_use)
 
     async def __aenter__(self) -> ChatRouter:
         return self
@@ -163,7 +159,7 @@ class ChatRouter:
             self._max_chars,
             inbound,
             self.counters,
-            pickup=self._replica_id(),
+            pickup=self._owner.replica_id,
         )
         if committed is None:
             return
@@ -185,12 +181,10 @@ class ChatRouter:
             return
         await self._admit(row, decision.binding, decision.refusal)
 
-    async def pick_up(self, row: InboxRow, *, taking_up: bool = False) -> bool:
+    async def pick_up(self, row: InboxRow) -> bool:
         """Take up a message committed without being handled (by another replica, or before
         a restart): what :meth:`accept` does after its commit; True if it did. A row already
-        handled here is left alone; one whose chat no binding has any more is dropped.
-        ``taking_up``: called by the session's take-up itself (which must not wait for
-        itself)."""
+        handled here is left alone; one whose chat no binding has any more is dropped."""
         if row.id in self._held:
             return False
         binding = self._index.find(row.platform, row.channel)
@@ -199,50 +193,34 @@ class ChatRouter:
             return False
         self.counters["picked_up"] += 1
         limit = self._max_chars.get(row.platform, 16_000)
-        await self._admit(row, binding, too_long(row.text, limit), taking_up=taking_up)
+        await self._admit(row, binding, too_long(row.text, limit))
         return True
 
-    async def _admit(
-        self,
-        row: InboxRow,
-        binding: BindingConfig,
-        refusal: str | None,
-        *,
-        taking_up: bool = False,
-    ) -> None:
+    def holds_row(self, inbox_id: int) -> bool:
+        """Whether the row is queued or running here already."""
+        return inbox_id in self._held
+
+    async def _admit(self, row: InboxRow, binding: BindingConfig, refusal: str | None) -> None:
         """A newly committed message (its sender not throttled): refused, answered as a
         command, or queued for its turn. Held from here, so a row found again meanwhile (a
         pick-up poll) is handled once; until its turn ends when it is queued, else until
         this returns.
 
-        With replicas, only the replica holding the session's lease does any of it (fenced
-        by that lease); on another the row waits for that one, which is woken now."""
+        Only the process running the session (chat/ownership.py) does any of it; on another
+        the row waits for that one, which is woken now."""
         if row.id in self._held:
             return
         self._held.add(row.id)
         queued = False
         try:
-            if self._leases is None:
-                queued = await self._handle(row, binding, refusal)
-                return
-            fresh = not self._leases.valid(row.session_id)
-            # A session not held here goes to its home replica (chat/leases.py); this one
-            # takes it only if it is the home, or once the home left it waiting.
-            lease = (
-                await self._leases.hold(row.session_id)
-                if not fresh or self._leases.is_home(row.session_id)
-                else None
-            )
-            if lease is None:
+            if not await self._owner.admit(row.session_id):
                 self.counters["elsewhere"] += 1
-                await self._wake_holder(row.session_id)
                 return
-            with self._store.fenced(lease):
-                if not taking_up and self._taken_up.get(row.session_id) != lease.epoch:
-                    # Held just now (here, or by the pick-up loop, whose take-up may be under
-                    # way): what the session had waiting goes first, in order.
-                    await self._take_up(row.session_id, lease.epoch, again=False)
+            async with self._owner.running(row.session_id):
                 queued = await self._handle(row, binding, refusal)
+        except SessionElsewhere:
+            self.counters["elsewhere"] += 1
+            await self._owner.wake_holder(row.session_id)
         finally:
             if not queued:
                 self._held.discard(row.id)
@@ -279,11 +257,9 @@ class ChatRouter:
         return True
 
     async def recover(self) -> int:
-        """Queue what a previous run accepted but did not answer (in arrival order); a row
-        another replica committed is handled now as if just accepted. With replicas, a
-        session's rows are taken up by whoever holds it instead (:meth:`take_up`)."""
-        if self._leases is not None:
-            return 0
+        """Queue what a previous run accepted but did not answer (in arrival order), when
+        this is the only process using the store (replicas take up each session's rows when
+        they take the session instead: replicas/takeup.py)."""
         rows = await self._store.inbox_unfinished()
         for row in rows:
             if row.status == "pending":
@@ -291,56 +267,6 @@ class ChatRouter:
             elif not self.take(row):
                 await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
         return len(rows)
-
-    async def take_up(self, session_id: str) -> int:
-        """With replicas: the session's unfinished rows, now that this replica holds its
-        lease (a message another replica committed, or one a replica that died left): each
-        handled once, as if accepted here (a row whose turn had begun continues it)."""
-        lease = self._leases.lease(session_id) if self._leases is not None else None
-        if lease is None:
-            return 0  # not held here (any more): its holder takes it up
-        return await self._take_up(session_id, lease.epoch, again=True)
-
-    async def _take_up(self, session_id: str, epoch: int, *, again: bool) -> int:
-        """:meth:`take_up` under the session's lock; ``again``: even if done at ``epoch``
-        already (a look for rows other replicas committed since)."""
-        lock = self._taking_up.setdefault(session_id, asyncio.Lock())
-        async with lock:
-            if not again and self._taken_up.get(session_id) == epoch:
-                return 0
-            taken = await self._take_up_rows(session_id)
-            self._taken_up[session_id] = epoch
-            return taken
-
-    async def _take_up_rows(self, session_id: str) -> int:
-        rows = await self._store.inbox_unfinished(session_id)
-        # A turn already begun goes first: messages another replica took in may be older
-        # than it, yet it is the session's open turn, whose saved tool batch any later turn
-        # would otherwise run as its own and then leave this one to start over.
-        rows.sort(key=lambda row: (row.status != "running", row.id))
-        taken = 0
-        for row in rows:
-            if row.id in self._held:
-                continue
-            if row.status == "pending":
-                # Never handled (taken in elsewhere), or queued by a replica that is gone:
-                # refused, answered as a command or queued, as if accepted here.
-                taken += await self.pick_up(row, taking_up=True)
-            elif self.take(row):
-                taken += 1
-            else:
-                await self._store.inbox_finish(row.id, "dropped", detail="binding removed")
-        return taken
-
-    def _replica_id(self) -> str | None:
-        return self._leases.replica_id if self._leases is not None else None
-
-    async def _wake_holder(self, session_id: str) -> None:
-        try:
-            await self._store.wake(PICKUP_TOPIC, session_id)
-        except StoreError as exc:
-            # Committed all the same: the holder's next look finds it.
-            log.warning("the replica holding the session was not woken: %s", exc)
 
     def session_in_use(self, session_id: str) -> bool:
         """Whether the session has a turn running or queued here."""
@@ -350,10 +276,6 @@ class ChatRouter:
     def session_lost(self, session_id: str, why: str) -> None:
         """Another replica runs the session now: its work here stops, unanswered (the new
         holder answers it; nothing this replica would still write for it could commit)."""
-        self._taken_up.pop(session_id, None)
-        lock = self._taking_up.get(session_id)
-        if lock is not None and not lock.locked():
-            del self._taking_up[session_id]
         for row, _ in self._queues.abandon(session_id):
             self._held.discard(row.id)
 
@@ -398,19 +320,14 @@ class ChatRouter:
         row, binding = item
         try:
             with log_context(platform=row.platform, session=row.session_id, inbox=str(row.id)):
-                if self._leases is None:
-                    await self._turn(row, binding)
-                    return
                 # Held already unless the row came another way (a relay, a replay): then
                 # taken now, or left to the replica that holds it.
-                lease = await self._leases.hold(row.session_id)
-                if lease is None:
+                try:
+                    async with self._owner.running(row.session_id):
+                        await self._turn(row, binding)
+                except SessionElsewhere:
                     log.info("inbox row %s: its session runs on another replica", row.id)
-                    await self._wake_holder(row.session_id)
-                    return
-                # Everything the turn writes, and the tasks it starts write, is fenced.
-                with self._store.fenced(lease), self._leases.using(row.session_id):
-                    await self._turn(row, binding)
+                    await self._owner.wake_holder(row.session_id)
         finally:
             self._held.discard(row.id)
 

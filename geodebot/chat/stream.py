@@ -121,7 +121,7 @@ class StreamedReply:
     ) -> None:
         self._channel = channel
         # As the outbox's: false for a session whose lease this replica may no longer hold
-        # (chat/leases.py). A preview goes on the platform outside the outbox, and one shown
+        # (replicas/leases.py). A preview goes on the platform outside the outbox, and one shown
         # by a replica that lost the session is recorded nowhere: the new holder's answer
         # would come a second time.
         self._may_send = may_send

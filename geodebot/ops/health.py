@@ -145,7 +145,7 @@ class Probe:
     unanswered: Callable[[], Awaitable[int]] | None = None
     # Streams of live updates open now (the console's /events: one per browser).
     live_clients: Callable[[], int] | None = None
-    # The daemon's lease, when replicas share the store (app/replica.py figures()).
+    # The daemon's lease, when replicas share the store (replicas/daemon_lease.py figures()).
     lease: Callable[[], Mapping[str, Any]] | None = None
     # name -> (ok, detail) for further components (scheduler, computer use, ...).
     extra: dict[str, Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]] = field(

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from geodebot.chat.bindings import BindingIndex, binding_key
-from geodebot.chat.leases import SessionLeases
+from geodebot.chat.ownership import SessionElsewhere, SessionOwner
 from geodebot.chat.send_file import OutboxOutlet
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.modes import Mode
@@ -85,11 +85,11 @@ class FireRunner:
         kick: Callable[[], None],
         *,
         on_fire: OnFire = ignore_fire,
-        leases: SessionLeases | None = None,
+        owner: SessionOwner,
     ) -> None:
         self._run_turn = run_turn
-        # With replicas: a run holds its job's session, as a chat turn does (chat/leases.py).
-        self._leases = leases
+        # A run holds its job's session, as a chat turn does (chat/ownership.py).
+        self._owner = owner
         self._store = store
         self._index = BindingIndex.of(bindings)
         self._kick = kick
@@ -99,15 +99,12 @@ class FireRunner:
     async def run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
         """Run a claimed (``running``) fire to its end; never raises but for cancellation."""
         with log_context(job=job.id, fire=str(fire.id), session=job.session_id):
-            if self._leases is None:
-                return await self._run(job, fire)
-            lease = await self._leases.hold(job.session_id)
-            if lease is None:
+            try:
+                async with self._owner.running(job.session_id):
+                    return await self._run(job, fire)
+            except SessionElsewhere:
                 elsewhere = "its session is running on another replica"
                 return await self._finish(job, fire, time.time(), None, None, ("failed", elsewhere))
-            # Everything the run writes is fenced with the session's lease.
-            with self._store.fenced(lease), self._leases.using(job.session_id):
-                return await self._run(job, fire)
 
     async def _run(self, job: JobRecord, fire: FireRecord) -> FireRecord:
         started = time.time()

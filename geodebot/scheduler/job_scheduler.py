@@ -8,7 +8,7 @@ the claim is keyed by them.
 
 With replicas sharing a PostgreSQL store, every replica runs a scheduler and computes the same
 fires; the claim row decides who runs each. A replica claims a fire only while it holds the
-job's session lease (chat/leases.py), the claim fenced with it, so a fire runs on the replica
+job's session lease (replicas/leases.py), the claim fenced with it, so a fire runs on the replica
 that holds its session, as the session's chat turns do; the others wait a while for its row
 (the holder may be slow, or gone: its lease then expires and one of them takes it).
 """
@@ -30,7 +30,7 @@ from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from geodebot.chat.bindings import BindingIndex
-from geodebot.chat.leases import SessionLeases
+from geodebot.chat.ownership import SessionElsewhere, SessionOwner
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.session import TurnRunner
@@ -46,7 +46,7 @@ from geodebot.scheduler.schedule import (
     to_ms,
 )
 from geodebot.store.protocol import Store
-from geodebot.store.records import FireCause, FireRecord, JobRecord, Lease, StoreError
+from geodebot.store.records import FireCause, FireRecord, JobRecord, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class JobScheduler:
         grace: Grace | None = None,
         poll_s: float = POLL_S,
         on_fire: OnFire = ignore_fire,
-        leases: SessionLeases | None = None,
+        owner: SessionOwner,
     ) -> None:
         self._store = store
         # Told of each fire whose row this scheduler wrote: claimed (or skipped), finished,
@@ -113,7 +113,7 @@ class JobScheduler:
         self._config_jobs = config_jobs
         self._grace = grace if grace is not None else Grace(0.0)
         self._runner = FireRunner(
-            run_turn, store, self._index, kick, on_fire=self._on_fire, leases=leases
+            run_turn, store, self._index, kick, on_fire=self._on_fire, owner=owner
         )
         self._poll_s = poll_s
         self._jobs: dict[str, JobRecord] = {}
@@ -125,10 +125,11 @@ class JobScheduler:
         self._cron = CronFields()
         self._aps: AsyncIOScheduler | None = None
         self._closing = False
-        self._leases = leases
+        # Which process runs each job's session (chat/ownership.py).
+        self._owner = owner
         # Each fire's claim names who runs it (empty on SQLite: one process).
-        self._replica = leases.replica_id if leases is not None else ""
-        self._slack_ms = 0 if leases is None else int(CLAIM_SLACK_S * 1000)
+        self._replica = owner.replica_id or ""
+        self._slack_ms = 0 if owner.replica_id is None else int(CLAIM_SLACK_S * 1000)
         # Requested runs being started here: a refresh meanwhile does not start them again.
         self._requested: set[int] = set()
         # Jobs whose catch-up has not claimed its first fire yet: their scheduled fires wait
@@ -163,8 +164,9 @@ class JobScheduler:
         # Nothing of a previous process can still run: its claimed fires are not re-run. With
         # replicas, only this replica's (its id is kept across restarts when configured):
         # the others' fires may be running; those of a replica gone are swept by _poll.
-        replica = None if self._leases is None else self._replica
-        for fire in await self._store.fires_interrupted(INTERRUPTED, replica=replica):
+        for fire in await self._store.fires_interrupted(
+            INTERRUPTED, replica=self._owner.replica_id
+        ):
             log.warning("job %s: fire %s was cut short by a restart", fire.job_id, fire.id)
             self._on_fire(fire)
         for fire in await self._store.fires_settle():
@@ -229,8 +231,8 @@ class JobScheduler:
                 for fire in await self._store.fires_settle():
                     log.info("job %s: fire %s is %s", fire.job_id, fire.id, fire.outcome)
                     self._on_fire(fire)
-                if self._leases is not None:
-                    await self._sweep_orphaned(self._leases.ttl_s)
+                if self._owner.replica_id is not None:
+                    await self._sweep_orphaned(self._owner.takeover_s)
             except StoreError:
                 log.exception("scheduler: cannot read the store; trying again")
             self.polls += 1
@@ -324,29 +326,26 @@ class JobScheduler:
         for moment in run_times:
             self._spawn(self._fire(job_id, to_ms(moment), "schedule"))
 
-    async def _hold(self, job: JobRecord, settled: Callable[[], Awaitable[bool]]) -> Lease | None:
-        """With replicas: the job's session lease, taken now if nobody holds it, for a fire
-        that ``settled`` (awaited; true once the fire needs nothing of this replica) does not
+    async def _hold(self, job: JobRecord, settled: Callable[[], Awaitable[bool]]) -> bool:
+        """Whether the job's session is held here (taken now if nobody holds it), for a fire
+        that ``settled`` (awaited; true once the fire needs nothing of this process) does not
         say is settled. Held by another replica: that one computes the same fire and claims
         it; should it be gone, its lease expires within a time to live, so the fire is
         looked at until its row shows up, for at most two of them."""
-        leases = self._leases
-        assert leases is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2 * leases.ttl_s
-        pause = min(self._poll_s, leases.ttl_s / 3)
+        deadline = loop.time() + 2 * self._owner.takeover_s
+        pause = min(self._poll_s, self._owner.takeover_s / 3)
         while True:
-            lease = await leases.hold(job.session_id)
-            if lease is not None:
-                return lease
+            if await self._owner.hold(job.session_id):
+                return True
             try:
                 if await settled():
-                    return None
+                    return False
             except StoreError as exc:
                 log.warning("job %s: cannot read its fire: %s", job.id, exc)
             if self._closing or loop.time() >= deadline:
                 log.info("job %s: its session is held by another replica; left to it", job.id)
-                return None
+                return False
             await asyncio.sleep(pause)
 
     def _spawn(self, work: Any) -> None:
@@ -370,19 +369,16 @@ class JobScheduler:
         job = self._jobs.get(job_id)
         if job is None or job.paused:
             return
-        if self._leases is None:
-            await self._claim(job, scheduled_ms, cause, claimed)
-            return
 
         async def made() -> bool:
             return await self._store.fire_at(job_id, scheduled_ms) is not None
 
-        lease = await self._hold(job, made)
-        if lease is None:
+        if not await self._hold(job, made):
             return
-        # The claim is the session's work: refused if the lease was lost meanwhile.
-        with self._store.fenced(lease), self._leases.using(job.session_id):
-            await self._claim(job, scheduled_ms, cause, claimed)
+        # The claim is the session's work: refused if the session was lost meanwhile.
+        with contextlib.suppress(SessionElsewhere):
+            async with self._owner.running(job.session_id):
+                await self._claim(job, scheduled_ms, cause, claimed)
 
     async def _claim(
         self,
@@ -447,7 +443,7 @@ class JobScheduler:
 
     async def _start_requested(self, requested: FireRecord) -> None:
         job = self._jobs.get(requested.job_id)
-        if job is None or self._leases is None:
+        if job is None:
             await self._requested_run(job, requested)
             return
 
@@ -455,11 +451,11 @@ class JobScheduler:
             fire = await self._store.fire_at(requested.job_id, requested.scheduled_ms)
             return fire is None or fire.outcome != "requested"
 
-        lease = await self._hold(job, started)
-        if lease is None:
+        if not await self._hold(job, started):
             return
-        with self._store.fenced(lease), self._leases.using(job.session_id):
-            await self._requested_run(job, requested)
+        with contextlib.suppress(SessionElsewhere):
+            async with self._owner.running(job.session_id):
+                await self._requested_run(job, requested)
 
     async def _requested_run(self, job: JobRecord | None, requested: FireRecord) -> None:
         try:

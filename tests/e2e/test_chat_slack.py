@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 
 from geodebot.channels.base import parse_press_data
-from geodebot.channels.slack import APPROVE_ACTION, DENY_ACTION
+from geodebot.channels.slack.cards import APPROVE_ACTION, DENY_ACTION
 from tests.support.chat_e2e_slack import (
     ALICE,
     BOB,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from geodebot.channels.slack import DENY_ACTION
+from geodebot.channels.slack.cards import DENY_ACTION
 from tests.support.cli import geodebot
 from tests.support.config import TEST_KEY
 from tests.support.control import CONTROL_ANSWER

@@ -1,5 +1,5 @@
 """Several ``geodebot serve`` replicas on one PostgreSQL database, all serving: each runs the
-turns of the sessions it holds (chat/leases.py), and the leader, which holds the daemon's
+turns of the sessions it holds (replicas/leases.py), and the leader, which holds the daemon's
 lease, also polls Telegram. When a replica is killed or paused, the others take over its
 sessions and the leadership and answer what it left, once; a paused one that comes back
 commits and sends nothing.
@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from geodebot.app.replica import LEAD_MARK
+from geodebot.replicas.daemon_lease import LEAD_MARK
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.daemon import READY_MARK, DaemonProcess
 from tests.support.fakes.llm_server import Delay, FakeLLMServer, Reply
@@ -173,7 +173,7 @@ async def test_every_replica_serves_and_a_killed_ones_work_is_taken_over(world: 
     await world.telegram.wait_for_sent(CHAT, 1, timeout=30)
     # The leader polls Telegram; the chat's session goes to its home replica, alpha, whoever
     # alpha knows of by then: "staff" ranks alpha first, then beta, then gamma (home() in
-    # chat/leases.py), so the turns below run where this test kills or pauses.
+    # replicas/leases.py), so the turns below run where this test kills or pauses.
     first, _ = world.holder("session:staff")
     assert first == "alpha"
     # The leader is killed while the model works on the next message.

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from geodebot.app.replica import LEAD_MARK
+from geodebot.replicas.daemon_lease import LEAD_MARK
 from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.control import CONTROL, CONTROL_ANSWER, answer_controls, until_answered
 from tests.support.daemon import READY_MARK, DaemonProcess

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from geodebot.app.build import App
-from geodebot.chat.leases import SessionLeases
 from geodebot.config.schema import Config
+from geodebot.replicas.leases import SessionLeases
 from tests.support.app import open_app
 from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import FakeLLMServer

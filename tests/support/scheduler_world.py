@@ -14,6 +14,7 @@ from typing import Any
 
 from geodebot.app.build import App
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.ownership import LocalOwner
 from geodebot.config.schema import Config
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.fire_runner import OnFire, ignore_fire
@@ -63,6 +64,7 @@ class World:
             config_jobs=functools.partial(config_jobs, self.config),
             poll_s=poll_s,
             on_fire=on_fire,
+            owner=LocalOwner(),
         )
         await scheduler.start()
         self.schedulers.append(scheduler)
@@ -114,7 +116,12 @@ async def scheduler_world(
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, tmp_path / "marker")
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(app.services.store, {"telegram": chat}, files=app.files)
+        outbox = OutboxSender(
+            app.services.store,
+            {"telegram": chat},
+            files=app.files,
+            owner=LocalOwner(),
+        )
         sender = asyncio.create_task(outbox.run())
         world = World(app, config, chat, outbox, llm)
         try:

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from geodebot.channels.base import Inbound
-from geodebot.channels.slack import to_inbound as slack_inbound
+from geodebot.channels.slack.inbound import to_inbound as slack_inbound
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.ownership import LocalOwner
 from geodebot.chat.replies import refusal_note
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.throttle import UserRateLimiter, Verdict
@@ -167,7 +168,11 @@ async def harness(
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, tmp_path / "marker")
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(app.services.store, {"telegram": chat})
+        outbox = OutboxSender(
+            app.services.store,
+            {"telegram": chat},
+            owner=LocalOwner(),
+        )
         router = ChatRouter(
             app.run_turn,
             app.services.store,
@@ -177,6 +182,7 @@ async def harness(
             model=config.model,
             budgets=config.budgets,
             max_chars={"telegram": 100},
+            owner=LocalOwner(),
         )
         await chat.start(router.accept)
         sender = asyncio.create_task(outbox.run())

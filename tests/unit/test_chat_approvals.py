@@ -22,6 +22,7 @@ from geodebot.app.build import App
 from geodebot.channels.base import ApprovalCard, Inbound, Press, PressAnswer
 from geodebot.chat.approvals import NOT_VALID, ChatApprovals
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.ownership import LocalOwner
 from geodebot.chat.replies import STORE_FAILURE_TEXT
 from geodebot.chat.router import ChatRouter
 from geodebot.engine.lanes import Grace
@@ -97,7 +98,12 @@ async def world(
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, marker)
         store = app.services.store
-        outbox = OutboxSender(store, {"telegram": chat}, grace=Grace(5.0))
+        outbox = OutboxSender(
+            store,
+            {"telegram": chat},
+            grace=Grace(5.0),
+            owner=LocalOwner(),
+        )
         approvals = ChatApprovals(
             store, {"telegram": chat}, may_send=may_send, **({"clock": clock} if clock else {})
         )
@@ -111,6 +117,7 @@ async def world(
             budgets=config.budgets,
             max_chars={"telegram": 4000},
             approvals=approvals,
+            owner=LocalOwner(),
         )
         await stack.enter_async_context(outbox)
         await stack.enter_async_context(approvals)
@@ -346,7 +353,7 @@ async def test_stop_while_a_card_waits_expires_the_request(
 async def test_a_replica_that_lost_its_lease_shows_no_card_and_runs_nothing(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
-    # The session's lease (chat/leases.py) is no longer valid: the card would be a platform
+    # The session's lease (replicas/leases.py) is no longer valid: the card would be a platform
     # message outside the outbox, which the replica that took the session over shows itself.
     # (The store is not fenced here, so the turn's failure is still recorded.)
     asks_to_write(llm_server)

@@ -15,6 +15,7 @@ import pytest
 from geodebot.channels.base import ChannelError
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed, parse_id
 from geodebot.chat.outbox import OutboxSender, _Later
+from geodebot.chat.ownership import LocalOwner
 from geodebot.store.records import ApprovalRecord, InboxRow, NewOutbound, OutboxRow, StoreError
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import MemoryChannel
@@ -512,7 +513,11 @@ async def replay_to(sender: OutboxSender, store: SQLiteStore, outbox_id: int) ->
 
 async def test_a_replayed_reply_sends_only_the_parts_that_did_not_go(store: SQLiteStore) -> None:
     chat = MemoryChannel(limit=10)
-    sender = OutboxSender(store, {"telegram": chat})
+    sender = OutboxSender(
+        store,
+        {"telegram": chat},
+        owner=LocalOwner(),
+    )
     row = await message(store)
     _, outbound = await store.inbox_finish(row.id, "done", reply=reply_to(row, "a" * 10 + "b" * 10))
     assert outbound is not None
@@ -546,7 +551,12 @@ async def test_the_sender_tells_of_each_row_it_gives_up_on_or_sends_in_the_end(
     replayed one that went out, from the sender itself."""
     chat = MemoryChannel(limit=10)
     finished: list[OutboxRow] = []
-    sender = OutboxSender(store, {"telegram": chat}, on_finished=finished.append)
+    sender = OutboxSender(
+        store,
+        {"telegram": chat},
+        on_finished=finished.append,
+        owner=LocalOwner(),
+    )
     _, outbound = await answered(store)
     chat.fail_next(ChannelError("403: bot was blocked", permanent=True))
     await sender.deliver(outbound)
@@ -570,7 +580,13 @@ async def test_the_sender_tells_of_each_row_it_gives_up_on_or_sends_in_the_end(
     async def no_pause(seconds: float) -> None:
         await asyncio.sleep(0)
 
-    sender = OutboxSender(store, {"telegram": chat}, sleep=no_pause, on_finished=finished.append)
+    sender = OutboxSender(
+        store,
+        {"telegram": chat},
+        sleep=no_pause,
+        on_finished=finished.append,
+        owner=LocalOwner(),
+    )
     with pytest.raises(_Later):  # the chat is tried again on a later pass
         await sender.deliver(later)
     pending = await store.get_outbox(later.id)

@@ -25,6 +25,7 @@ from geodebot.app.build import App
 from geodebot.channels.base import UPLOAD_LIMITS, ChannelError, Inbound, InboundFile
 from geodebot.chat.attachments import Attachments, safe_name, sniff
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.ownership import LocalOwner
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.send_file import send_file_spec
 from geodebot.config.schema import BindingConfig
@@ -128,7 +129,12 @@ async def world(
         assert app.files is not None
         chat = MemoryChannel("telegram")
         channels = {"telegram": chat}
-        outbox = OutboxSender(app.services.store, channels, files=app.files)
+        outbox = OutboxSender(
+            app.services.store,
+            channels,
+            files=app.files,
+            owner=LocalOwner(),
+        )
         router = ChatRouter(
             app.run_turn,
             app.services.store,
@@ -139,6 +145,7 @@ async def world(
             budgets=config.budgets,
             max_chars={"telegram": 4000},
             attachments=Attachments(app.services.store, app.files, channels),
+            owner=LocalOwner(),
         )
         await chat.start(router.accept)
         sender = asyncio.create_task(outbox.run())
@@ -522,7 +529,12 @@ async def test_a_file_row_whose_stored_copy_is_gone_fails_with_a_reason(tmp_path
     async with store:
         files = FileStore(tmp_path / "files")
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(store, {"telegram": chat}, files=files)
+        outbox = OutboxSender(
+            store,
+            {"telegram": chat},
+            files=files,
+            owner=LocalOwner(),
+        )
         kept = files.put(b"hello", name="h.txt", media_type="text/plain")
         lost = StoredFile("cd" * 32, "lost.txt", "text/plain", 3)
         for stored in (kept, lost):

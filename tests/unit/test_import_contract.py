@@ -2,10 +2,10 @@
 round in a cycle, between packages or between the modules of one package; only channels/
 imports a platform SDK; only engine/llm imports model SDKs.
 
-Layers, top to bottom (see the README's "Architecture"): cli -> app -> ops, chat, scheduler,
-desktop, testing -> channels -> engine -> store, config, logs. A package may import its own
-modules, the packages below it, and a package of its own layer when that makes no cycle;
-the bottom layer imports nothing of geodebot but itself.
+Layers, top to bottom (see the README's "Architecture"): cli -> app -> replicas -> ops, chat,
+scheduler, desktop, testing -> channels -> engine -> store, config, logs. A package may import
+its own modules, the packages below it, and a package of its own layer when that makes no
+cycle; the bottom layer imports nothing of geodebot but itself.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "geodebot"
 PLATFORM_SDKS = {"slack_bolt", "slack_sdk", "discord", "telegram"}
 MODEL_SDKS = {"anthropic", "openai"}
 LAYERS: dict[str, int] = {
-    "__main__": 7,
-    "cli": 6,
-    "app": 5,
+    "__main__": 8,
+    "cli": 7,
+    "app": 6,
+    "replicas": 5,
     "ops": 4,
     "chat": 4,
     "scheduler": 4,
@@ -147,14 +148,15 @@ FORBIDDEN: dict[str, set[str]] = {
     "__main__": set(),
     "cli": {"__main__"},
     "app": {"cli", "__main__"},
-    "ops": {"app", "cli"},
-    "chat": {"app", "cli", "ops"},
-    "scheduler": {"app", "cli", "ops"},
-    "relay": {"app", "cli", "ops"},
-    "desktop": {"app", "cli", "chat", "scheduler", "relay", "ops"},
-    "testing": {"app", "cli"},
-    "channels": {"chat", "scheduler", "relay", "ops", "app", "cli"},
-    "engine": {"channels", "chat", "scheduler", "relay", "ops", "app", "cli"},
+    "replicas": {"app", "cli"},
+    "ops": {"replicas", "app", "cli"},
+    "chat": {"replicas", "app", "cli", "ops"},
+    "scheduler": {"replicas", "app", "cli", "ops"},
+    "relay": {"replicas", "app", "cli", "ops"},
+    "desktop": {"replicas", "app", "cli", "chat", "scheduler", "relay", "ops"},
+    "testing": {"replicas", "app", "cli"},
+    "channels": {"chat", "scheduler", "relay", "ops", "replicas", "app", "cli"},
+    "engine": {"channels", "chat", "scheduler", "relay", "ops", "replicas", "app", "cli"},
     "store": set(LAYERS) - {"store"},
     "config": set(LAYERS) - {"config"},
     "logs": set(LAYERS) - {"logs"},

@@ -11,6 +11,7 @@ import pytest
 
 from geodebot.app.daemon import ipc_handler
 from geodebot.channels.ipc import IPCClient
+from geodebot.chat.ownership import LocalOwner
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec
 from tests.support.app import open_app
@@ -38,7 +39,7 @@ async def test_terminal_user_answers_an_approval_request(
 
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, marker)
-        server = ipc_handler(app)
+        server = ipc_handler(app, LocalOwner())
         await server.start()
         stack.push_async_callback(server.close)
         async with IPCClient(app.config.socket_path) as client:
@@ -84,7 +85,7 @@ async def test_unanswered_approval_times_out_as_no(
 
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, marker)
-        server = ipc_handler(app)
+        server = ipc_handler(app, LocalOwner())
         await server.start()
         stack.push_async_callback(server.close)
         async with IPCClient(app.config.socket_path) as client:

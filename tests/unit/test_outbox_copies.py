@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from geodebot.channels.base import Destination, OutboundPart
-from geodebot.chat.leases import SessionLeases
 from geodebot.chat.outbox import OutboxSender, part_key
+from geodebot.replicas.leases import SessionLeases
+from geodebot.replicas.owner import LeasedOwner
 from geodebot.store.records import Fenced, NewOutbound
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import MemoryChannel
@@ -26,7 +27,7 @@ async def test_a_part_sent_after_the_session_was_lost_is_deleted_only_if_the_hol
         leases = SessionLeases(store, "r1", ttl_s=30)
         assert await leases.hold("s1") is not None
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(store, {"telegram": chat}, leases=leases)
+        outbox = OutboxSender(store, {"telegram": chat}, owner=LeasedOwner(store, leases))
         row, _ = await store.inbox_add(
             platform="telegram", event_id="e1", session_id="s1", channel="c1", thread=None,
             user="u1", text="hi", message_id="m1",

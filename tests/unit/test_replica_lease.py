@@ -1,6 +1,6 @@
-"""The daemon's lease (app/replica.py) on both stores: a member waits and takes over once the
-leader lets go or stops renewing, and a leader that stalled past its deadline loses the lease
-and commits nothing under it."""
+"""The daemon's lease (replicas/daemon_lease.py) on both stores: a member waits and takes over
+once the leader lets go or stops renewing, and a leader that stalled past its deadline loses
+the lease and commits nothing under it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from geodebot.app.daemon import _lead, _Shared
-from geodebot.app.replica import LEASE_NAME, MEMBER_MARK, DaemonLease
-from geodebot.chat.leases import SessionLeases
+from geodebot.replicas.daemon_lease import LEASE_NAME, MEMBER_MARK, DaemonLease
+from geodebot.replicas.leases import SessionLeases
 from geodebot.store.protocol import Store
 from geodebot.store.records import Fenced, Lease
 from tests.support.postgres import Place
@@ -34,7 +34,7 @@ def keeper(store: Store, replica: str, lost: list[str], ttl: float = TTL) -> Dae
 async def test_a_member_takes_over_when_the_leader_lets_go(
     stores: tuple[Store, Store], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="geodebot.app.replica")
+    caplog.set_level(logging.INFO, logger="geodebot.replicas.daemon_lease")
     one, other = stores
     lost: list[str] = []
     first, second = keeper(one, "web-1", lost), keeper(other, "web-2", lost)

@@ -21,6 +21,7 @@ import pytest
 from geodebot.app.build import App
 from geodebot.channels.base import ChannelError, Inbound, SendUnknown
 from geodebot.chat.outbox import OutboxSender
+from geodebot.chat.ownership import LocalOwner
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.session import Observer
@@ -125,7 +126,12 @@ async def harness(
         # The first turn would otherwise wait for the SDK import, and seem slow.
         await app.load_models()
         chat = MemoryChannel("telegram", limit=limit)
-        outbox = OutboxSender(app.services.store, {"telegram": chat}, sleep=_fast_sleep)
+        outbox = OutboxSender(
+            app.services.store,
+            {"telegram": chat},
+            sleep=_fast_sleep,
+            owner=LocalOwner(),
+        )
         router = ChatRouter(
             app.run_turn,
             app.services.store,
@@ -137,6 +143,7 @@ async def harness(
             max_chars={"telegram": 500},
             typing=chat.typing,
             typing_after_s=typing_after_s,
+            owner=LocalOwner(),
         )
         await chat.start(router.accept)
         sender = asyncio.create_task(outbox.run())

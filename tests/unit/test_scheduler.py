@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from geodebot.channels.base import ChannelError
+from geodebot.chat.ownership import LocalOwner
 from geodebot.config.schema import DB_FILE
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
@@ -404,6 +405,7 @@ async def test_a_new_config_job_owes_nothing_from_before_the_scheduler_started(
             world.outbox.kick,
             config_jobs=functools.partial(config_jobs, world.config),
             poll_s=0.05,
+            owner=LocalOwner(),
         )
         await asyncio.sleep(1.3)  # the start-up in between, longer than the interval
         async with scheduler:

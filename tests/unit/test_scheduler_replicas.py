@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from geodebot.app.build import App
-from geodebot.chat.leases import SessionLeases, lease_name
 from geodebot.chat.outbox import OutboxSender
+from geodebot.replicas.leases import SessionLeases, lease_name
+from geodebot.replicas.owner import LeasedOwner
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import ORPHANED, JobScheduler
 from geodebot.store.records import FireRecord, JobRecord
@@ -76,7 +77,8 @@ async def replica(
     ):
         store = app.services.store
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(store, {"telegram": chat}, leases=leases)
+        owner = LeasedOwner(store, leases)
+        outbox = OutboxSender(store, {"telegram": chat}, owner=owner)
         told: list[FireRecord] = []
         scheduler = JobScheduler(
             app.run_turn,
@@ -86,7 +88,7 @@ async def replica(
             config_jobs=functools.partial(config_jobs, config),
             poll_s=poll_s,
             on_fire=told.append,
-            leases=leases,
+            owner=owner,
         )
         await stack.enter_async_context(leases)
         await stack.enter_async_context(outbox)

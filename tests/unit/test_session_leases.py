@@ -1,4 +1,4 @@
-"""A replica's session leases (chat/leases.py) on both stores: taken once, kept while work
+"""A replica's session leases (replicas/leases.py) on both stores: taken once, kept while work
 runs however long, let go after lingering, lost to a takeover with the loss told, and
 sessions spread by their home."""
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from geodebot.chat.leases import SessionLeases, lease_name
+from geodebot.replicas.leases import SessionLeases, lease_name
 from geodebot.store.protocol import Store
 from geodebot.store.records import Fenced
 from tests.support.postgres import Place
@@ -62,7 +62,8 @@ async def test_a_session_taken_over_is_lost_told_and_fenced(
     now = [1000.0]
     lost: list[tuple[str, str]] = []
     leases = SessionLeases(one, "web-1", ttl_s=3, clock=lambda: now[0])
-    leases.wire(on_lost=lambda sid, why: lost.append((sid, why)), in_use=lambda sid: True)
+    leases.subscribe_lost(lambda sid, why: lost.append((sid, why)))
+    leases.subscribe_in_use(lambda sid: True)
     lease = await leases.hold("s1")
     assert lease is not None
     # Its renewals stop (a paused process): past the TTL another replica takes it.

@@ -18,6 +18,7 @@ import pytest
 
 from geodebot.app.daemon import _slow_shutdown
 from geodebot.channels.base import Inbound
+from geodebot.chat.ownership import LocalOwner
 from geodebot.chat.router import ChatRouter
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.scheduler.definitions import config_jobs
@@ -67,6 +68,7 @@ async def test_running_turns_get_the_grace_once_not_once_per_service(
             budgets=config.budgets,
             max_chars={"telegram": 500},
             grace=grace,
+            owner=LocalOwner(),
         )
         scheduler = JobScheduler(
             world.app.run_turn,
@@ -76,6 +78,7 @@ async def test_running_turns_get_the_grace_once_not_once_per_service(
             config_jobs=functools.partial(config_jobs, config),
             grace=grace,
             poll_s=0.05,
+            owner=LocalOwner(),
         )
         await world.chat.start(router.accept)
         async with router:

@@ -23,7 +23,8 @@ from geodebot.channels.base import (
     press_data,
     utc_minute,
 )
-from geodebot.channels.slack import SECTION_CHARS, SlackChannel
+from geodebot.channels.slack import SlackChannel
+from geodebot.channels.slack.cards import SECTION_CHARS
 from geodebot.config.schema import SlackConfig
 from tests.support.fakes.slack_server import Ephemeral, FakeSlack, Fault
 

@@ -19,7 +19,8 @@ from geodebot.channels.base import (
     SendUnknown,
     SentPart,
 )
-from geodebot.channels.slack import SlackChannel, to_inbound
+from geodebot.channels.slack import SlackChannel
+from geodebot.channels.slack.inbound import to_inbound
 from geodebot.config.schema import SlackConfig
 from tests.support.fakes.slack_server import FakeSlack, Fault
 

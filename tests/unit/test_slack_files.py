@@ -22,7 +22,9 @@ from geodebot.channels.base import (
     OutboundPart,
     SendUnknown,
 )
-from geodebot.channels.slack import SlackChannel, file_host_allowed, files_of, to_inbound
+from geodebot.channels.slack import SlackChannel
+from geodebot.channels.slack.files import file_host_allowed
+from geodebot.channels.slack.inbound import files_of, to_inbound
 from geodebot.config.schema import SlackConfig
 from tests.support.fakes.slack_server import FakeSlack
 from tests.support.files import tiny_pdf, tiny_png

@@ -1,6 +1,6 @@
 """Wake-ups between processes sharing a store (store/pg_wakeups.py): on PostgreSQL another
 store's wake sets a listener's event at once; on SQLite, which one process uses, nothing
-does. And a replica's pick-up loop (chat/pickup.py) acts on a wake-up at once, not at its
+does. And a replica's pick-up loop (replicas/pickup.py) acts on a wake-up at once, not at its
 next look of its own."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from geodebot.chat.leases import SessionLeases
-from geodebot.chat.pickup import PICKUP_TOPIC, SessionPickUps
+from geodebot.replicas.leases import SessionLeases
+from geodebot.replicas.pickup import PICKUP_TOPIC, SessionPickUps
 from geodebot.store.postgres import PostgresStore
 from geodebot.store.protocol import Store
 from tests.support.postgres import Cluster, Place

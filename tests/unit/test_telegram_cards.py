@@ -23,7 +23,8 @@ from geodebot.channels.base import (
     press_data,
     utc_minute,
 )
-from geodebot.channels.telegram import CURSOR_NAME, TelegramChannel
+from geodebot.channels.telegram import TelegramChannel
+from geodebot.channels.telegram.cursor import CURSOR_NAME
 from geodebot.config.schema import TelegramConfig
 from tests.support.fakes.telegram_server import CallbackAnswer, FakeTelegram, html_visible
 

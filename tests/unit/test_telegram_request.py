@@ -17,7 +17,7 @@ from aiohttp import web
 from telegram import Bot, InputFile
 from telegram.error import NetworkError, TimedOut
 
-from geodebot.channels.telegram_request import AiohttpRequest, never_sent
+from geodebot.channels.telegram.request import AiohttpRequest, never_sent
 
 TOKEN = "123456:AAHtest-token_for-request-0123456789"
 ME = {"id": 1, "is_bot": True, "first_name": "geodebot", "username": "geodebot"}

@@ -19,7 +19,7 @@ import pytest
 from geodebot.channels.base import Inbound, Press, PressAnswer, press_data
 from geodebot.channels.factory import build_channels
 from geodebot.channels.telegram import TelegramChannel
-from geodebot.channels.telegram_webhook import MAX_BODY, SECRET_HEADER
+from geodebot.channels.telegram.webhook import MAX_BODY, SECRET_HEADER
 from geodebot.config.schema import ConfigError, TelegramConfig, parse_config
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.ports import free_port
@@ -376,7 +376,7 @@ def test_a_polling_channel_does_not_load_the_webhook_server() -> None:
     # Its aiohttp.web server is memory a long-polling daemon would carry for nothing.
     code = (
         "import sys; import geodebot.channels.telegram; "
-        "print('geodebot.channels.telegram_webhook' in sys.modules)"
+        "print('geodebot.channels.telegram.webhook' in sys.modules)"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run(

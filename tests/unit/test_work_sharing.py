@@ -2,8 +2,8 @@
 with its own store connection, router, outbox, session leases and pick-up loop (what
 app/daemon.py wires with ``[store] url``), and its own in-memory chat connection.
 
-A session's turns run on the replica that holds its lease (chat/leases.py); a message another
-replica takes in waits for that one (chat/pickup.py); a replica that stops renewing loses its
+A session's turns run on the replica that holds its lease (replicas/leases.py); a message another
+replica takes in waits for that one (replicas/pickup.py); a replica that stops renewing loses its
 sessions to the others, which answer what it left, once, and what it still writes is refused.
 """
 
@@ -22,10 +22,12 @@ import pytest
 from geodebot.app.build import App
 from geodebot.channels.base import Inbound, Press, PressAnswer
 from geodebot.chat.approvals import ChatApprovals
-from geodebot.chat.leases import SessionLeases, lease_name
 from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.pickup import SessionPickUps
 from geodebot.chat.router import ChatRouter
+from geodebot.replicas.leases import SessionLeases, lease_name
+from geodebot.replicas.owner import LeasedOwner
+from geodebot.replicas.pickup import SessionPickUps
+from geodebot.replicas.takeup import SessionTakeUp
 from geodebot.testing import MemoryChannel
 from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
 from tests.support.postgres import Cluster
@@ -75,6 +77,7 @@ class Replica:
     chat: MemoryChannel
     pickups: SessionPickUps
     approvals: ChatApprovals
+    takeup: SessionTakeUp
 
     def texts(self, channel: str) -> list[str]:
         return [p.text for p in self.chat.sent if p.destination.channel == channel]
@@ -96,7 +99,8 @@ async def replica(
     ):
         store = app.services.store
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(store, {"telegram": chat}, leases=leases)
+        owner = LeasedOwner(store, leases)
+        outbox = OutboxSender(store, {"telegram": chat}, owner=owner)
         approvals = ChatApprovals(store, {"telegram": chat}, may_send=leases.valid, shared=True)
         router = ChatRouter(
             app.run_turn,
@@ -107,14 +111,11 @@ async def replica(
             model=config.model,
             budgets=config.budgets,
             max_chars={"telegram": 4000},
-            leases=leases,
+            owner=owner,
             approvals=approvals,
         )
-        leases.wire(
-            on_lost=router.session_lost,
-            in_use=lambda sid: router.session_in_use(sid) or outbox.sending(sid),
-        )
-        pickups = SessionPickUps(store, leases, router.take_up, outbox.kick, poll_s=0.5)
+        takeup = SessionTakeUp(store, router, owner)
+        pickups = SessionPickUps(store, leases, takeup.take_up, outbox.kick, poll_s=0.5)
         if not paused:
             await stack.enter_async_context(leases)
         await stack.enter_async_context(outbox)
@@ -123,7 +124,7 @@ async def replica(
         await chat.start(router.accept, approvals.press)
         looking = asyncio.create_task(pickups.run() if not paused else asyncio.sleep(0))
         try:
-            yield Replica(name, app, router, outbox, leases, chat, pickups, approvals)
+            yield Replica(name, app, router, outbox, leases, chat, pickups, approvals, takeup)
         finally:
             looking.cancel()
             await asyncio.gather(looking, return_exceptions=True)
@@ -310,7 +311,7 @@ async def test_a_sessions_begun_turn_is_taken_up_before_older_messages(
         )  # fmt: skip
         await store.inbox_start(begun.id)
         assert await alpha.leases.hold("s1") is not None
-        assert await alpha.router.take_up("s1") == 2
+        assert await alpha.takeup.take_up("s1") == 2
         await until(lambda: len(alpha.texts("c1")) == 2, "both answers")
         assert [(p.destination.reply_to, p.text) for p in alpha.chat.sent] == [
             ("m-begun", "first answer"),
@@ -344,7 +345,7 @@ async def test_a_new_message_waits_for_the_take_up_of_a_session_held_just_now(
 
         monkeypatch.setattr(store, "inbox_unfinished", slow)
         assert await alpha.leases.hold("s1") is not None  # the pick-up loop's claim
-        taking = asyncio.create_task(alpha.router.take_up("s1"))
+        taking = asyncio.create_task(alpha.takeup.take_up("s1"))
         await asyncio.wait_for(read.wait(), 10)
         arrived = message("new", "c1")
         accepted = asyncio.create_task(alpha.chat.deliver(arrived))

@@ -5,7 +5,7 @@ Each replica has its own config file and state directory, the same config otherw
 fakes (one Telegram token, one Slack app, one Discord bot) and the tool's workspace are
 shared. Every replica serves the sessions it holds and runs the scheduler (a job's fires run
 on the replica holding its session); one, the leader, holds the daemon's lease
-(app/replica.py) and with it Telegram's poller and Discord's gateway. Here "serving" means
+(replicas/daemon_lease.py) and with it Telegram's poller and Discord's gateway. Here "serving" means
 leading.
 
 - A kill SIGKILLs one of the replicas running then (leading or not) and restarts it after its
@@ -34,13 +34,13 @@ from typing import Literal
 
 import psycopg
 
-from geodebot.app.replica import LEAD_MARK, MEMBER_MARK
+from geodebot.replicas.daemon_lease import LEAD_MARK, MEMBER_MARK
 from tests.support.chaos.checks import ReplicaFigures
 from tests.support.chaos.plan import ChaosPlan, ReplicaEvent
 from tests.support.chaos.traffic import Traffic
 from tests.support.daemon import READY_MARK, DaemonProcess
 
-# app/replica.py: "replica <id> lost lease 'daemon': <why>"
+# replicas/daemon_lease.py: "replica <id> lost lease 'daemon': <why>"
 LOST_MARK = "lost lease"
 # What a replica that lost its lease logs when the store or the outbox refuses its work.
 REFUSED_MARKS = (

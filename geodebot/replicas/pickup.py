@@ -1,7 +1,7 @@
 """How a replica finds the sessions whose work it should take up, when replicas share the store.
 
 Every replica takes in messages and commits them; the replica holding the session's lease
-(chat/leases.py) runs them. One that commits a message for a session another replica holds
+(replicas/leases.py) runs them. One that commits a message for a session another replica holds
 wakes the others (``LISTEN/NOTIFY`` on PostgreSQL) about that session and leaves the row to
 that holder. Each replica's :class:`SessionPickUps` then takes up at once the sessions a
 wake-up names that it holds, or that nobody holds and it is home to; the others ignore it, so
@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from geodebot.chat.leases import SessionLeases
+from geodebot.replicas.leases import SessionLeases
 from geodebot.store.protocol import Store
 from geodebot.store.records import StoreError
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # sessions a replica that died left behind (once their leases expire).
 PICKUP_POLL_S = 2.0
 PICKUP_TOPIC = "inbox_pickup"
-# A session nobody holds is taken at once by its home replica (chat/leases.py); any other
+# A session nobody holds is taken at once by its home replica (replicas/leases.py); any other
 # leaves it this long first, to the home or to the replica that took its message in and is
 # taking the lease at that moment: replicas racing for it would only move the session.
 CLAIM_AFTER_S = 1.0

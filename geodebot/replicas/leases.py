@@ -12,9 +12,9 @@ Which replica should take a session nobody holds: its *home*, the live replica t
 first for it by rendezvous hashing (:meth:`SessionLeases.home`), so sessions spread evenly
 however their messages come in (Telegram's poller, on one replica, takes in every message).
 A replica that takes a message in for a session it is not the home of leaves it to the home,
-which it wakes; any replica takes it after a moment if the home does not (chat/pickup.py).
+which it wakes; any replica takes it after a moment if the home does not (replicas/pickup.py).
 
-Each lease has its own local deadline, as the daemon's has (app/replica.py): past it the
+Each lease has its own local deadline, as the daemon's has (replicas/daemon_lease.py): past it the
 replica can no longer know whether another took the session over, so :meth:`SessionLeases.lease`
 no longer returns it and the session's work stops. Everything a turn writes is fenced with its
 session's lease (``Store.fenced``), so a replica that was paused while another took over
@@ -63,10 +63,10 @@ class _Held:
 class SessionLeases:
     """``async with`` it: renews the leases it holds until the block ends, then lets them go.
 
-    ``on_lost(session_id, why)`` is called once for a lease lost meanwhile (another replica
-    took it over, or it was not renewed in time); ``in_use(session_id)`` says whether the
-    session still has work here (running or queued turns, replies being sent), which keeps
-    its lease past :data:`LINGER_S`.
+    Each ``on_lost(session_id, why)`` subscribed is called once for a lease lost meanwhile
+    (another replica took it over, or it was not renewed in time); each ``in_use(session_id)``
+    says whether the session still has work here (running or queued turns, replies being
+    sent), which keeps its lease past :data:`LINGER_S`.
     """
 
     def __init__(
@@ -75,16 +75,14 @@ class SessionLeases:
         replica_id: str,
         *,
         ttl_s: float,
-        on_lost: Callable[[str, str], None] | None = None,
-        in_use: Callable[[str], bool] | None = None,
         linger_s: float = LINGER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self.replica_id = replica_id
         self.ttl_s = ttl_s
-        self._on_lost = on_lost
-        self._in_use = in_use
+        self._on_lost: list[Callable[[str, str], None]] = []
+        self._in_use: list[Callable[[str], bool]] = []
         self._linger_s = linger_s
         self._clock = clock
         self._held: dict[str, _Held] = {}
@@ -100,9 +98,13 @@ class SessionLeases:
         self.taken = 0
         self.lost = 0
 
-    def wire(self, *, on_lost: Callable[[str, str], None], in_use: Callable[[str], bool]) -> None:
-        """Connect what is built after this (the router): told of losses, asked about use."""
-        self._on_lost, self._in_use = on_lost, in_use
+    def subscribe_lost(self, on_lost: Callable[[str, str], None]) -> None:
+        """Have ``on_lost(session_id, why)`` told of each lease lost from now on."""
+        self._on_lost.append(on_lost)
+
+    def subscribe_in_use(self, in_use: Callable[[str], bool]) -> None:
+        """Have ``in_use(session_id)`` asked before an idle session's lease is let go."""
+        self._in_use.append(in_use)
 
     # -- asking ---------------------------------------------------------------------------
     def lease(self, session_id: str) -> Lease | None:
@@ -293,7 +295,7 @@ class SessionLeases:
             for sid, held in self._held.items()
             if now - held.last_used >= self._linger_s
             and sid not in self._using
-            and not (self._in_use is not None and self._in_use(sid))
+            and not any(in_use(sid) for in_use in self._in_use)
         ]
         if not idle:
             return
@@ -346,8 +348,8 @@ class SessionLeases:
         self._held.pop(session_id, None)
         self.lost += 1
         log.error("session %s: replica %s lost its lease: %s", session_id, self.replica_id, why)
-        if self._on_lost is not None:
-            self._on_lost(session_id, why)
+        for on_lost in self._on_lost:
+            on_lost(session_id, why)
 
     def figures(self) -> dict[str, object]:
         """What status and /healthz show of it."""

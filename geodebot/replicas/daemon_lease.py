@@ -1,7 +1,7 @@
 """The daemon's lease, when replicas share a database (store/leases.py).
 
 Every replica serves: it takes in what its platforms spread over all replicas and runs the
-turns of the sessions it holds (chat/leases.py). What only one replica at a time may do is
+turns of the sessions it holds (replicas/leases.py). What only one replica at a time may do is
 done by the holder of this lease, the leader: Telegram's poller (or its webhook registration)
 and Discord's gateway. The others are members, and one of them takes over once the leader
 stops renewing. (The scheduler runs on every replica: a fire's claim, made under its job's

@@ -31,11 +31,11 @@ from geodebot.engine.loop import AgenticLoop
 from geodebot.engine.mcp.trust import TrustStore, load_project_servers
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import (
-    Ending,
     EngineServices,
     ModelLimits,
     Observer,
     SessionSpec,
+    TurnEnding,
     TurnResult,
     create_session,
 )
@@ -222,7 +222,7 @@ class App:
         text: str,
         *,
         turn_id: str | None = None,
-        ending: Ending | None = None,
+        ending: TurnEnding | None = None,
         attachments: Sequence[Block] = (),
         record_only: bool = False,
     ) -> TurnResult:

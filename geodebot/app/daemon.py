@@ -43,7 +43,7 @@ from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.fire_runner import ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.scheduler.status import JobStatus, job_lines
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import DeadLetterStore, LeaseStore, ReceiptStore, SpendStore, Store
 from geodebot.store.records import InboxRow, OutboxRow, StoreError
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def ipc_handler(app: App, owner: SessionOwner, on_status: StatusHandler | None =
     return IPCServer(app.config.socket_path, on_turn, on_status)
 
 
-async def _sweep_receipts(store: Store) -> None:
+async def _sweep_receipts(store: ReceiptStore) -> None:
     # No call can still be running after a restart: what was admitted is uncertain.
     uncertain = await store.mark_admitted_uncertain("geodebot restarted while the call ran")
     for receipt in uncertain:
@@ -244,7 +244,7 @@ async def _shared(
     return _Shared(lease, sessions, stop_now)
 
 
-async def _lead(shared: _Shared, store: Store, supervisor: ChannelSupervisor) -> None:
+async def _lead(shared: _Shared, store: LeaseStore, supervisor: ChannelSupervisor) -> None:
     """Wait for the daemon's lease, then, fenced by it, take in what only its holder may,
     until cancelled. (The scheduler runs on every replica: each fire's claim decides who
     runs it, under the job's session lease.) If leading fails (a write refused because the
@@ -257,7 +257,7 @@ async def _lead(shared: _Shared, store: Store, supervisor: ChannelSupervisor) ->
         shared.stop(f"leading failed: {exc}")
 
 
-async def _leading(shared: _Shared, store: Store, supervisor: ChannelSupervisor) -> None:
+async def _leading(shared: _Shared, store: LeaseStore, supervisor: ChannelSupervisor) -> None:
     daemon_lease = shared.lease
     try:
         lease = await daemon_lease.acquire()
@@ -634,13 +634,13 @@ def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
     return report
 
 
-async def _unanswered(store: Store, alert_s: float) -> dict[str, Any]:
+async def _unanswered(store: DeadLetterStore, alert_s: float) -> dict[str, Any]:
     late = await store.inbox_unanswered(alert_s)
     age = None if late.oldest_age_s is None else round(late.oldest_age_s, 1)
     return {"count": late.count, "oldest_age_s": age, "alert_s": alert_s}
 
 
-async def _usage_today(store: Store, now: float) -> dict[str, Any]:
+async def _usage_today(store: SpendStore, now: float) -> dict[str, Any]:
     rows = await store.usage_report(by="all", since_day=utc_day(now))
     if not rows:
         return {"calls": 0}

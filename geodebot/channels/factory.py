@@ -13,7 +13,14 @@ import random
 import sys
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 
-from geodebot.channels.base import Channel, ChannelError, DeferredIngest, InboundSink, PressSink
+from geodebot.channels.base import (
+    Channel,
+    ChannelError,
+    CursorStore,
+    DeferredIngest,
+    InboundSink,
+    PressSink,
+)
 from geodebot.config.schema import (
     TELEGRAM_SECRET,
     Config,
@@ -21,7 +28,6 @@ from geodebot.config.schema import (
     TelegramConfig,
     resolve_secret,
 )
-from geodebot.store.protocol import Store
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +84,7 @@ def _webhook_secret(problems: list[str], telegram: TelegramConfig) -> str | None
 
 def build_channels(
     config: Config,
-    store: Store,
+    store: CursorStore,
     only: Collection[str] | None = None,
     *,
     ingest_later: bool = False,

@@ -36,7 +36,7 @@ from geodebot.config.schema import BindingConfig
 from geodebot.engine.attachments import IMAGE_TYPES, PDF_TYPE, SHOWN_LIMITS, TEXT_TYPE
 from geodebot.engine.llm.types import Block, FileBlock, TextBlock, human_size
 from geodebot.store.files import FileStore
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import AttachedFile, InboxRow, OutboxRow
 
 __all__ = ["Attachments", "safe_name", "sniff"]
@@ -125,7 +125,9 @@ def sniff(data: bytes) -> str | None:
 
 
 class Attachments:
-    def __init__(self, store: Store, files: FileStore, channels: Mapping[str, Channel]) -> None:
+    def __init__(
+        self, store: InboxOutboxStore, files: FileStore, channels: Mapping[str, Channel]
+    ) -> None:
         self._store = store
         self._files = files
         # The platforms users can send files through.

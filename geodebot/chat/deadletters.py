@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import DeadLetterStore, Store
 from geodebot.store.records import (
     DeadLetter,
     DeadLetterDecided,
@@ -122,7 +122,7 @@ class DeadLetters:
     :class:`ReplayFeed` or its next start.
     """
 
-    def __init__(self, store: Store, on_replayed: OnReplayed | None = None) -> None:
+    def __init__(self, store: DeadLetterStore, on_replayed: OnReplayed | None = None) -> None:
         self._store = store
         self._on_replayed = on_replayed
 

@@ -15,7 +15,7 @@ from typing import Literal
 from geodebot.channels.base import Inbound
 from geodebot.chat.bindings import BindingIndex
 from geodebot.config.schema import BindingConfig
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import InboxRow
 
 DropReason = Literal["unbound", "self", "bot", "user_not_allowed", "no_mention", "empty"]
@@ -94,7 +94,7 @@ def too_long(text: str, max_chars: int) -> str | None:
 
 
 async def commit(
-    store: Store,
+    store: InboxOutboxStore,
     index: BindingIndex,
     max_chars: Mapping[str, int],
     inbound: Inbound,

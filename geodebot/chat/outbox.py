@@ -32,7 +32,7 @@ from geodebot.channels.base import (
 from geodebot.chat.ownership import SessionElsewhere, SessionOwner
 from geodebot.engine.lanes import Grace
 from geodebot.store.files import FileStore
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import Fenced, OutboxRow, OutboxRowFinished, StoreError
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def part_key(outbox_id: int, index: int) -> str:
 class OutboxSender:
     def __init__(
         self,
-        store: Store,
+        store: InboxOutboxStore,
         channels: Mapping[str, Channel],
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,

@@ -46,9 +46,9 @@ from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, Mo
 from geodebot.engine.lanes import Grace
 from geodebot.engine.llm.types import Block
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import Ending, TurnResult, TurnRunner
+from geodebot.engine.session import LastCheckpoint, TurnResult, TurnRunner
 from geodebot.logs.context import log_context
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import SessionStore, Store
 from geodebot.store.records import (
     Fenced,
     InboxEnding,
@@ -371,11 +371,11 @@ class ChatRouter:
             # The turn's own failure (or a stop) is what propagates, not the start's.
             await asyncio.gather(started, return_exceptions=True)
             raise
-        if result.ended is not None:
+        if isinstance(result.ended, _RowEnding):
             # The turn's last commit finished the row and wrote its reply, begun: it goes
             # out at once, unless it went already. The start, which committed before it, has
             # nothing left to say.
-            _, outbound = result.ended
+            _, outbound = result.ended.finished
             if outbound is not None and not reply.submitted:
                 self._submit(outbound, stream)
             await asyncio.gather(started, return_exceptions=True)
@@ -456,7 +456,7 @@ class ChatRouter:
                 row.text,
                 # Named after the row: a row recovered after a crash continues its turn.
                 turn_id=row.turn_id,
-                ending=Ending(functools.partial(self._ending, row), written),
+                ending=_RowEnding(self._store, functools.partial(self._ending, row), written),
                 attachments=attachments,
                 record_only=_recorded_only(row),
             )
@@ -542,6 +542,44 @@ class _Reply:
     """Whether a turn's reply was handed to the outbox as soon as it was committed."""
 
     submitted = False
+
+
+class _RowEnding:
+    """A turn's ending for the inbox row it answers: the row's finish and reply, built by
+    ``write`` from the turn's result and committed with its last checkpoint; ``written`` is
+    given what that commit wrote as soon as it returns."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        write: Callable[[TurnResult], InboxEnding],
+        written: Callable[[InboxFinished], None],
+    ) -> None:
+        self._store = store
+        self._write = write
+        self._written = written
+        self._finished: InboxFinished | None = None
+
+    async def commit(self, result: TurnResult, checkpoint: LastCheckpoint) -> list[int]:
+        seqs, self._finished = await self._store.checkpoint_ending(
+            checkpoint.session_id,
+            self._write(result),
+            messages=checkpoint.messages,
+            state=checkpoint.state,
+            guards=checkpoint.guards,
+            timeline=checkpoint.timeline,
+        )
+        return seqs
+
+    def written(self) -> None:
+        self._written(self.finished)
+
+    @property
+    def finished(self) -> InboxFinished:
+        """What the commit wrote: the row, finished, and its reply's outbox row."""
+        if self._finished is None:
+            raise RuntimeError("the turn's ending is not committed yet")
+        return self._finished
 
 
 def _recorded_only(row: InboxRow) -> bool:

@@ -26,7 +26,7 @@ from geodebot.engine.llm.types import human_size
 from geodebot.engine.tools.builtin.paths import inside, locate, open_file, os_errors
 from geodebot.engine.tools.spec import Effect, Safety, ToolCallContext, ToolError, ToolSpec
 from geodebot.store.files import FileStore
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import InboxRow, NewOutbound, OutboxRow, StoredFile, StoreError
 
 __all__ = ["MAX_CAPTION_CHARS", "SEND_FILE", "OutboxOutlet", "send_file_spec"]
@@ -63,7 +63,7 @@ class OutboxOutlet:
     job's turn wakes the outbox, whose scan sends rows in the order written."""
 
     def __init__(
-        self, store: Store, where: NewOutbound, deliver: Callable[[OutboxRow], None]
+        self, store: InboxOutboxStore, where: NewOutbound, deliver: Callable[[OutboxRow], None]
     ) -> None:
         self._store = store
         self._where = where
@@ -71,7 +71,7 @@ class OutboxOutlet:
 
     @classmethod
     def answering(
-        cls, store: Store, row: InboxRow, deliver: Callable[[OutboxRow], None]
+        cls, store: InboxOutboxStore, row: InboxRow, deliver: Callable[[OutboxRow], None]
     ) -> OutboxOutlet:
         """Into the chat and thread of an inbox row, answering its message."""
         return cls(store, reply_to(row, ""), deliver)

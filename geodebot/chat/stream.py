@@ -27,7 +27,7 @@ from geodebot.channels.base import (
 )
 from geodebot.channels.render import LIMITS
 from geodebot.config.schema import BindingConfig
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import Fenced, InboxRow, StoreError
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class ReplyStreams:
 
     def __init__(
         self,
-        store: Store,
+        store: InboxOutboxStore,
         channels: Mapping[str, Channel],
         *,
         interval_s: float,
@@ -112,7 +112,7 @@ class StreamedReply:
     def __init__(
         self,
         channel: PreviewChannel,
-        store: Store,
+        store: InboxOutboxStore,
         row: InboxRow,
         pacer: EditPacer,
         *,

@@ -39,7 +39,7 @@ from geodebot.scheduler.schedule import (
 )
 from geodebot.scheduler.schedule import upcoming as upcoming_fires
 from geodebot.scheduler.status import job_lines, next_fire_text, took_text
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import JobStore
 from geodebot.store.records import FireRecord, JobRecord
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -115,7 +115,7 @@ def _fail(message: str, code: int = EXIT_FAILED) -> int:
     return code
 
 
-async def _list(store: Store) -> int:
+async def _list(store: JobStore) -> int:
     lines = await job_lines(store)
     print(f"{'JOB':<24} {'ORIGIN':<7} {'SCHEDULE':<28} {'NEXT FIRE':<26} LAST")
     for line in lines:
@@ -167,7 +167,7 @@ def _add_problems(config: Config, index: BindingIndex, args: argparse.Namespace)
     return problems
 
 
-async def _add(store: Store, config: Config, args: argparse.Namespace) -> int:
+async def _add(store: JobStore, config: Config, args: argparse.Namespace) -> int:
     index = BindingIndex(config.bindings)
     problems = _add_problems(config, index, args)
     kind: ScheduleKind = "cron" if args.cron else "every" if args.every else "at"
@@ -214,7 +214,7 @@ async def _add(store: Store, config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _show(store: Store, job: JobRecord, args: argparse.Namespace) -> int:
+async def _show(store: JobStore, job: JobRecord, args: argparse.Namespace) -> int:
     now_ms = int(time.time() * 1000)
     history = await store.fire_history(job.id, limit=1)
     try:
@@ -243,7 +243,7 @@ async def _show(store: Store, job: JobRecord, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _remove(store: Store, job: JobRecord, args: argparse.Namespace) -> int:
+async def _remove(store: JobStore, job: JobRecord, args: argparse.Namespace) -> int:
     if job.origin == "config":
         return _fail(f"job {job.id} is defined in the config file: remove it there, or pause it")
     await store.job_remove(job.id)
@@ -251,14 +251,14 @@ async def _remove(store: Store, job: JobRecord, args: argparse.Namespace) -> int
     return EXIT_OK
 
 
-async def _pause(store: Store, job: JobRecord, args: argparse.Namespace) -> int:
+async def _pause(store: JobStore, job: JobRecord, args: argparse.Namespace) -> int:
     paused = args.action == "pause"
     await store.job_set_paused(job.id, paused, since_ms=int(time.time() * 1000))
     print(f"job {job.id} {'paused' if paused else 'resumed'}")
     return EXIT_OK
 
 
-async def _run(store: Store, job: JobRecord, args: argparse.Namespace) -> int:
+async def _run(store: JobStore, job: JobRecord, args: argparse.Namespace) -> int:
     fire = await store.fire_request(job.id, int(time.time() * 1000))
     print(
         f"run of job {job.id} requested (fire {fire.id}); a running daemon starts it within "
@@ -284,7 +284,7 @@ def _iso(ts: float | None, job: JobRecord) -> str | None:
     return None if ts is None else format_fire(int(ts * 1000), job.timezone)
 
 
-async def _removed_history(store: Store, args: argparse.Namespace) -> int:
+async def _removed_history(store: JobStore, args: argparse.Namespace) -> int:
     """A removed job's history is kept; it is shown in UTC, its timezone being gone."""
     if not await store.fire_history(args.id, limit=1):
         return _fail(f"no job {args.id!r}")
@@ -292,11 +292,11 @@ async def _removed_history(store: Store, args: argparse.Namespace) -> int:
     return await _history(store, args.id, "UTC", args.limit)
 
 
-async def _job_history(store: Store, job: JobRecord, args: argparse.Namespace) -> int:
+async def _job_history(store: JobStore, job: JobRecord, args: argparse.Namespace) -> int:
     return await _history(store, job.id, job.timezone, args.limit)
 
 
-async def _history(store: Store, job_id: str, timezone: str, limit: int) -> int:
+async def _history(store: JobStore, job_id: str, timezone: str, limit: int) -> int:
     fires = await store.fire_history(job_id, limit=limit)
     print(f"{'SCHEDULED':<26} {'CAUSE':<9} {'OUTCOME':<16} {'TOOK':>7}  REASON")
     for fire in fires:

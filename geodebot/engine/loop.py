@@ -53,7 +53,14 @@ from geodebot.engine.llm.types import (
     canonical_json,
 )
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import Ending, Outcome, Session, TurnListener, TurnResult
+from geodebot.engine.session import (
+    LastCheckpoint,
+    Outcome,
+    Session,
+    TurnEnding,
+    TurnListener,
+    TurnResult,
+)
 from geodebot.engine.spend import BudgetExhausted
 from geodebot.engine.stored_context import decode_context
 from geodebot.engine.tools.spec import ToolCallContext
@@ -61,8 +68,6 @@ from geodebot.engine.verify import VerifyContext, run_verifiers
 from geodebot.logs.context import log_context
 from geodebot.store.records import (
     BatchStatus,
-    InboxEnding,
-    InboxFinished,
     NewMessage,
     StoreError,
     ToolBatchRecord,
@@ -130,7 +135,7 @@ class _Turn:
     # context list and item that get its seq then.
     unsaved: tuple[_Append, Context, ContextItem] | None = None
     # What the caller writes with the turn's last checkpoint (see arun).
-    ending: Ending | None = None
+    ending: TurnEnding | None = None
     # The stop reason of the turn's latest model answer ("end_turn", "refusal", ...).
     stop_reason: StopReason | None = None
     # The turn's time budget, as the timeout it runs under (see _guarded).
@@ -170,7 +175,7 @@ class AgenticLoop:
         message: str,
         turn_id: str | None = None,
         *,
-        ending: Ending | None = None,
+        ending: TurnEnding | None = None,
         attachments: Sequence[Block] = (),
         record_only: bool = False,
     ) -> TurnResult:
@@ -744,28 +749,27 @@ class AgenticLoop:
     ) -> list[int]:
         """Write ``messages`` (after the user's message, if still unsaved) with the turn's
         state; the seqs ``messages`` got."""
-        seqs, _ = await self._write(
+        return await self._write(
             turn, messages, propose_batch=propose_batch, finish_batch=finish_batch
         )
-        return seqs
 
     async def _end(
         self, turn: _Turn, messages: Sequence[_Append], result: TurnResult
     ) -> TurnResult:
         """The turn's last checkpoint, carrying the caller's ending in the same commit."""
-        ending = None if turn.ending is None else turn.ending.write(result)
-        _, ended = await self._write(turn, messages, ending=ending)
-        if ended is None:
+        ending = turn.ending
+        if ending is None:
+            await self._write(turn, messages)
             return result
-        if turn.ending is not None and turn.ending.written is not None:
-            turn.ending.written(ended)
-            # Whatever it handed over (a reply's first send) runs before this turn's
-            # bookkeeping, so the answer is on its way a few hundred microseconds sooner: one
-            # pass of the event loop for the sender to make its request, one for the HTTP
-            # client's task that writes it (aiohttp writes a request's body in its own task).
-            for _ in range(2):
-                await asyncio.sleep(0)
-        return replace(result, ended=ended)
+        await self._write(turn, messages, ending=(ending, result))
+        ending.written()
+        # Whatever it handed over (a reply's first send) runs before this turn's bookkeeping,
+        # so the answer is on its way a few hundred microseconds sooner: one pass of the
+        # event loop for the sender to make its request, one for the HTTP client's task that
+        # writes it (aiohttp writes a request's body in its own task).
+        for _ in range(2):
+            await asyncio.sleep(0)
+        return replace(result, ended=ending)
 
     async def _user_saved(self, turn: _Turn) -> None:
         """Write the user's message now if no checkpoint has yet."""
@@ -810,15 +814,14 @@ class AgenticLoop:
         *,
         propose_batch: ToolBatchRecord | None = None,
         finish_batch: tuple[str, Sequence[Mapping[str, Any]], Any] | None = None,
-        ending: InboxEnding | None = None,
-    ) -> tuple[list[int], InboxFinished | None]:
+        ending: tuple[TurnEnding, TurnResult] | None = None,
+    ) -> list[int]:
         """One checkpoint: ``messages`` after the user's message if still unsaved, the turn's
-        state, and ``ending`` in the same commit when given. The seqs ``messages`` got, and
-        what the ending wrote."""
+        state, and ``ending`` (the caller's, with the result it is written for) in the same
+        commit when given. The seqs ``messages`` got."""
         written = self._with_user(turn, messages)
         snapshot = self._snapshot(turn)
         rows = [m.row for m in written]
-        ended: InboxFinished | None = None
         if ending is None:
             seqs = await self._svc.store.checkpoint(
                 self._session.id,
@@ -830,16 +833,19 @@ class AgenticLoop:
                 timeline=snapshot.events,
             )
         else:
-            seqs, ended = await self._svc.store.checkpoint_ending(
-                self._session.id,
-                ending,
-                messages=rows,
-                state=snapshot.state,
-                guards=snapshot.guards,
-                timeline=snapshot.events,
+            caller, result = ending
+            seqs = await caller.commit(
+                result,
+                LastCheckpoint(
+                    self._session.id,
+                    messages=rows,
+                    state=snapshot.state,
+                    guards=snapshot.guards,
+                    timeline=snapshot.events,
+                ),
             )
         self._cached(seqs, written)
-        return self._user_written(turn, seqs), ended
+        return self._user_written(turn, seqs)
 
     def _cached(self, seqs: list[int], messages: Sequence[_Append]) -> None:
         if self._svc.context_cache is not None:

@@ -24,7 +24,7 @@ from geodebot.engine.tools.spec import ApprovalDesk, Approver, ChatOutlet
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
 from geodebot.logs.redact import Redactor
 from geodebot.store.protocol import Store
-from geodebot.store.records import InboxEnding, InboxFinished, OpenedSession
+from geodebot.store.records import NewMessage, OpenedSession
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,30 @@ Observer = Callable[[str, Mapping[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
-class Ending:
-    """What a turn's caller writes with the turn's last checkpoint, in the same commit: the
-    inbox row it answers and the reply, built by ``write`` from the result the turn is about
-    to return. ``written`` is called with what that commit wrote as soon as it returns,
-    before the turn's own bookkeeping (its log line, observers, unwinding): a reply it hands
-    over goes out first."""
+class LastCheckpoint:
+    """The turn's last checkpoint as the engine would write it: the session's new messages,
+    its state and guards, and the turn's timeline events (see ``Store.checkpoint``)."""
 
-    write: Callable[[TurnResult], InboxEnding]
-    written: Callable[[InboxFinished], None] | None = None
+    session_id: str
+    messages: Sequence[NewMessage]
+    state: Mapping[str, Any]
+    guards: Mapping[str, Any]
+    timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]]
+
+
+class TurnEnding(Protocol):
+    """Writes committed with the last checkpoint: what a turn's caller saves in the same
+    commit as the turn's end (a chat's answer to the message that started the turn), built
+    from the result the turn is about to return."""
+
+    async def commit(self, result: TurnResult, checkpoint: LastCheckpoint) -> list[int]:
+        """Commit ``checkpoint`` and the caller's writes for ``result`` in one transaction,
+        durably (:class:`StoreError`: neither is written); the seqs the checkpoint's
+        messages got."""
+
+    def written(self) -> None:
+        """The commit returned: called at once, before the turn's own bookkeeping (its log
+        line, observers, unwinding), so what it hands over (a reply) goes out first."""
 
 
 class TurnListener(Protocol):
@@ -84,7 +99,7 @@ class TurnRunner(Protocol):
         text: str,
         *,
         turn_id: str | None = None,
-        ending: Ending | None = None,
+        ending: TurnEnding | None = None,
         attachments: Sequence[Block] = (),
         record_only: bool = False,
     ) -> TurnResult: ...
@@ -173,9 +188,9 @@ class TurnResult:
     error: str | None = None
     # Tools the model asked for that the authority pipeline refused (not run), first-seen order.
     refused_tools: tuple[str, ...] = ()
-    # The inbox row's finish and reply, when the turn's last commit wrote them (see Ending);
-    # None: the caller records the result itself.
-    ended: InboxFinished | None = None
+    # The caller's ending, when the turn's last commit wrote it (see TurnEnding); None: the
+    # caller records the result itself.
+    ended: TurnEnding | None = field(default=None, compare=False, repr=False)
     # Why the model's last answer of the turn stopped, as its adapter reports it
     # ("end_turn", "max_tokens", "refusal", ...); None when no model answered.
     stop_reason: StopReason | None = None

@@ -43,7 +43,7 @@ from geodebot.engine.llm.types import (
     ToolUseBlock,
     canonical_json,
 )
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import SpendStore
 from geodebot.store.records import ModelCall, SpendCharge, SpendRefusal, StoreError
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class SpendGate:
     """Reserves and settles model calls against the configured budgets; one per daemon."""
 
     def __init__(
-        self, store: Store, limits: SpendLimits, *, clock: Callable[[], float] = time.time
+        self, store: SpendStore, limits: SpendLimits, *, clock: Callable[[], float] = time.time
     ) -> None:
         self.store = store
         self.limits = limits

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from geodebot.config.schema import RelayConfig
 from geodebot.relay.contracts import (
@@ -21,10 +21,10 @@ from geodebot.relay.contracts import (
     VisibleMessage,
 )
 from geodebot.relay.threads import Thread
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import RelayStore, SessionStore
 from geodebot.store.records import MessageRecord
 
-__all__ = ["EDITING_RULES", "project_thread"]
+__all__ = ["EDITING_RULES", "ThreadStore", "project_thread"]
 
 EDITING_RULES = (
     "Nothing in a thread can be edited or deleted through the relay.",
@@ -38,8 +38,13 @@ EDITING_RULES = (
 _CURSOR = re.compile(r"^before:([1-9][0-9]{0,17})$")
 
 
+class ThreadStore(SessionStore, RelayStore, Protocol):
+    """What the relay reads of threads and writes between them: sessions and their
+    histories, and the deliveries."""
+
+
 async def project_thread(
-    store: Store,
+    store: ThreadStore,
     thread: Thread,
     relay: RelayConfig,
     *,

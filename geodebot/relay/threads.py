@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from geodebot.chat.bindings import BindingIndex, binding_key
 from geodebot.config.schema import BindingConfig, RelayConfig
 from geodebot.relay.contracts import ThreadId, ThreadLocatorV1
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import SessionStore
 
 __all__ = ["TERMINAL", "Thread", "ThreadDirectory"]
 
@@ -102,7 +102,7 @@ class ThreadDirectory:
             return None
         return Thread(session_id, self._terminal_project, None, None, ())
 
-    async def in_project(self, project: str, store: Store) -> list[Thread]:
+    async def in_project(self, project: str, store: SessionStore) -> list[Thread]:
         """The project's threads: each binding's session, and the threads of thread-scoped
         bindings that have had a message; in config order, at most MAX_LISTED."""
         threads: dict[str, Thread] = {}

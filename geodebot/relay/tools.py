@@ -52,9 +52,8 @@ from geodebot.relay.contracts import (
     ThreadMessageEnvelopeV1,
     content_sha256,
 )
-from geodebot.relay.projection import project_thread
+from geodebot.relay.projection import ThreadStore, project_thread
 from geodebot.relay.threads import Thread, ThreadDirectory
-from geodebot.store.protocol import Store
 from geodebot.store.records import (
     InboxRow,
     NewOutbound,
@@ -166,7 +165,7 @@ class _Refusal(Exception):
 class ThreadRelay:
     def __init__(
         self,
-        store: Store,
+        store: ThreadStore,
         bindings: BindingIndex | Sequence[BindingConfig],
         config: RelayConfig,
         *,

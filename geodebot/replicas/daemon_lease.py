@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Self
 
 from geodebot.engine.lanes import cancel_and_wait
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import LeaseStore, Store
 from geodebot.store.records import Lease, ReplicaRecord, StoreError
 
 __all__ = ["LEAD_MARK", "LEASE_NAME", "MEMBER_MARK", "DaemonLease"]
@@ -254,7 +254,7 @@ class DaemonLease:
         self._on_lost(why)
 
 
-async def _current(store: Store) -> str:
+async def _current(store: LeaseStore) -> str:
     try:
         lease = await store.lease(LEASE_NAME)
     except StoreError:

@@ -15,7 +15,7 @@ import asyncio
 
 from geodebot.chat.router import ChatRouter
 from geodebot.replicas.owner import LeasedOwner
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import InboxOutboxStore
 
 __all__ = ["SessionTakeUp"]
 
@@ -24,7 +24,7 @@ class SessionTakeUp:
     """Subscribes itself to ``owner``: run before a session's first row at a new epoch, and
     forgets a session lost."""
 
-    def __init__(self, store: Store, router: ChatRouter, owner: LeasedOwner) -> None:
+    def __init__(self, store: InboxOutboxStore, router: ChatRouter, owner: LeasedOwner) -> None:
         self._store = store
         self._router = router
         self._owner = owner

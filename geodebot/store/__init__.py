@@ -1,6 +1,20 @@
-"""Durable state behind one :class:`Store` protocol (SQLite now, PostgreSQL later)."""
+"""Durable state behind one :class:`Store` protocol (SQLite now, PostgreSQL later), the union
+of its roles (:class:`SessionStore`, :class:`InboxOutboxStore` and the others)."""
 
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import (
+    ApprovalStore,
+    DeadLetterStore,
+    InboxOutboxStore,
+    JobStore,
+    LeaseStore,
+    ReceiptStore,
+    RelayStore,
+    ReplicaStore,
+    SessionStore,
+    SpendStore,
+    Store,
+    StoreLifecycle,
+)
 from geodebot.store.records import (
     EffectReceipt,
     FinishStatus,
@@ -26,13 +40,18 @@ from geodebot.store.records import (
 )
 
 __all__ = [
+    "ApprovalStore",
+    "DeadLetterStore",
     "EffectReceipt",
     "FinishStatus",
     "InboxEnding",
     "InboxFinish",
     "InboxFinished",
+    "InboxOutboxStore",
     "InboxRow",
     "InboxStatus",
+    "JobStore",
+    "LeaseStore",
     "MessageRecord",
     "NewMessage",
     "NewOutbound",
@@ -42,10 +61,16 @@ __all__ = [
     "OutboxRow",
     "OutboxStatus",
     "ReceiptStatus",
+    "ReceiptStore",
+    "RelayStore",
+    "ReplicaStore",
     "Resolution",
     "SessionRecord",
+    "SessionStore",
+    "SpendStore",
     "Store",
     "StoreError",
+    "StoreLifecycle",
     "TimelineEvent",
     "ToolBatchRecord",
 ]

@@ -8,12 +8,12 @@ of who asked for what, and who decided, cannot disagree with the rows.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from geodebot.store.records import ApprovalRecord, StoreError
 from geodebot.store.rows import INSERT_EVENT, Transactions, Tx, dumps, encoding, from_row
 
-__all__ = ["Approvals"]
+__all__ = ["ApprovalStore", "Approvals"]
 
 _COLS = (
     "id, session_id, turn_id, call_id, tool, safety, call_sha256, summary, origin, approvers, "
@@ -54,6 +54,48 @@ def _event(request: ApprovalRecord, kind: str, now: float) -> tuple[Any, ...]:
     if request.decided_by is not None:
         data.update(by=request.decided_by, via=request.decided_via)
     return (request.session_id, request.turn_id, now, kind, dumps(data))
+
+
+class ApprovalStore(Protocol):
+    """Approval requests and their decisions."""
+
+    async def approval_open(self, request: ApprovalRecord) -> tuple[ApprovalRecord, bool]:
+        """Record a fresh ``pending`` request (with an ``approval_requested`` timeline event).
+
+        If the session's turn already asked about the same call, nothing is written and
+        ``(existing, False)`` is returned, whatever its status: a resumed turn finds its
+        request (and its decision) instead of asking twice. Otherwise ``(stored, True)``.
+        """
+
+    async def approval_decide(
+        self,
+        request_id: str,
+        approved: bool,
+        *,
+        by: str,
+        via: str,
+        now: float | None = None,
+    ) -> tuple[ApprovalRecord | None, bool]:
+        """Decide a pending, unexpired request, once: ``(decided, True)`` for the call that
+        decided it (with an ``approval_decided`` event). Any other press changes nothing and
+        gets ``(current, False)``; one after the expiry first marks the request ``expired``;
+        an unknown id gets ``(None, False)``. ``via``: ``chat`` or ``console``."""
+
+    async def approval_expire(
+        self, request_id: str, *, now: float | None = None
+    ) -> ApprovalRecord | None:
+        """Expire a request still pending (its asker stopped waiting), with an
+        ``approval_expired`` event; a decided one is returned as it is, an unknown id as None.
+        """
+
+    async def approval_card(self, request_id: str, card: dict[str, Any]) -> ApprovalRecord | None:
+        """Record where the request's card is (``{"state": "posting"}`` before it is sent, the
+        message's address after), whatever the request's status; None for an unknown id."""
+
+    async def get_approval(self, request_id: str) -> ApprovalRecord | None: ...
+
+    async def approvals_pending(self, *, session_id: str | None = None) -> list[ApprovalRecord]:
+        """Pending requests (of one session, or all), oldest first."""
 
 
 class Approvals:

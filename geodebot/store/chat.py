@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 from geodebot.store.records import (
     AttachedFile,
@@ -33,6 +33,7 @@ __all__ = [
     "INBOX_COLS",
     "OUTBOX_COLS",
     "ChatInboxOutbox",
+    "InboxOutboxStore",
     "finishing",
     "inbox_from_row",
     "outbound_params",
@@ -210,6 +211,147 @@ async def _pending_outbox_row(db: Tx, outbox_id: int, what: str) -> OutboxRow:
     if current.status != "pending":
         raise OutboxRowFinished(f"{what} failed: it is already {current.status!r}", current)
     return current
+
+
+class InboxOutboxStore(Protocol):
+    """The chat inbox and outbox, and the named cursors a poller keeps."""
+
+    async def inbox_add(
+        self,
+        *,
+        platform: str,
+        event_id: str,
+        session_id: str,
+        channel: str,
+        thread: str | None,
+        user: str,
+        text: str,
+        message_id: str,
+        cursor: tuple[str, str] | None = None,
+        files: Sequence[Mapping[str, Any]] = (),
+        pickup: str | None = None,
+        durable: bool = True,
+    ) -> tuple[InboxRow, bool]:
+        """Commit an accepted event as ``pending``; ``(stored, True)``. ``files``: what the
+        platform said the message carried (JSON objects), kept on the row as they are.
+        ``pickup``: with replicas, the one that took the message in (its session may run on
+        another). Not ``durable``: the caller calls :meth:`sync` before it acknowledges the
+        event (and may start its turn meanwhile).
+
+        A second event with the same ``(platform, event_id)`` writes nothing and returns
+        ``(existing, False)``, also when the two race. ``cursor`` ``(name, value)`` is set in
+        the same transaction, duplicate or not, so a poller's offset never runs ahead of the
+        events it has committed.
+        """
+
+    async def inbox_attached(
+        self,
+        inbox_id: int,
+        attached: Sequence[AttachedFile],
+        notice: NewOutbound | None = None,
+    ) -> tuple[InboxRow, OutboxRow | None]:
+        """Record what became of a row's files, and add ``notice`` (a reply saying what was
+        refused) to the outbox in the same commit; ``(row, the notice's outbox row)``.
+
+        Only the first record counts: once a row has one, a later call writes nothing (no
+        second notice) and returns ``(row as recorded, None)``. Raises StoreError for an
+        unknown id.
+        """
+
+    async def inbox_start(self, inbox_id: int) -> InboxRow:
+        """Mark a ``pending`` or ``running`` row ``running`` and count the attempt.
+
+        Raises :class:`StoreError` for an unknown id or a finished row.
+        """
+
+    async def inbox_finish(
+        self,
+        inbox_id: int,
+        status: InboxFinish,
+        *,
+        detail: str = "",
+        reply: NewOutbound | None = None,
+        begin_first_part: bool = False,
+    ) -> tuple[InboxRow, OutboxRow | None]:
+        """Finish a ``pending`` or ``running`` row and, in the same transaction, write its
+        reply to the outbox: after a crash either both exist or neither does.
+
+        ``begin_first_part`` also records the reply's part 0 as begun (as
+        :meth:`outbox_begin_part` does) and commits durably, for a sender about to send it:
+        one commit before the send instead of two. After a crash the part counts as perhaps
+        sent, as any begun part does.
+
+        Raises :class:`StoreError` (and writes nothing) for an unknown id or a finished row.
+        """
+
+    async def inbox_preview(self, inbox_id: int, message_id: str) -> None:
+        """Remember the streamed preview shown for the row's answer (and give it to the
+        row's reply if that is written already), durably."""
+
+    async def inbox_unfinished(self, session_id: str | None = None) -> list[InboxRow]:
+        """``pending`` and ``running`` rows in arrival order (of one session, if given)."""
+
+    async def get_inbox(self, inbox_id: int) -> InboxRow | None: ...
+
+    async def find_inbox(self, platform: str, event_id: str) -> InboxRow | None: ...
+
+    async def inbox_counts(self) -> dict[str, int]:
+        """Rows per status, every status present (zero included)."""
+
+    # -- chat outbox ----------------------------------------------------------------------
+    async def outbox_add(self, reply: NewOutbound) -> OutboxRow:
+        """Write a ``pending`` message that answers no inbox row (job result, notice)."""
+
+    async def outbox_begin_part(self, outbox_id: int, index: int) -> OutboxRow:
+        """Record that part ``index`` is about to be sent (``in_flight``, attempts + 1).
+
+        Called before the request goes out, so a crash during it leaves the evidence that the
+        outcome is unknown. Raises :class:`StoreError` unless the row is ``pending``, the part
+        is not already sent and no other part's outcome is still unknown.
+        """
+
+    async def outbox_part_sent(
+        self, outbox_id: int, index: int, message_id: str, *, last: bool = False
+    ) -> OutboxRow:
+        """Record part ``index`` as sent as ``message_id`` and clear it from ``in_flight``.
+
+        With ``last`` the row is finished as ``sent`` in the same transaction (the caller
+        knows every earlier part is sent). Recording the same message id again changes
+        nothing else; a different one raises :class:`StoreError`. The row must be ``pending``.
+        """
+
+    async def outbox_part_unsent(self, outbox_id: int, index: int) -> OutboxRow:
+        """Record that the send of part ``index`` definitely failed (e.g. a rate limit): its
+        outcome is known again, so ``in_flight`` is cleared.
+
+        A no-op when no part is in flight. Raises :class:`StoreError` when another part is in
+        flight, the part is already sent or the row is not ``pending``.
+        """
+
+    async def outbox_note_blind_resend(self, outbox_id: int) -> OutboxRow:
+        """Count a resend of the in-flight part whose arrival could not be checked.
+
+        Raises :class:`StoreError` unless the row is ``pending`` with a part in flight.
+        """
+
+    async def outbox_finish(
+        self, outbox_id: int, status: OutboxFinish, *, error: str = ""
+    ) -> OutboxRow:
+        """Finish a ``pending`` row; raises :class:`StoreError` for any other status."""
+
+    async def outbox_pending(self, *, platform: str | None = None) -> list[OutboxRow]:
+        """``pending`` rows (of one platform, if given) in id order."""
+
+    async def get_outbox(self, outbox_id: int) -> OutboxRow | None: ...
+
+    async def outbox_counts(self) -> dict[str, int]:
+        """Rows per status, every status present (zero included)."""
+
+    # -- cursors --------------------------------------------------------------------------
+    async def get_cursor(self, name: str) -> str | None:
+        """A named position that survives restarts (a poll offset, a last seen id)."""
+
+    async def set_cursor(self, name: str, value: str) -> None: ...
 
 
 class ChatInboxOutbox:

@@ -8,7 +8,7 @@ Which rows are dead letters is argued in chat/deadletters.py; here it is the SQL
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from geodebot.store.chat import INBOX_COLS, OUTBOX_COLS, inbox_from_row, outbox_from_row
 from geodebot.store.records import (
@@ -24,7 +24,10 @@ from geodebot.store.records import (
 )
 from geodebot.store.rows import Row, Transactions, Tx
 
-__all__ = ["DeadLetterDecisions"]
+__all__ = [
+    "DeadLetterDecisions",
+    "DeadLetterStore",
+]
 
 _KINDS: frozenset[str] = frozenset(get_args(DeadLetterKind))
 _VIAS: frozenset[str] = frozenset(get_args(DecisionVia))
@@ -126,6 +129,48 @@ def _checked(kind: str, row_id: int) -> None:
         raise StoreError(f"a dead letter's kind is one of {sorted(_KINDS)}, not {kind!r}")
     if row_id < 1:
         raise StoreError(f"no dead letter {kind} {row_id}: row ids start at 1")
+
+
+class DeadLetterStore(Protocol):
+    """Dead letters (which rows they are: chat/deadletters.py), the operators' decisions on
+    them, and the messages left unanswered."""
+
+    async def deadletters(
+        self, *, limit: int = 100, offset: int = 0, decided: bool = False
+    ) -> list[DeadLetter]:
+        """Dead letters, the most recently dead first; ``decided``: also those an operator
+        decided on already (discarded, or replayed and dead again)."""
+
+    async def deadletter_count(self) -> int:
+        """How many dead letters wait for a decision."""
+
+    async def deadletter_get(self, kind: DeadLetterKind, row_id: int) -> DeadLetter | None:
+        """The row as a dead letter (``dead`` false if it is not one now); None: no row."""
+
+    async def deadletter_replay(
+        self, kind: DeadLetterKind, row_id: int, *, by: str, via: DecisionVia
+    ) -> DeadLetterDecided:
+        """Record the replay and reset the row to ``pending`` in one transaction: an outbox
+        row keeps its sent parts, an inbox row's turn runs again. Only the first decision
+        on a row is made; a later one returns it as ``already_decided``."""
+
+    async def deadletter_discard(
+        self, kind: DeadLetterKind, row_id: int, *, by: str, via: DecisionVia
+    ) -> DeadLetterDecided:
+        """Record the discard (the row stays as it is, off the list); first decision wins."""
+
+    async def deadletters_revision(self) -> int:
+        """Grows with every decision, in any process: a daemon polls it to pick up replays
+        made with the CLI."""
+
+    async def deadletter_decisions(
+        self, *, after: int = 0, limit: int = 1000
+    ) -> list[DeadLetterDecision]:
+        """Decisions with a ``seq`` above ``after``, oldest first."""
+
+    async def inbox_unanswered(self, older_than_s: float) -> Unanswered:
+        """Accepted messages without a reply yet (pending or running inbox rows) received at
+        least ``older_than_s`` ago; not those whose turn waits for a pending approval."""
 
 
 class DeadLetterDecisions:

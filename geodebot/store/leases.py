@@ -30,12 +30,21 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from geodebot.store.records import Fenced, Lease, StoreError
 from geodebot.store.rows import Row, Transactions, Tx
 
-__all__ = ["FENCE", "SESSION_PREFIX", "Fences", "Leases", "check_fence", "fence_holds", "refusal"]
+__all__ = [
+    "FENCE",
+    "SESSION_PREFIX",
+    "Fences",
+    "LeaseStore",
+    "Leases",
+    "check_fence",
+    "fence_holds",
+    "refusal",
+]
 
 # A session's lease is named this and its id: one replica at a time runs its turns.
 SESSION_PREFIX = "session:"
@@ -117,6 +126,63 @@ def refusal(lease: Lease, row: Row | tuple[Any, ...] | None) -> Fenced:
         f"writes of {lease.holder!r} under lease {lease.name!r} (epoch {lease.epoch}) "
         f"refused: the lease is held by {now_held} now"
     )
+
+
+class LeaseStore(Protocol):
+    """Leases, the fences that check writes against them, and the sessions waiting for a holder."""
+
+    def fence(self, lease: Lease | None) -> None:
+        """From now on, refuse every write (:class:`Fenced`) unless ``lease`` is still its
+        holder's at its epoch, checked in the write's own transaction; None: write freely."""
+
+    def fenced(self, lease: Lease) -> contextlib.AbstractContextManager[None]:
+        """While inside (a plain ``with``), refuse each write issued from this context, and
+        from the tasks created in it meanwhile, unless ``lease`` is still its holder's at its
+        epoch, checked in the write's own transaction as :meth:`fence`'s lease is (and that
+        one too, if set). The lease is read when the write is asked for; an inner block's
+        replaces an outer one's. Reads and the leases' own writes are never fenced."""
+
+    async def lease_acquire(self, name: str, holder: str, ttl_s: float) -> Lease:
+        """Take the lease if free or expired, or renew it if ``holder``'s already; the lease
+        as it then stands (held by someone else when it could not be taken)."""
+
+    async def lease_renew(self, lease: Lease, ttl_s: float) -> Lease | None:
+        """Extend a held lease from now; None if another holder has taken it over."""
+
+    async def lease_release(self, lease: Lease) -> bool:
+        """Let the lease go at once; False if it was no longer ``lease``'s."""
+
+    async def lease(self, name: str) -> Lease | None: ...
+
+    async def leases(self) -> list[Lease]: ...
+
+    async def lease_renew_many(
+        self, holder: str, names: Sequence[str], ttl_s: float
+    ) -> list[Lease]:
+        """Extend by ``ttl_s`` from the database's clock each of ``names`` that ``holder``
+        still holds (at its current epoch, even if expired meanwhile), in one statement; the
+        renewed leases, by name: a name missing from them was lost. No names: no query."""
+
+    async def lease_acquire_many(
+        self, holder: str, names: Sequence[str], ttl_s: float
+    ) -> list[Lease]:
+        """In one transaction, take each of ``names`` that is absent, expired or ``holder``'s
+        already (renewed, epoch kept), leaving those another holder holds unexpired; a
+        takeover raises the epoch. The leases ``holder`` holds afterwards, by name. Never
+        waits for another claimer's locks: a row locked by another transaction (a claimer,
+        or a write in flight under its holder) is not taken this time."""
+
+    async def lease_release_many(self, holder: str, names: Sequence[str]) -> int:
+        """End now each of ``names`` that ``holder`` still holds unexpired; how many."""
+
+    async def leases_held(self, holder: str, prefix: str = "") -> list[Lease]:
+        """The unexpired leases of ``holder`` whose names start with ``prefix``, by name."""
+
+    async def sessions_waiting(self, holder: str) -> list[str]:
+        """Ids of the sessions with work nobody else is doing: an inbox row pending or
+        running, or an outbox row pending, and a lease ``session:<id>`` that is absent,
+        expired or ``holder``'s; the session with the oldest such row first. One query, on
+        the status indexes: cheap however many finished rows there are."""
 
 
 class Leases:

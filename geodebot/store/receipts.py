@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 from geodebot.store.records import (
     EffectReceipt,
@@ -29,7 +29,7 @@ from geodebot.store.rows import (
     paged,
 )
 
-__all__ = ["ReceiptsAndSwitches"]
+__all__ = ["ReceiptStore", "ReceiptsAndSwitches"]
 
 _FINISH_STATUSES: frozenset[str] = frozenset(get_args(FinishStatus))
 _RESOLUTIONS: frozenset[str] = frozenset(get_args(Resolution))
@@ -102,6 +102,85 @@ async def _current(db: Tx, receipt_id: str) -> EffectReceipt | None:
     sql = f"SELECT {_RECEIPT_COLS} FROM effect_receipts WHERE id = ?"
     row = await db.one(sql, (receipt_id,))
     return None if row is None else from_row(EffectReceipt, row)
+
+
+class ReceiptStore(Protocol):
+    """Effect receipts and operator switches."""
+
+    async def admit_receipt(self, receipt: EffectReceipt) -> tuple[EffectReceipt, bool]:
+        """Record ``receipt`` as ``admitted`` before its call is dispatched.
+
+        ``receipt`` must be fresh (status ``admitted``, no outcome, not finished or resolved).
+        If a receipt with the same ``key`` exists, nothing is written and ``(existing, False)``
+        is returned: the call was already admitted once and must not be dispatched again.
+        Otherwise ``(stored, True)``. Concurrent admissions of one key admit exactly one.
+        """
+
+    async def finish_receipt(
+        self, receipt_id: str, status: FinishStatus, outcome: Mapping[str, Any]
+    ) -> EffectReceipt:
+        """Record how an ``admitted`` receipt ended.
+
+        Raises :class:`StoreError` for an unknown id or a receipt that is no longer
+        ``admitted``: a late completion must not overwrite a sweep or an operator's decision.
+        """
+
+    async def mark_admitted_uncertain(
+        self, reason: str, *, session_id: str | None = None
+    ) -> list[EffectReceipt]:
+        """Turn every ``admitted`` receipt (of one session, if given) ``uncertain`` with outcome
+        ``{"reason": reason}`` and return them in admission order.
+
+        Only safe when none of those calls can still be running, e.g. at daemon startup.
+        """
+
+    async def get_receipt(self, receipt_id: str) -> EffectReceipt | None: ...
+
+    async def find_receipt(self, key: str) -> EffectReceipt | None:
+        """The receipt with this idempotency key, if any."""
+
+    async def list_receipts(
+        self,
+        *,
+        status: ReceiptStatus | None = None,
+        session_id: str | None = None,
+        unresolved_only: bool = False,
+        limit: int | None = None,
+    ) -> list[EffectReceipt]:
+        """Receipts in admission order (``admitted_at``, then ``id``).
+
+        ``unresolved_only`` keeps the receipts waiting for an operator: ``uncertain`` and not
+        yet resolved.
+        """
+
+    async def resolve_receipt(
+        self, receipt_id: str, resolution: Resolution, *, by: str
+    ) -> EffectReceipt:
+        """Record an operator's reconciliation of an ``uncertain`` receipt, once.
+
+        The status stays ``uncertain``; ``resolution``, ``resolved_by`` and ``resolved_at`` are
+        set, and a ``receipt_resolved`` timeline event is appended to the receipt's session in
+        the same transaction. Raises :class:`StoreError` for any other status or a second
+        resolution.
+        """
+
+    # -- operator switches ----------------------------------------------------------------
+    async def set_switch(
+        self,
+        name: str,
+        enabled: bool,
+        *,
+        by: str,
+        expires_at: float | None = None,
+        reason: str = "",
+    ) -> OperatorSwitch:
+        """Replace the switch's current value and append it to the switch's history."""
+
+    async def get_switch(self, name: str) -> OperatorSwitch | None:
+        """The current value, expired or not; use :meth:`OperatorSwitch.active` to decide."""
+
+    async def switch_history(self, name: str, *, limit: int | None = None) -> list[OperatorSwitch]:
+        """Every value the switch was set to, newest first."""
 
 
 class ReceiptsAndSwitches:

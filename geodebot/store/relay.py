@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from geodebot.store.chat import (
     ADD_OUTBOX,
@@ -42,7 +42,10 @@ from geodebot.store.rows import (
     from_row,
 )
 
-__all__ = ["Relay"]
+__all__ = [
+    "Relay",
+    "RelayStore",
+]
 
 _COLS = (
     "id, source_session, target_session, project, user_id AS user, source_turn, idem_key, "
@@ -147,6 +150,70 @@ def _event(d: RelayDelivery, counterpart: str) -> dict[str, Any]:
         "content_sha256": d.content_sha256,
         "user": d.user,
     }
+
+
+class RelayStore(Protocol):
+    """Thread Relay: deliveries between sessions and what a session read of another."""
+
+    async def relay_deliver(
+        self,
+        delivery: RelayDelivery,
+        post: NewOutbound,
+        message: RelayedMessage,
+        *,
+        max_in_flight: int,
+    ) -> tuple[RelayDelivery, bool, OutboxRow | None, InboxRow | None]:
+        """Deliver into the target, in one transaction: the receipt (``delivery``, state
+        ``delivered``, with its idempotency key), ``message`` as a ``pending`` row of the
+        target session's inbox (event id ``relay:<id>``, with the delivery's id and intent),
+        ``post`` (the attributed message) in the outbox, and ``relay_sent`` /
+        ``relay_received`` events on both sessions' timelines.
+        ``(stored, True, post's row, message's row)``, the stored receipt naming both rows.
+
+        A delivery with the same source session and key exists: nothing is written,
+        ``(first, False, None, None)``. The source has ``max_in_flight`` deliveries whose
+        target has not taken them yet (inbox row unfinished or post unsent): nothing is
+        written and :class:`RelayInFlight` is raised.
+        """
+
+    async def relay_record(
+        self, delivery: RelayDelivery, *, on_target: bool = False
+    ) -> RelayDelivery:
+        """Record an attempt that was not delivered (keyless), with a ``relay_refused`` event
+        on the source session's timeline and, ``on_target``, on the target's too (a thread
+        the caller may address; never one it named wrongly or of another project)."""
+
+    async def relay_get(self, delivery_id: str) -> RelayDelivery | None: ...
+
+    async def relay_find(self, source_session: str, idem_key: str) -> RelayDelivery | None: ...
+
+    async def relay_list(
+        self, *, session_id: str | None = None, limit: int = 50
+    ) -> list[RelayDelivery]:
+        """Newest first; with ``session_id``, the ones from or into that session."""
+
+    async def relay_in_flight(self, source_session: str) -> int:
+        """The source's deliveries the target has not taken yet (see :meth:`relay_deliver`)."""
+
+    async def relay_mark_read(self, read: RelayRead) -> None:
+        """Remember what a session read of another thread (replacing the earlier read)."""
+
+    async def relay_last_read(
+        self, source_session: str, target_session: str
+    ) -> RelayRead | None: ...
+
+    async def relay_foreign_changes(
+        self, source_session: str, target_session: str, since_revision: int
+    ) -> int:
+        """How many messages ``target_session`` got after ``since_revision`` that are not
+        the records of ``source_session``'s own notifies: what its read did not see."""
+
+    async def inbox_authored(self, session_id: str, user: str, text: str) -> InboxRow | None:
+        """The newest platform message of ``session_id`` that ``user`` wrote with exactly
+        ``text`` (relayed messages are not theirs)."""
+
+    async def inbox_activity(self, session_id: str) -> tuple[InboxRow | None, int]:
+        """The session's running row (its active turn), if any, and how many wait."""
 
 
 class Relay:

@@ -9,15 +9,33 @@ lost the daemon's lease still says what it is until it has stopped.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from geodebot.store.records import ReplicaRecord
 from geodebot.store.rows import Transactions, Tx
 
-__all__ = ["PRUNE_AFTER_S", "Replicas"]
+__all__ = [
+    "PRUNE_AFTER_S",
+    "ReplicaStore",
+    "Replicas",
+]
 
 # A replica not heard of for this long (killed, its machine gone) is forgotten.
 PRUNE_AFTER_S = 3600.0
 
 _COLUMNS = "replica_id, role, host, pid, started_at, seen_at"
+
+
+class ReplicaStore(Protocol):
+    """The replicas sharing the store, as they last said they were there."""
+
+    async def replica_seen(self, replica_id: str, *, role: str, host: str, pid: int) -> None:
+        """Record that ``replica_id`` is there now, in ``role`` (leader, member)."""
+
+    async def replica_gone(self, replica_id: str) -> None: ...
+
+    async def replicas(self) -> list[ReplicaRecord]:
+        """Every replica heard of in the last hour, with how long ago."""
 
 
 class Replicas:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from geodebot.store.chat import finishing
 from geodebot.store.receipts import SELECT_SWITCH, switch_from_row
@@ -37,7 +37,7 @@ from geodebot.store.rows import (
     paged,
 )
 
-__all__ = ["SessionsAndHistory"]
+__all__ = ["SessionStore", "SessionsAndHistory"]
 
 _SESSION_COLS = "id, mode, created_at, updated_at, generation, state, guards, next_seq"
 _MESSAGE_COLS = (
@@ -102,6 +102,97 @@ _FINISH_BATCH = """
 UPDATE tool_batches SET status = ?, results = ?, finished_at = ?
 WHERE id = ? AND session_id = ? RETURNING id
 """
+
+
+class SessionStore(Protocol):
+    """Sessions, their checkpoints, context and timeline."""
+
+    async def ensure_session(self, session_id: str, mode: str) -> SessionRecord:
+        """Return the session, creating it (generation 1, empty state) if it does not exist."""
+
+    async def open_session(self, session_id: str, mode: str, *, switch: str) -> OpenedSession:
+        """:meth:`ensure_session`, the operator switch ``switch`` and :meth:`pending_batches`
+        in one transaction: one store round trip where a message's turn would need three."""
+
+    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+
+    async def list_sessions(self) -> list[SessionRecord]: ...
+
+    async def reset_session(self, session_id: str) -> SessionRecord:
+        """Start a fresh context: bump the generation, clear state and guards.
+
+        History rows stay in place (append-only); they are simply not loaded any more.
+        Pending tool batches of the old generation are marked abandoned.
+        """
+
+    # -- checkpoints ----------------------------------------------------------------------
+    async def checkpoint(
+        self,
+        session_id: str,
+        *,
+        messages: Sequence[NewMessage] = (),
+        state: Mapping[str, Any] | None = None,
+        guards: Mapping[str, Any] | None = None,
+        propose_batch: ToolBatchRecord | None = None,
+        finish_batch: tuple[str, Sequence[Mapping[str, Any]], BatchStatus] | None = None,
+        timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]] = (),
+    ) -> list[int]:
+        """Atomically append messages, replace state/guards (when given), and record a tool
+        batch proposal or completion ``(batch_id, results, status)`` and timeline events
+        ``(turn_id, kind, data)``.
+
+        Returns the seqs assigned to ``messages``. Cost is O(len(messages)), independent of
+        the history length.
+        """
+
+    async def checkpoint_ending(
+        self,
+        session_id: str,
+        ending: InboxEnding,
+        *,
+        messages: Sequence[NewMessage] = (),
+        state: Mapping[str, Any] | None = None,
+        guards: Mapping[str, Any] | None = None,
+        timeline: Sequence[tuple[str | None, str, Mapping[str, Any]]] = (),
+    ) -> tuple[list[int], InboxFinished]:
+        """:meth:`checkpoint` and :meth:`inbox_finish` of ``ending`` in one transaction,
+        committed durably: a turn's end and its reply are saved together or not at all, at
+        the cost of one commit where they would need two.
+
+        Returns the seqs assigned to ``messages`` and what :meth:`inbox_finish` returns.
+        Raises :class:`StoreError` (and writes nothing) if either part fails.
+        """
+
+    async def load_context(self, session_id: str) -> list[MessageRecord]:
+        """Messages of the current generation that the model should see: the newest summary
+        (if any) followed by every message after the range it covers, in seq order."""
+
+    async def load_context_json(self, session_id: str) -> list[ContextRow]:
+        """:meth:`load_context`, each message's content as the JSON text stored (see
+        :class:`ContextRow`): what the engine reads when a session's context is not cached."""
+
+    async def load_messages(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[MessageRecord]:
+        """Raw messages (kind ``message`` and ``summary``) of the current generation."""
+
+    async def pending_batches(self, session_id: str) -> list[ToolBatchRecord]:
+        """Batches of the current generation still ``proposed`` (crash before completion)."""
+
+    # -- timeline -------------------------------------------------------------------------
+    async def append_timeline(
+        self, session_id: str, turn_id: str | None, kind: str, data: Mapping[str, Any]
+    ) -> int: ...
+
+    async def timeline(
+        self, session_id: str, *, after_id: int = 0, limit: int | None = None
+    ) -> list[TimelineEvent]: ...
+
+    async def timeline_newest(
+        self, session_id: str, *, before_id: int | None = None, limit: int = 100
+    ) -> list[TimelineEvent]:
+        """The session's newest events, newest first: those with an id below ``before_id``
+        (every one, if None), at most ``limit``; what a page of a long timeline shows."""
 
 
 class SessionsAndHistory:

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from geodebot.store.records import (
     ModelCall,
@@ -25,7 +25,10 @@ from geodebot.store.records import (
 )
 from geodebot.store.rows import Transactions, Tx, dumps
 
-__all__ = ["Spend"]
+__all__ = [
+    "Spend",
+    "SpendStore",
+]
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(ModelCall))
 _INSERT = (
@@ -67,6 +70,39 @@ def _params(call: ModelCall, charges: Sequence[SpendCharge]) -> tuple[Any, ...]:
 
 def _amount(unit: str, tokens: int, usd: float | None) -> float:
     return float(tokens) if unit == "tokens" else float(usd or 0.0)
+
+
+class SpendStore(Protocol):
+    """Token and spend budgets: reservations, settlements and the usage report."""
+
+    async def spend_reserve(
+        self, call: ModelCall, charges: Sequence[SpendCharge]
+    ) -> SpendRefusal | None:
+        """Reserve a model call's worst case (``call``, state ``reserved``: its
+        ``reserved_tokens`` and ``reserved_usd``) against every charge, durably and in one
+        transaction: the first limited charge it does not fit is returned and nothing is
+        written; otherwise the row is written and every charge's counter grows by it."""
+
+    async def spend_record(self, call: ModelCall, charges: Sequence[SpendCharge]) -> None:
+        """Write a call that reserved nothing (settled or failed) and count what it used."""
+
+    async def spend_settle(self, settled: ModelCall) -> bool:
+        """Settle a reserved call with what it used (``settled``: state ``settled`` or
+        ``failed``), moving its charges' counters from its worst case to that. False: the
+        row was not reserved (settled already, or unknown), and nothing changed."""
+
+    async def spend_used(self, counters: Sequence[tuple[str, str]]) -> dict[tuple[str, str], float]:
+        """What each ``(scope, period)`` counter has used (0 for one never charged)."""
+
+    async def model_calls(
+        self, *, session_id: str | None = None, limit: int = 100
+    ) -> list[ModelCall]:
+        """Newest first."""
+
+    async def usage_report(
+        self, *, by: UsageGrouping = "all", since_day: str | None = None
+    ) -> list[UsageRow]:
+        """Model calls summed per group (``all``, ``binding``, ``job`` or ``day``)."""
 
 
 class Spend:

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from geodebot.engine.hooks import HookRegistry
 from geodebot.engine.llm.types import ImageData, ToolResultBlock, ToolUseBlock, canonical_json
@@ -51,7 +51,7 @@ from geodebot.engine.tools.spec import (
     ToolOutput,
     ToolSpec,
 )
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import ApprovalStore, ReceiptStore
 from geodebot.store.records import ApprovalRecord, EffectReceipt
 
 log = logging.getLogger(__name__)
@@ -127,11 +127,15 @@ def receipt_key(
     return hashlib.sha256(canonical_json(parts).encode()).hexdigest()
 
 
+class AuthorityStore(ApprovalStore, ReceiptStore, Protocol):
+    """What the authority pipeline keeps: approval requests and effect receipts."""
+
+
 class ToolAuthority:
     def __init__(
         self,
         *,
-        store: Store,
+        store: AuthorityStore,
         hooks: HookRegistry | None = None,
         approval_timeout_s: float = 120.0,
     ) -> None:

@@ -18,7 +18,8 @@ from geodebot.channels.base import (
     OutboundPart,
     SendUnknown,
 )
-from geodebot.channels.discord import DiscordChannel, nonce_for
+from geodebot.channels.discord import DiscordChannel
+from geodebot.channels.discord.send import nonce_for
 from geodebot.config.schema import DiscordConfig
 from tests.support.fakes.discord_server import MESSAGE_CONTENT_INTENT, FakeDiscord
 

@@ -19,7 +19,8 @@ from geodebot.channels.base import (
     OutboundPart,
     SendUnknown,
 )
-from geodebot.channels.discord import DiscordChannel, nonce_for
+from geodebot.channels.discord import DiscordChannel
+from geodebot.channels.discord.send import nonce_for
 from tests.support.fakes.discord_server import FakeDiscord
 from tests.support.files import tiny_pdf, tiny_png
 from tests.unit.test_discord_channel import TOKEN, USER, Cursors, Sink, make_channel, until

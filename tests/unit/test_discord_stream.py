@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from geodebot.channels.base import ChannelError, Destination, OutboundPart
-from geodebot.channels.discord import MAX_CHARS, DiscordChannel, nonce_for
+from geodebot.channels.discord import DiscordChannel
+from geodebot.channels.discord.send import MAX_CHARS, nonce_for
 from tests.support.fakes.discord_server import FakeDiscord
 from tests.unit.test_discord_channel import TOKEN, USER, Cursors, Sink, make_channel
 

@@ -7,15 +7,10 @@ from collections.abc import Sequence
 
 from geodebot.channels.base import (
     SENDING_ONLY,
-    ApprovalCard,
     ChannelStatus,
     CursorStore,
-    Destination,
-    InboundFile,
-    InboundSink,
     OutboundPart,
     Platform,
-    PressSink,
     SentPart,
 )
 from geodebot.channels.discord.cards import DiscordCards
@@ -23,11 +18,16 @@ from geodebot.channels.discord.files import DiscordFiles
 from geodebot.channels.discord.ingest import DiscordIngest
 from geodebot.channels.discord.send import DiscordSender
 from geodebot.channels.discord.state import DiscordState
-from geodebot.channels.render import render_for
+from geodebot.channels.roles import RoleChannel
 from geodebot.config.schema import DiscordConfig
 
 
-class DiscordChannel:
+class DiscordChannel(RoleChannel):
+    _ingest: DiscordIngest
+    _sender: DiscordSender
+    _cards: DiscordCards
+    _files: DiscordFiles
+
     def __init__(
         self,
         config: DiscordConfig,
@@ -57,41 +57,15 @@ class DiscordChannel:
         """The gateway is this channel's (connected once, and kept by discord.py)."""
         return self._state.ingesting
 
-    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
-        await self._ingest.start(sink, presses)
-
     async def start_ingest(self) -> None:
         """Mark first runs, connect the gateway, wait for READY, register slash commands."""
         await self._ingest.start_ingest()
 
-    async def stop(self) -> None:
-        await self._ingest.stop()
-
-    def render(self, markdown: str) -> list[str]:
-        return render_for("discord", markdown)
-
     async def send(self, part: OutboundPart) -> SentPart:
         return await self._sender.send(part)
 
-    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
-        return await self._files.download(file, max_bytes)
-
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
         return await self._sender.find_sent(part)
-
-    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
-        return await self._cards.send_card(destination, card)
-
-    async def edit_card(
-        self, destination: Destination, message_id: str, card: ApprovalCard
-    ) -> None:
-        await self._cards.edit_card(destination, message_id, card)
-
-    async def delete(self, destination: Destination, message_id: str) -> None:
-        await self._sender.delete(destination, message_id)
-
-    async def typing(self, destination: Destination) -> None:
-        await self._sender.typing(destination)
 
     def status(self) -> ChannelStatus:
         state = self._state

@@ -4,17 +4,12 @@ state and hands each call to the role that does it."""
 from __future__ import annotations
 
 from geodebot.channels.base import (
-    ApprovalCard,
     ChannelStatus,
-    Destination,
-    InboundFile,
-    InboundSink,
     OutboundPart,
     Platform,
-    PressSink,
     SentPart,
 )
-from geodebot.channels.render import render_for
+from geodebot.channels.roles import RoleChannel
 from geodebot.channels.slack.cards import SlackCards
 from geodebot.channels.slack.files import SlackFiles
 from geodebot.channels.slack.ingest import SlackIngest
@@ -23,8 +18,13 @@ from geodebot.channels.slack.state import SlackState
 from geodebot.config.schema import SlackConfig
 
 
-class SlackChannel:
+class SlackChannel(RoleChannel):
     """The Slack adapter; tokens are resolved by the caller (``config.*_env`` name them)."""
+
+    _ingest: SlackIngest
+    _sender: SlackSender
+    _cards: SlackCards
+    _files: SlackFiles
 
     def __init__(
         self,
@@ -67,39 +67,13 @@ class SlackChannel:
     async def start_ingest(self) -> None:
         """Nothing to add: ``start`` already opened the Socket Mode connection."""
 
-    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
-        await self._ingest.start(sink, presses)
-
-    async def stop(self) -> None:
-        await self._ingest.stop()
-
-    def render(self, markdown: str) -> list[str]:
-        return render_for("slack", markdown)
-
     async def send(self, part: OutboundPart) -> SentPart:
         if part.file is not None:
             return await self._files.upload(part, part.file)
         return await self._sender.send(part)
 
-    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
-        return await self._files.download(file, max_bytes)
-
     async def find_sent(self, part: OutboundPart) -> SentPart | None:
         return await self._sender.find_sent(part)
-
-    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
-        return await self._cards.send_card(destination, card)
-
-    async def edit_card(
-        self, destination: Destination, message_id: str, card: ApprovalCard
-    ) -> None:
-        await self._cards.edit_card(destination, message_id, card)
-
-    async def delete(self, destination: Destination, message_id: str) -> None:
-        await self._sender.delete(destination, message_id)
-
-    async def typing(self, destination: Destination) -> None:
-        await self._sender.typing(destination)
 
     def status(self) -> ChannelStatus:
         state = self._state

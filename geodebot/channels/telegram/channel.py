@@ -4,18 +4,13 @@ shared state and hands each call to the role that does it."""
 from __future__ import annotations
 
 from geodebot.channels.base import (
-    ApprovalCard,
     ChannelStatus,
     CursorStore,
-    Destination,
-    InboundFile,
-    InboundSink,
     OutboundPart,
     Platform,
-    PressSink,
     SentPart,
 )
-from geodebot.channels.render import render_for
+from geodebot.channels.roles import RoleChannel
 from geodebot.channels.telegram.cards import TelegramCards
 from geodebot.channels.telegram.files import TelegramFiles
 from geodebot.channels.telegram.ingest import TelegramIngest
@@ -24,9 +19,14 @@ from geodebot.channels.telegram.state import TelegramState
 from geodebot.config.schema import TelegramConfig
 
 
-class TelegramChannel:
+class TelegramChannel(RoleChannel):
     """The Telegram adapter. It has no ``find_sent``: the Bot API cannot look a sent
     message up, so callers that check for :class:`Lookups` leave it be."""
+
+    _ingest: TelegramIngest
+    _sender: TelegramSender
+    _cards: TelegramCards
+    _files: TelegramFiles
 
     def __init__(
         self,
@@ -71,40 +71,13 @@ class TelegramChannel:
         webhook = self._ingest.webhook
         return 0 if webhook is None else webhook.port
 
-    async def start(self, sink: InboundSink, presses: PressSink | None = None) -> None:
-        await self._ingest.start(sink, presses)
-
     async def start_ingest(self) -> None:
         """Poll (or register the webhook) and register the commands."""
         await self._ingest.start_ingest()
 
-    async def stop(self) -> None:
-        await self._ingest.stop()
-
-    def render(self, markdown: str) -> list[str]:
-        return render_for("telegram", markdown)
-
     async def send(self, part: OutboundPart) -> SentPart:
         """Send the part, or edit ``part.edit_of`` to it (a streamed preview it replaces)."""
         return await self._sender.send(part)
-
-    async def download(self, file: InboundFile, max_bytes: int) -> bytes:
-        """getFile, then the file from ``file_base_url``, at most ``max_bytes`` of it."""
-        return await self._files.download(file, max_bytes)
-
-    async def send_card(self, destination: Destination, card: ApprovalCard) -> SentPart:
-        return await self._cards.send_card(destination, card)
-
-    async def edit_card(
-        self, destination: Destination, message_id: str, card: ApprovalCard
-    ) -> None:
-        await self._cards.edit_card(destination, message_id, card)
-
-    async def delete(self, destination: Destination, message_id: str) -> None:
-        await self._sender.delete(destination, message_id)
-
-    async def typing(self, destination: Destination) -> None:
-        await self._sender.typing(destination)
 
     def status(self) -> ChannelStatus:
         state = self._state

@@ -7,8 +7,7 @@ import functools
 import logging
 import os
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,21 +18,19 @@ from geodebot.channels.base import Channel, Destination, Typing
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
 from geodebot.chat.approvals import ChatApprovals
-from geodebot.chat.attachments import Attachments
-from geodebot.chat.deadletters import DeadLetters, ReplayFeed
+from geodebot.chat.deadletters import DeadLetters
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.ownership import LocalOwner, SessionElsewhere, SessionOwner
+from geodebot.chat.pipeline import ChatHooks, build_chat
 from geodebot.chat.router import ChatRouter
-from geodebot.chat.stream import ReplyStreams
-from geodebot.config.schema import Config, ConfigError, resolve_secret, split_host_port
+from geodebot.config.schema import Config
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.modes import Mode
-from geodebot.engine.session import COMPUTER_USE_SWITCH, SessionSpec, TurnResult
-from geodebot.engine.spend import utc_day
+from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.engine.tools.spec import Approver
 from geodebot.ops.heap import HeapKeeper
-from geodebot.ops.procstat import process_figures
 from geodebot.ops.sdnotify import SystemdNotifier
+from geodebot.ops.status import Serving, StatusLine, status_report
 from geodebot.replicas.daemon_lease import DaemonLease
 from geodebot.replicas.leases import SessionLeases
 from geodebot.replicas.owner import LeasedOwner
@@ -42,13 +39,13 @@ from geodebot.replicas.takeup import SessionTakeUp
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.fire_runner import ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
-from geodebot.scheduler.status import JobStatus, job_lines
-from geodebot.store.protocol import DeadLetterStore, LeaseStore, ReceiptStore, SpendStore, Store
+from geodebot.scheduler.status import JobStatus
+from geodebot.store.protocol import LeaseStore, ReceiptStore, Store
 from geodebot.store.records import InboxRow, OutboxRow, StoreError
 
 if TYPE_CHECKING:
     from geodebot.ops.console.live import LiveFeed
-    from geodebot.ops.health import EngineMetrics, HealthServer
+    from geodebot.ops.health import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +104,7 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     loop.add_signal_handler(signal.SIGUSR1, _log_tasks, "asked for the tasks (SIGUSR1)")
     grace = config.daemon.shutdown_grace_s
     notifier = notifier or SystemdNotifier()
-    status = _Status()
+    status = StatusLine()
     lost: list[str] = []
     watch: asyncio.Task[None] | None = None
     try:
@@ -146,8 +143,8 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 shared=shared,
                 sends_grace=sends_grace,
             )
-            status.daemon = daemon
-            ipc = ipc_handler(app, daemon.owner, _status_report(app, daemon))
+            status.serving = serving = daemon.serving(app)
+            ipc = ipc_handler(app, daemon.owner, status_report(serving))
             await stack.enter_async_context(ipc)
             log.info(
                 "geodebot serving: replica %s, store %s, state in %s, chat socket %s, channels: %s",
@@ -220,6 +217,20 @@ class _Shared:
     # failed.
     stop: Callable[[str], None]
 
+    # What status and health show of it (ops/status.py ReplicaState).
+    @property
+    def lost(self) -> str | None:
+        return self.lease.lost
+
+    def lease_figures(self) -> dict[str, object]:
+        return self.lease.figures()
+
+    def session_figures(self) -> dict[str, object]:
+        return self.sessions.figures()
+
+    async def peers(self) -> list[dict[str, object]]:
+        return await self.lease.peers()
+
 
 async def _shared(
     config: Config, app: App, stack: AsyncExitStack, stop_now: Callable[[str], None]
@@ -286,9 +297,23 @@ class _Daemon:
     # The leases held, when replicas share the store.
     shared: _Shared | None = None
 
-    @property
-    def lease(self) -> DaemonLease | None:
-        return None if self.shared is None else self.shared.lease
+    def serving(self, app: App) -> Serving:
+        """The running daemon as status and health read it (ops/status.py)."""
+        return Serving(
+            config=app.config,
+            services=app.services,
+            bindings=app.bindings,
+            replica_id=app.replica_id,
+            store_facts=store_facts(app.config),
+            channels=self.channels,
+            supervisor=self.supervisor,
+            router=self.router,
+            scheduler=self.scheduler,
+            approvals=self.approvals,
+            deadletters=self.deadletters,
+            relay=app.relay,
+            replicas=self.shared,
+        )
 
 
 async def _enter_daemon(
@@ -315,56 +340,40 @@ async def _enter_daemon(
         if isinstance(channel, Typing):
             await channel.typing(destination)
 
-    # The outbox's window is its own: replies of turns that used the whole grace still go.
-    outbox = OutboxSender(
-        store,
-        channels,
-        grace=sends_grace,
-        files=app.files,
-        # A reply given up on is a new dead letter; a replayed one sent at last changes what
-        # the decisions show (and a row sent like any other costs one check while no page
-        # follows).
-        on_finished=(
-            None
-            if live is None
-            else lambda row: live.publish("deadletters", session=row.session_id)
-        ),
-        owner=owner,
-    )
-    approvals = ChatApprovals(
-        store,
-        channels,
-        redactor=app.services.redactor,
-        on_change=(
-            None
-            if live is None
-            else lambda request: live.publish("approvals", session=request.session_id)
-        ),
-        may_send=owner.holds,
-        shared=owner.replica_id is not None,
-    )
-    router = ChatRouter(
+    chat = build_chat(
         app.run_turn,
         store,
         app.bindings,
-        outbox,
-        daemon=config.daemon,
-        model=config.model,
-        budgets=config.budgets,
-        max_chars=_max_chars(config),
-        typing=typing,
-        job_status=JobStatus(store).for_binding,
-        grace=turns_grace,
-        approvals=approvals,
-        streams=ReplyStreams(
-            store,
-            channels,
-            interval_s=config.daemon.stream_edit_interval_s,
-            may_send=owner.holds,
-        ),
-        attachments=Attachments(store, app.files, channels) if app.files is not None else None,
+        channels,
+        config,
         owner=owner,
+        files=app.files,
+        redactor=app.services.redactor,
+        turns_grace=turns_grace,
+        # The outbox's window is its own: replies of turns that used the whole grace still go.
+        sends_grace=sends_grace,
+        hooks=ChatHooks(
+            typing=typing,
+            job_status=JobStatus(store).for_binding,
+            # A reply given up on is a new dead letter; a replayed one sent at last changes
+            # what the decisions show (and a row sent like any other costs one check while no
+            # page follows).
+            on_reply_finished=(
+                None
+                if live is None
+                else lambda row: live.publish("deadletters", session=row.session_id)
+            ),
+            on_approval_change=(
+                None
+                if live is None
+                else lambda request: live.publish("approvals", session=request.session_id)
+            ),
+        ),
+        # One process uses the store: what it left unanswered is its own. Replicas take up
+        # each session's rows when they take the session (replicas/takeup.py).
+        recover=shared is None,
     )
+    router, outbox = chat.router, chat.outbox
     scheduler = JobScheduler(
         app.run_turn,
         store,
@@ -386,28 +395,18 @@ async def _enter_daemon(
             router.take(message)
 
         app.relay.connect(delivered)
-    supervisor = ChannelSupervisor(channels, router.accept, approvals.press)
-    feed = ReplayFeed(store, router.take, outbox.submit)
-    deadletters = DeadLetters(store, on_replayed=feed.replayed)
-    daemon = _Daemon(channels, supervisor, router, scheduler, approvals, deadletters, owner, shared)
+    supervisor = ChannelSupervisor(channels, router.accept, chat.approvals.press)
+    daemon = _Daemon(
+        channels, supervisor, router, scheduler, chat.approvals, chat.deadletters, owner, shared
+    )
     if metrics is not None:
         # Both are made exactly when [daemon] http is set.
         assert live is not None
-        await stack.enter_async_context(_health_server(config, app, daemon, metrics, live))
+        from geodebot.ops.health import health_server
+
+        await stack.enter_async_context(health_server(daemon.serving(app), metrics, live))
     await stack.enter_async_context(supervisor)
-    await stack.enter_async_context(outbox)
-    await stack.enter_async_context(approvals)
-    await stack.enter_async_context(router)
-    # Before recover: a replay from now on is the feed's to hand over, an earlier one is
-    # read by recover and the outbox's first scan like any pending row.
-    await feed.start()
-    if pickups is None:
-        # One process uses the store: what it left unanswered is its own. Replicas take up
-        # each session's rows when they take the session (replicas/takeup.py).
-        recovered = await router.recover()
-        if recovered:
-            log.info("answering %s message(s) accepted before the restart", recovered)
-    await stack.enter_async_context(_running(feed.run()))
+    await stack.enter_async_context(chat)
     if pickups is not None:
         # Sessions with work nobody does: left by a replica that stopped, or committed by
         # another replica for a session held here.
@@ -429,18 +428,6 @@ def _pickups(
         return None
     take_up = SessionTakeUp(store, router, owner)
     return SessionPickUps(store, owner.leases, take_up.take_up, outbox.kick)
-
-
-def _max_chars(config: Config) -> dict[str, int]:
-    return {
-        name: table.max_message_chars
-        for name, table in (
-            ("telegram", config.channels.telegram),
-            ("slack", config.channels.slack),
-            ("discord", config.channels.discord),
-        )
-        if table is not None
-    }
 
 
 def _metrics(config: Config) -> EngineMetrics | None:
@@ -477,204 +464,8 @@ def _known_tools(config: Config, app: App) -> frozenset[str]:
     return frozenset(app.services.tools.registry.names()) | frozenset(listed)
 
 
-def _replica_component(
-    config: Config, app: App, shared: _Shared | None
-) -> Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]:
-    """/healthz's ``replica``: this process and its store, and, with replicas, the daemon's
-    lease, the sessions held and the peers (unhealthy once the daemon's lease was lost: the
-    replica stops)."""
-    replica = {"id": app.replica_id, "store": store_facts(config)}
-
-    async def component() -> tuple[bool, dict[str, Any]]:
-        if shared is None:
-            return True, replica
-        lease = shared.lease
-        return lease.lost is None, {
-            **replica,
-            "lease": lease.figures(),
-            "sessions": shared.sessions.figures(),
-            "peers": await lease.peers(),
-        }
-
-    return component
-
-
-def _health_server(
-    config: Config,
-    app: App,
-    daemon: _Daemon,
-    metrics: EngineMetrics,
-    live: LiveFeed,
-) -> HealthServer:
-    from geodebot.ops.console.parts import ConsoleParts
-    from geodebot.ops.console.server import Console
-    from geodebot.ops.health import HealthServer, Probe
-
-    token = None
-    if config.daemon.http_token_env:
-        token = resolve_secret(config.daemon.http_token_env)
-        if not token:
-            source = str(config.source or "<config>")
-            name = config.daemon.http_token_env
-            raise ConfigError(source, [f"daemon.http_token_env: {name} is not set"])
-    store = app.services.store
-
-    async def computer_use() -> tuple[bool, dict[str, Any]]:
-        switch = await store.get_switch(COMPUTER_USE_SWITCH)
-        if switch is None:
-            return True, {"enabled": False}
-        return True, {
-            "enabled": switch.active(time.time()),
-            "set_by": switch.set_by,
-            "set_at": switch.set_at,
-            "expires_at": switch.expires_at,
-            "reason": switch.reason,
-        }
-
-    scheduler, router = daemon.scheduler, daemon.router
-
-    async def jobs() -> tuple[bool, dict[str, Any]]:
-        return scheduler.running, {"jobs": scheduler.registered()}
-
-    alert_s = config.daemon.unanswered_alert_s
-
-    async def unanswered() -> tuple[bool, dict[str, Any]]:
-        late = await _unanswered(store, alert_s)
-        return late["count"] == 0, late
-
-    async def unanswered_count() -> int:
-        return (await store.inbox_unanswered(alert_s)).count
-
-    probe = Probe(
-        store,
-        daemon.channels,
-        router_counters=lambda: router.counters,
-        load=router.load,
-        fire_counts=store.fire_counts,
-        extra={
-            "computer_use": computer_use,
-            "scheduler": jobs,
-            "unanswered": unanswered,
-            "replica": _replica_component(config, app, daemon.shared),
-        },
-        unanswered=unanswered_count,
-        live_clients=lambda: live.clients,
-        lease=daemon.lease.figures if daemon.lease is not None else None,
-    )
-    spend = app.services.spend
-    if spend is not None:
-        probe.extra["budgets"] = spend.status
-    assert config.daemon.http is not None
-    console = Console(
-        ConsoleParts(
-            store,
-            config,
-            app.bindings,
-            app.services.tools.registry,
-            live,
-            approvals=daemon.approvals,
-            spend_status=spend.status if spend is not None else None,
-            relay=app.relay,
-            deadletters=daemon.deadletters,
-        ),
-        token=token,
-        bound_host=split_host_port(config.daemon.http)[0],
-        public_origin=config.daemon.console_url,
-    )
-    return HealthServer(config.daemon.http, probe, metrics, token=token, console=console)
-
-
-def _status_report(app: App, daemon: _Daemon) -> StatusHandler:
-    started = time.time()
-    store = app.services.store
-    supervisor, router, channels = daemon.supervisor, daemon.router, daemon.channels
-    cache = app.services.context_cache
-    # Which process this is among the replicas, and the store they share (no password).
-    replica = {"replica_id": app.replica_id, "store": store_facts(app.config)}
-
-    async def report() -> dict[str, Any]:
-        running, queued = router.load()
-        switch = await store.get_switch(COMPUTER_USE_SWITCH)
-        now = time.time()
-        return {
-            "pid": os.getpid(),
-            **replica,
-            "lease": daemon.lease.figures() if daemon.lease is not None else None,
-            "sessions": daemon.shared.sessions.figures() if daemon.shared is not None else None,
-            "peers": await daemon.lease.peers() if daemon.lease is not None else None,
-            "uptime_s": round(now - started, 1),
-            "ready": all(event.is_set() for event in supervisor.ready.values()),
-            "channels": {
-                name: {"connected": state.connected, "detail": state.detail}
-                for name, state in ((n, c.status()) for n, c in sorted(channels.items()))
-            },
-            "turns_running": running,
-            "queued": queued,
-            # What the router did with chat messages: accepted, duplicate, throttled, ...
-            "messages": dict(sorted(router.counters.items())),
-            "max_concurrent_sessions": app.config.daemon.max_concurrent_sessions,
-            "inbox": await store.inbox_counts(),
-            "outbox": await store.outbox_counts(),
-            "unanswered": await _unanswered(store, app.config.daemon.unanswered_alert_s),
-            "deadletters": await store.deadletter_count(),
-            "computer_use": {
-                "enabled": switch is not None and switch.active(now),
-                "expires_at": None if switch is None else switch.expires_at,
-            },
-            "jobs": [
-                {"id": line.job.id, "next": line.next_fire, "last": line.last_outcome}
-                for line in await job_lines(store)
-            ],
-            "process": process_figures(),
-            # Decoded histories kept between turns: bounded, so it grows only until it is full.
-            "context_cache": cache.figures() if cache is not None else None,
-            "model_usage_today": await _usage_today(store, now),
-        }
-
-    return report
-
-
-async def _unanswered(store: DeadLetterStore, alert_s: float) -> dict[str, Any]:
-    late = await store.inbox_unanswered(alert_s)
-    age = None if late.oldest_age_s is None else round(late.oldest_age_s, 1)
-    return {"count": late.count, "oldest_age_s": age, "alert_s": alert_s}
-
-
-async def _usage_today(store: SpendStore, now: float) -> dict[str, Any]:
-    rows = await store.usage_report(by="all", since_day=utc_day(now))
-    if not rows:
-        return {"calls": 0}
-    row = rows[0]
-    return {
-        "calls": row.calls,
-        "input_tokens": row.input_tokens,
-        "output_tokens": row.output_tokens,
-        "cache_read_tokens": row.cache_read_tokens,
-        "cache_write_tokens": row.cache_write_tokens,
-        "cost_usd": round(row.cost_usd, 6),
-    }
-
-
-class _Status:
-    """The one-line summary systemd shows (``systemctl status``)."""
-
-    def __init__(self) -> None:
-        self.daemon: _Daemon | None = None
-
-    def line(self) -> str:
-        if self.daemon is None:
-            return "starting"
-        ready = self.daemon.supervisor.ready
-        connected = sum(event.is_set() for event in ready.values())
-        running, queued = self.daemon.router.load()
-        return (
-            f"serving: {connected}/{len(ready)} channels connected, "
-            f"{running} turns running, {queued} queued"
-        )
-
-
 async def _ready_when_connected(
-    notifier: SystemdNotifier, supervisor: ChannelSupervisor, status: _Status, app: App
+    notifier: SystemdNotifier, supervisor: ChannelSupervisor, status: StatusLine, app: App
 ) -> None:
     """READY=1 once the store is open (it is by now) and every enabled channel connected;
     then the model SDKs load, unless a turn needed them first, and the heap keeper runs
@@ -687,7 +478,7 @@ async def _ready_when_connected(
     log.info("ready: every enabled channel is connected")
     await app.load_models()
     # The model SDKs were the last of start-up's long-lived objects.
-    router = status.daemon.router if status.daemon is not None else None
+    router = status.serving.router if status.serving is not None else None
     await HeapKeeper(busy=lambda: router is not None and any(router.load())).run()
 
 

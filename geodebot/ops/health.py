@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from aiohttp import web
 from prometheus_client import (
@@ -36,13 +36,27 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from geodebot.channels.base import Channel
-from geodebot.config.schema import split_host_port
+from geodebot.config.schema import ConfigError, resolve_secret, split_host_port
+from geodebot.engine.session import COMPUTER_USE_SWITCH
 from geodebot.engine.tools.runner import REASON_CODES, OutcomeStatus
+from geodebot.ops.status import Serving, unanswered
 from geodebot.store.protocol import Store
+
+if TYPE_CHECKING:
+    from geodebot.ops.console.live import LiveFeed
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HEALTH_PATHS", "ConsoleRoutes", "EngineMetrics", "HealthServer", "Probe"]
+__all__ = [
+    "HEALTH_PATHS",
+    "ConsoleRoutes",
+    "EngineMetrics",
+    "HealthServer",
+    "Probe",
+    "daemon_probe",
+    "health_server",
+    "replica_component",
+]
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 _STORE_TIMEOUT_S = 2.0
@@ -128,7 +142,7 @@ class EngineMetrics:
 class ConsoleRoutes(Protocol):
     """What adds the Work console (ops/console/) to the server's app."""
 
-    def install(self, app: web.Application) -> None: ...
+    def install(self, app: web.Application, own_paths: frozenset[str] = ...) -> None: ...
 
 
 @dataclass
@@ -268,7 +282,7 @@ class HealthServer:
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/metrics", self._scrape)
         if self._console is not None:
-            self._console.install(app)
+            self._console.install(app, HEALTH_PATHS)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
@@ -361,3 +375,119 @@ class HealthServer:
             )
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# -- the daemon's probes ------------------------------------------------------------------
+
+Check = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+
+
+def replica_component(serving: Serving) -> Check:
+    """/healthz's ``replica``: this process and its store, and, with replicas, the daemon's
+    lease, the sessions held and the peers (unhealthy once the daemon's lease was lost: the
+    replica stops)."""
+    replica = {"id": serving.replica_id, "store": dict(serving.store_facts)}
+    shared = serving.replicas
+
+    async def component() -> tuple[bool, dict[str, Any]]:
+        if shared is None:
+            return True, replica
+        return shared.lost is None, {
+            **replica,
+            "lease": shared.lease_figures(),
+            "sessions": shared.session_figures(),
+            "peers": await shared.peers(),
+        }
+
+    return component
+
+
+def daemon_probe(serving: Serving, live_clients: Callable[[], int] | None = None) -> Probe:
+    """What ``/healthz`` and ``/metrics`` read of the running daemon: the store, the
+    channels, the router's load, the scheduler, computer use, unanswered messages, the
+    replica and its leases, and the day's budgets when the daemon keeps any."""
+    store = serving.services.store
+
+    async def computer_use() -> tuple[bool, dict[str, Any]]:
+        switch = await store.get_switch(COMPUTER_USE_SWITCH)
+        if switch is None:
+            return True, {"enabled": False}
+        return True, {
+            "enabled": switch.active(time.time()),
+            "set_by": switch.set_by,
+            "set_at": switch.set_at,
+            "expires_at": switch.expires_at,
+            "reason": switch.reason,
+        }
+
+    scheduler, router = serving.scheduler, serving.router
+
+    async def jobs() -> tuple[bool, dict[str, Any]]:
+        return scheduler.running, {"jobs": scheduler.registered()}
+
+    alert_s = serving.config.daemon.unanswered_alert_s
+
+    async def late() -> tuple[bool, dict[str, Any]]:
+        found = await unanswered(store, alert_s)
+        return found["count"] == 0, found
+
+    async def unanswered_count() -> int:
+        return (await store.inbox_unanswered(alert_s)).count
+
+    replicas = serving.replicas
+    probe = Probe(
+        store,
+        serving.channels,
+        router_counters=lambda: router.counters,
+        load=router.load,
+        fire_counts=store.fire_counts,
+        extra={
+            "computer_use": computer_use,
+            "scheduler": jobs,
+            "unanswered": late,
+            "replica": replica_component(serving),
+        },
+        unanswered=unanswered_count,
+        live_clients=live_clients,
+        lease=replicas.lease_figures if replicas is not None else None,
+    )
+    spend = serving.services.spend
+    if spend is not None:
+        probe.extra["budgets"] = spend.status
+    return probe
+
+
+def health_server(serving: Serving, metrics: EngineMetrics, live: LiveFeed) -> HealthServer:
+    """The endpoint on ``[daemon] http``: health, metrics and the Work console. A token named
+    by ``[daemon] http_token_env`` guards it; one named but not set is a config error."""
+    from geodebot.ops.console.parts import ConsoleParts
+    from geodebot.ops.console.server import Console
+
+    config = serving.config
+    assert config.daemon.http is not None
+    token = None
+    if config.daemon.http_token_env:
+        token = resolve_secret(config.daemon.http_token_env)
+        if not token:
+            source = str(config.source or "<config>")
+            name = config.daemon.http_token_env
+            raise ConfigError(source, [f"daemon.http_token_env: {name} is not set"])
+    spend = serving.services.spend
+    console = Console(
+        ConsoleParts(
+            serving.services.store,
+            config,
+            serving.bindings,
+            serving.services.tools.registry,
+            live,
+            approvals=serving.approvals,
+            spend_status=spend.status if spend is not None else None,
+            relay=serving.relay,
+            deadletters=serving.deadletters,
+        ),
+        token=token,
+        bound_host=split_host_port(config.daemon.http)[0],
+        public_origin=config.daemon.console_url,
+    )
+    probe = daemon_probe(serving, lambda: live.clients)
+    return HealthServer(config.daemon.http, probe, metrics, token=token, console=console)

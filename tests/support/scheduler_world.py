@@ -1,6 +1,6 @@
 """An in-process scheduler world: the real app and store, the fake model server, an in-memory
-chat platform behind the real outbox, and :class:`JobScheduler` instances that can be stopped
-and started again on the same state (a restart)."""
+chat platform behind the chat path as the daemon wires it, and :class:`JobScheduler`
+instances that can be stopped and started again on the same state (a restart)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ from typing import Any
 from geodebot.app.build import App
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.ownership import LocalOwner
+from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import Config
+from geodebot.engine.lanes import Grace
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.fire_runner import OnFire, ignore_fire
 from geodebot.scheduler.job_scheduler import JobScheduler
 from geodebot.store.records import FireRecord
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
+from tests.support.chat import chat_pipeline
 from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import FakeLLMServer
 
@@ -47,6 +50,7 @@ class World:
     chat: MemoryChannel
     outbox: OutboxSender
     llm: FakeLLMServer
+    router: ChatRouter
     schedulers: list[JobScheduler] = field(default_factory=list)
 
     @property
@@ -109,6 +113,7 @@ async def scheduler_world(
     *,
     budgets: Mapping[str, Any] | None = None,
     bindings: Sequence[Mapping[str, Any]] = BINDINGS,
+    turns_grace: Grace | None = None,
 ) -> AsyncIterator[World]:
     config = with_sections(
         make_config(tmp_path, llm, budgets=budgets), bindings=list(bindings), jobs=list(jobs)
@@ -116,19 +121,19 @@ async def scheduler_world(
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, tmp_path / "marker")
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(
-            app.services.store,
+        # The chat path as the daemon wires it; its router takes in only once a test starts
+        # the channel with it.
+        chat_path = chat_pipeline(
+            app,
             {"telegram": chat},
-            files=app.files,
-            owner=LocalOwner(),
+            streams=False,
+            max_chars={"telegram": 500},
+            turns_grace=turns_grace if turns_grace is not None else Grace(1.0),
         )
-        sender = asyncio.create_task(outbox.run())
-        world = World(app, config, chat, outbox, llm)
-        try:
-            yield world
-        finally:
-            for scheduler in world.schedulers:
-                await scheduler.stop(1)
-            await outbox.stop(1)
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
+        world = World(app, config, chat, chat_path.outbox, llm, chat_path.router)
+        async with chat_path:
+            try:
+                yield world
+            finally:
+                for scheduler in world.schedulers:
+                    await scheduler.stop(1)

@@ -17,14 +17,13 @@ import pytest
 
 from geodebot.channels.base import Inbound
 from geodebot.channels.slack.inbound import to_inbound as slack_inbound
-from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.ownership import LocalOwner
 from geodebot.chat.replies import refusal_note
 from geodebot.chat.router import ChatRouter
 from geodebot.chat.throttle import UserRateLimiter, Verdict
 from geodebot.config.schema import ConfigError, parse_config
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
+from tests.support.chat import chat_pipeline
 from tests.support.config import make_config, with_sections
 from tests.support.control import (
     CONTROL,
@@ -168,31 +167,12 @@ async def harness(
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, tmp_path / "marker")
         chat = MemoryChannel("telegram")
-        outbox = OutboxSender(
-            app.services.store,
-            {"telegram": chat},
-            owner=LocalOwner(),
+        chat_path = chat_pipeline(
+            app, {"telegram": chat}, streams=False, max_chars={"telegram": 100}
         )
-        router = ChatRouter(
-            app.run_turn,
-            app.services.store,
-            config.bindings,
-            outbox,
-            daemon=config.daemon,
-            model=config.model,
-            budgets=config.budgets,
-            max_chars={"telegram": 100},
-            owner=LocalOwner(),
-        )
-        await chat.start(router.accept)
-        sender = asyncio.create_task(outbox.run())
-        try:
-            yield Harness(router, chat, tmp_path / "marker")
-        finally:
-            await router.drain(1)
-            await outbox.stop(1)
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
+        await chat.start(chat_path.router.accept, chat_path.approvals.press)
+        async with chat_path:
+            yield Harness(chat_path.router, chat, tmp_path / "marker")
 
 
 async def test_a_flood_costs_no_model_calls_and_gets_one_notice(

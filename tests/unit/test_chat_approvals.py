@@ -21,16 +21,18 @@ import pytest
 from geodebot.app.build import App
 from geodebot.channels.base import ApprovalCard, Inbound, Press, PressAnswer
 from geodebot.chat.approvals import NOT_VALID, ChatApprovals
-from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.ownership import LocalOwner
+from geodebot.chat.ownership import LocalOwner, SessionOwner
+from geodebot.chat.pipeline import ChatHooks
 from geodebot.chat.replies import STORE_FAILURE_TEXT
 from geodebot.chat.router import ChatRouter
 from geodebot.engine.lanes import Grace
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
+from tests.support.chat import chat_pipeline
 from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.support.tools import marker_lines
+from tests.support.waiting import until
 
 ids = itertools.count(5000)
 APPROVER = "4242"
@@ -82,6 +84,13 @@ class World:
             return await self.chat.wait_sent(n)
 
 
+class LeaseLost(LocalOwner):
+    """A replica whose sessions' leases it can no longer vouch for: nothing may go out."""
+
+    def holds(self, session_id: str) -> bool:
+        return False
+
+
 @asynccontextmanager
 async def world(
     tmp_path: Path,
@@ -89,7 +98,7 @@ async def world(
     *,
     chat: MemoryChannel | None = None,
     clock: Callable[[], float] | None = None,
-    may_send: Callable[[str], bool] | None = None,
+    owner: SessionOwner | None = None,
     **extra: Any,
 ) -> AsyncIterator[World]:
     config = with_sections(make_config(tmp_path, llm), bindings=[binding(**extra)])
@@ -97,33 +106,17 @@ async def world(
     marker = tmp_path / "marker"
     async with AsyncExitStack() as stack:
         app = await open_app(config, stack, marker)
-        store = app.services.store
-        outbox = OutboxSender(
-            store,
+        chat_path = chat_pipeline(
+            app,
             {"telegram": chat},
-            grace=Grace(5.0),
-            owner=LocalOwner(),
+            owner=owner,
+            hooks=ChatHooks(clock=clock) if clock else None,
+            streams=False,
+            sends_grace=Grace(5.0),
         )
-        approvals = ChatApprovals(
-            store, {"telegram": chat}, may_send=may_send, **({"clock": clock} if clock else {})
-        )
-        router = ChatRouter(
-            app.run_turn,
-            store,
-            config.bindings,
-            outbox,
-            daemon=config.daemon,
-            model=config.model,
-            budgets=config.budgets,
-            max_chars={"telegram": 4000},
-            approvals=approvals,
-            owner=LocalOwner(),
-        )
-        await stack.enter_async_context(outbox)
-        await stack.enter_async_context(approvals)
-        await stack.enter_async_context(router)
-        await chat.start(router.accept, approvals.press)
-        yield World(app, chat, approvals, router, llm, marker)
+        await chat.start(chat_path.router.accept, chat_path.approvals.press)
+        await stack.enter_async_context(chat_path)
+        yield World(app, chat, chat_path.approvals, chat_path.router, llm, marker)
 
 
 def asks_to_write(llm: FakeLLMServer, text: str = "deploy") -> None:
@@ -354,13 +347,17 @@ async def test_a_replica_that_lost_its_lease_shows_no_card_and_runs_nothing(
     tmp_path: Path, llm_server: FakeLLMServer
 ) -> None:
     # The session's lease (replicas/leases.py) is no longer valid: the card would be a platform
-    # message outside the outbox, which the replica that took the session over shows itself.
-    # (The store is not fenced here, so the turn's failure is still recorded.)
+    # message outside the outbox, which the replica that took the session over shows itself;
+    # the turn's failure is recorded (the store is not fenced here) and its reply is left in
+    # the outbox for that replica to send.
     asks_to_write(llm_server)
-    async with world(tmp_path, llm_server, may_send=lambda _session: False) as w:
+    async with world(tmp_path, llm_server, owner=LeaseLost()) as w:
         await w.chat.deliver(message("please deploy"))
-        assert await w.replies(1) == [STORE_FAILURE_TEXT]
-        [request] = await w.app.services.store.approvals_pending(session_id=SESSION)
+        store = w.app.services.store
+        await until(store.outbox_pending, "the turn's reply in the outbox")
+        assert [row.text for row in await store.outbox_pending()] == [STORE_FAILURE_TEXT]
+        [request] = await store.approvals_pending(session_id=SESSION)
         assert request.card.get("state") == "posting"  # for the next holder to post
+    assert w.chat.sent == []
     assert not w.chat.cards
     assert marker_lines(w.marker) == []

@@ -40,6 +40,7 @@ from geodebot.store.records import AttachedFile, NewOutbound, StoredFile, StoreE
 from geodebot.store.sqlite import SQLiteStore
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
+from tests.support.chat import chat_pipeline
 from tests.support.config import make_config, with_sections
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.support.files import b64, tiny_pdf, tiny_png
@@ -128,34 +129,12 @@ async def world(
         await app.load_models()
         assert app.files is not None
         chat = MemoryChannel("telegram")
-        channels = {"telegram": chat}
-        outbox = OutboxSender(
-            app.services.store,
-            channels,
-            files=app.files,
-            owner=LocalOwner(),
+        chat_path = chat_pipeline(
+            app, {"telegram": chat}, streams=False, max_chars={"telegram": 4000}
         )
-        router = ChatRouter(
-            app.run_turn,
-            app.services.store,
-            config.bindings,
-            outbox,
-            daemon=config.daemon,
-            model=config.model,
-            budgets=config.budgets,
-            max_chars={"telegram": 4000},
-            attachments=Attachments(app.services.store, app.files, channels),
-            owner=LocalOwner(),
-        )
-        await chat.start(router.accept)
-        sender = asyncio.create_task(outbox.run())
-        try:
-            yield World(app, router, chat, llm, workspace)
-        finally:
-            await router.drain(1)
-            await outbox.stop(1)
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
+        await chat.start(chat_path.router.accept, chat_path.approvals.press)
+        async with chat_path:
+            yield World(app, chat_path.router, chat, llm, workspace)
 
 
 # -- files in -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 from geodebot.app.build import App
 from geodebot.channels.base import ChannelError, Inbound, SendUnknown
 from geodebot.chat.outbox import OutboxSender
-from geodebot.chat.ownership import LocalOwner
+from geodebot.chat.pipeline import ChatHooks
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.session import Observer
@@ -29,6 +29,7 @@ from geodebot.store.protocol import Store
 from geodebot.store.records import ApprovalRecord, InboxRow, NewOutbound, OutboxRow
 from geodebot.testing import MemoryChannel
 from tests.support.app import open_app
+from tests.support.chat import chat_pipeline
 from tests.support.config import make_config, with_sections
 from tests.support.control import (
     CONTROL,
@@ -126,34 +127,18 @@ async def harness(
         # The first turn would otherwise wait for the SDK import, and seem slow.
         await app.load_models()
         chat = MemoryChannel("telegram", limit=limit)
-        outbox = OutboxSender(
-            app.services.store,
+        chat_path = chat_pipeline(
+            app,
             {"telegram": chat},
-            sleep=_fast_sleep,
-            owner=LocalOwner(),
-        )
-        router = ChatRouter(
-            app.run_turn,
-            app.services.store,
-            config.bindings,
-            outbox,
-            daemon=config.daemon,
-            model=config.model,
-            budgets=config.budgets,
+            hooks=ChatHooks(typing=chat.typing, typing_after_s=typing_after_s, sleep=_fast_sleep),
+            streams=False,
             max_chars={"telegram": 500},
-            typing=chat.typing,
-            typing_after_s=typing_after_s,
-            owner=LocalOwner(),
         )
-        await chat.start(router.accept)
-        sender = asyncio.create_task(outbox.run())
-        try:
-            yield Harness(app, router, config.bindings, outbox, chat, llm, peaks)
-        finally:
-            await router.drain(1)
-            await outbox.stop(1)
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
+        await chat.start(chat_path.router.accept, chat_path.approvals.press)
+        async with chat_path:
+            yield Harness(
+                app, chat_path.router, config.bindings, chat_path.outbox, chat, llm, peaks
+            )
 
 
 async def _fast_sleep(seconds: float) -> None:

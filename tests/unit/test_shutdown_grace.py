@@ -19,7 +19,6 @@ import pytest
 from geodebot.app.daemon import _slow_shutdown
 from geodebot.channels.base import Inbound
 from geodebot.chat.ownership import LocalOwner
-from geodebot.chat.router import ChatRouter
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.scheduler.definitions import config_jobs
 from geodebot.scheduler.job_scheduler import JobScheduler
@@ -56,20 +55,10 @@ async def test_running_turns_get_the_grace_once_not_once_per_service(
         return None
 
     llm_server.responder = model
-    async with scheduler_world(tmp_path, llm_server, [job("digest", at=NOT_DUE)]) as world:
-        config, grace = world.config, Grace(GRACE_S)
-        router = ChatRouter(
-            world.app.run_turn,
-            world.store,
-            config.bindings,
-            world.outbox,
-            daemon=config.daemon,
-            model=config.model,
-            budgets=config.budgets,
-            max_chars={"telegram": 500},
-            grace=grace,
-            owner=LocalOwner(),
-        )
+    grace = Grace(GRACE_S)
+    jobs = [job("digest", at=NOT_DUE)]
+    async with scheduler_world(tmp_path, llm_server, jobs, turns_grace=grace) as world:
+        config = world.config
         scheduler = JobScheduler(
             world.app.run_turn,
             world.store,
@@ -80,25 +69,26 @@ async def test_running_turns_get_the_grace_once_not_once_per_service(
             poll_s=0.05,
             owner=LocalOwner(),
         )
-        await world.chat.start(router.accept)
-        async with router:
-            async with scheduler:
-                await world.store.fire_request("digest", int(time.time() * 1000))
-                await world.chat.deliver(
-                    Inbound(
-                        platform="telegram",
-                        event_id="e1",
-                        channel="c1",
-                        thread=None,
-                        user="u1",
-                        text="a slow question",
-                        message_id="m1",
-                    )
+        await world.chat.start(world.router.accept)
+        async with scheduler:
+            await world.store.fire_request("digest", int(time.time() * 1000))
+            await world.chat.deliver(
+                Inbound(
+                    platform="telegram",
+                    event_id="e1",
+                    channel="c1",
+                    thread=None,
+                    user="u1",
+                    text="a slow question",
+                    message_id="m1",
                 )
-                async with asyncio.timeout(15):
-                    await llm_server.wait_for_requests(2)
-            # The scheduler's drain used the whole grace on the hung job.
-            assert grace.left() == 0.0
+            )
+            async with asyncio.timeout(15):
+                await llm_server.wait_for_requests(2)
+        # The scheduler's drain used the whole grace on the hung job; the router drains
+        # next, as the daemon's stop does, with what is left of it.
+        assert grace.left() == 0.0
+        await world.router.drain(grace.left())
         fires = await world.history()
         assert (fires[-1].outcome, fires[-1].reason) == ("failed", "daemon stopped")
         # Nothing was left for the chat turn: stopped, not answered, and its message is

@@ -29,6 +29,7 @@ from geodebot.replicas.owner import LeasedOwner
 from geodebot.replicas.pickup import SessionPickUps
 from geodebot.replicas.takeup import SessionTakeUp
 from geodebot.testing import MemoryChannel
+from tests.support.chat import chat_pipeline
 from tests.support.fakes.llm_server import Call, Delay, FakeLLMServer, Reply
 from tests.support.postgres import Cluster
 from tests.support.replicas import replica_app
@@ -92,7 +93,7 @@ async def replica(
     async with (
         AsyncExitStack() as stack,
         replica_app(name, url, tmp_path, llm, stack, bindings=BINDINGS, ttl_s=TTL_S) as (
-            config,
+            _config,
             app,
             leases,
         ),
@@ -100,27 +101,15 @@ async def replica(
         store = app.services.store
         chat = MemoryChannel("telegram")
         owner = LeasedOwner(store, leases)
-        outbox = OutboxSender(store, {"telegram": chat}, owner=owner)
-        approvals = ChatApprovals(store, {"telegram": chat}, may_send=leases.valid, shared=True)
-        router = ChatRouter(
-            app.run_turn,
-            store,
-            config.bindings,
-            outbox,
-            daemon=config.daemon,
-            model=config.model,
-            budgets=config.budgets,
-            max_chars={"telegram": 4000},
-            owner=owner,
-            approvals=approvals,
+        chat_path = chat_pipeline(
+            app, {"telegram": chat}, owner=owner, streams=False, max_chars={"telegram": 4000}
         )
+        router, outbox, approvals = chat_path.router, chat_path.outbox, chat_path.approvals
         takeup = SessionTakeUp(store, router, owner)
         pickups = SessionPickUps(store, leases, takeup.take_up, outbox.kick, poll_s=0.5)
         if not paused:
             await stack.enter_async_context(leases)
-        await stack.enter_async_context(outbox)
-        await stack.enter_async_context(approvals)
-        await stack.enter_async_context(router)
+        await stack.enter_async_context(chat_path)
         await chat.start(router.accept, approvals.press)
         looking = asyncio.create_task(pickups.run() if not paused else asyncio.sleep(0))
         try:

@@ -22,7 +22,6 @@ from geodebot.ops.console.actions import Refused
 from geodebot.ops.console.parts import ConsoleParts, when
 from geodebot.ops.console.routes import ACTIONS, PAGES, Action, NotFound, Page
 from geodebot.ops.console.security import CSRF_FIELD, Guard, set_cookie
-from geodebot.ops.health import HEALTH_PATHS
 from geodebot.store.records import StoreError
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,12 @@ class Console:
         self._env.filters["path"] = lambda text: quote(str(text), safe="/")
         self._nav = [(page.path, page.title) for page in PAGES if page.nav]
         self._static: dict[str, bytes] = {}
+        self._own_paths: frozenset[str] = frozenset()
 
-    def install(self, app: web.Application) -> None:
+    def install(self, app: web.Application, own_paths: frozenset[str] = frozenset()) -> None:
+        """Add the console's routes and checks to ``app``; ``own_paths`` are the server's
+        own routes (health, metrics), which keep their own checks."""
+        self._own_paths = own_paths
         app.middlewares.append(self._checks)
         router = app.router
         router.add_get("/", self._root)
@@ -96,7 +99,7 @@ class Console:
     # -- the checks -----------------------------------------------------------------------
     @web.middleware
     async def _checks(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in HEALTH_PATHS:
+        if request.path in self._own_paths:
             return await handler(request)
         guard = self._guard
         if not guard.host_ok(request):

@@ -198,7 +198,10 @@ async def daemon(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Daem
         llm.responder = respond
         config = tmp / "config.toml"
         config.write_text(
-            f'[daemon]\nstate_dir = "{tmp / "var"}"\n'
+            # One user sends every message of the file, a dozen within seconds: the default
+            # rate limit (a burst of 10, then one message every 2 s) would drop the last ones
+            # whenever the tests run quickly. Throttling has tests of its own.
+            f'[daemon]\nstate_dir = "{tmp / "var"}"\nuser_rate_per_min = 0\n'
             f'[model]\nprovider = "anthropic"\nname = "e2e-model"\nbase_url = "{llm.url}"\n'
             f'api_key_env = "{TEST_KEY_ENV}"\nmax_retries = 0\n'
             f'[tools]\nworkspace = "{tmp / "workspace"}"\n'

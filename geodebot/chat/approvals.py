@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from geodebot.channels.base import (
     ApprovalCard,
@@ -33,7 +33,7 @@ from geodebot.channels.base import (
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.lanes import cancel_and_wait
 from geodebot.logs.redact import Redactor
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import ApprovalStore, WakeStore
 from geodebot.store.records import ApprovalRecord, Fenced, InboxRow, StoreError
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,16 @@ class ChatDesk:
             self.on_wait(text)
 
 
+class ApprovalsStore(ApprovalStore, WakeStore, Protocol):
+    """What the chat's approval cards keep and wake one another with."""
+
+
 class ChatApprovals:
     """``async with`` it: leaving stops the card edits still under way."""
 
     def __init__(
         self,
-        store: Store,
+        store: ApprovalsStore,
         channels: Mapping[str, Channel],
         *,
         redactor: Redactor | None = None,

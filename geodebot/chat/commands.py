@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from geodebot.channels.base import commands_help
 from geodebot.chat.bindings import binding_key
@@ -22,7 +22,7 @@ from geodebot.engine.session import (
 )
 from geodebot.engine.spend import SpendScope, binding_scope, utc_day
 from geodebot.engine.tools.spec import ApprovalDesk, ChatOutlet
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import ApprovalStore, ReceiptStore, SessionStore, SpendStore
 
 # Lines about the scheduled jobs that post in a binding's chat (given by key), for /status.
 JobStatusText = Callable[[str], Awaitable[str]]
@@ -57,10 +57,15 @@ def session_spec(
     )
 
 
+class CommandsStore(SessionStore, ApprovalStore, ReceiptStore, SpendStore, Protocol):
+    """What the chat commands read and reset: sessions, pending approvals, the computer-use
+    switch, the day's spend."""
+
+
 class ChatCommands:
     def __init__(
         self,
-        store: Store,
+        store: CommandsStore,
         queues: SessionQueues[Any],
         *,
         model: ModelConfig,

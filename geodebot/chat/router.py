@@ -18,13 +18,13 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import cast
+from typing import Protocol, cast
 
 from geodebot.channels.base import Destination, Inbound, Platform, command_of
 from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
-from geodebot.chat.commands import ChatCommands, JobStatusText, session_spec
+from geodebot.chat.commands import ChatCommands, CommandsStore, JobStatusText, session_spec
 from geodebot.chat.gate import Accepted, commit, too_long
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.ownership import SessionElsewhere, SessionOwner
@@ -48,7 +48,7 @@ from geodebot.engine.llm.types import Block
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import LastCheckpoint, TurnResult, TurnRunner
 from geodebot.logs.context import log_context
-from geodebot.store.protocol import SessionStore, Store
+from geodebot.store.protocol import InboxOutboxStore, SessionStore, SyncStore
 from geodebot.store.records import (
     Fenced,
     InboxEnding,
@@ -80,13 +80,18 @@ RECORD_RETRY_MAX_S = 30.0
 _Queued = tuple[InboxRow, BindingConfig]
 
 
+class RouterStore(CommandsStore, InboxOutboxStore, SyncStore, Protocol):
+    """What the chat path keeps: the inbox and outbox, the sessions, and what the commands
+    read."""
+
+
 class ChatRouter:
     """``async with`` it: leaving drains the running turns for what is left of ``grace``."""
 
     def __init__(
         self,
         run_turn: TurnRunner,
-        store: Store,
+        store: RouterStore,
         bindings: BindingIndex | Sequence[BindingConfig],
         outbox: OutboxSender,
         *,

@@ -28,10 +28,10 @@ import socket
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 from geodebot.engine.lanes import cancel_and_wait
-from geodebot.store.protocol import LeaseStore, Store
+from geodebot.store.protocol import LeaseStore, ReplicaStore
 from geodebot.store.records import Lease, ReplicaRecord, StoreError
 
 __all__ = ["LEAD_MARK", "LEASE_NAME", "MEMBER_MARK", "DaemonLease"]
@@ -46,13 +46,17 @@ LEAD_MARK = "replica: leading"
 LEADER, MEMBER = "leader", "member"
 
 
+class DaemonLeaseStore(LeaseStore, ReplicaStore, Protocol):
+    """The lease and the replicas' roll call."""
+
+
 class DaemonLease:
     """``async with`` after :meth:`acquire`: renews the lease until the block ends, then lets
     it go. ``on_lost`` is called once, with why, if the lease is lost meanwhile."""
 
     def __init__(
         self,
-        store: Store,
+        store: DaemonLeaseStore,
         replica_id: str,
         *,
         ttl_s: float,

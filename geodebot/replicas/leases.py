@@ -32,10 +32,11 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from geodebot.engine.lanes import cancel_and_wait
 from geodebot.store.leases import SESSION_PREFIX
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import LeaseStore, ReceiptStore, ReplicaStore
 from geodebot.store.records import Lease, StoreError
 
 __all__ = ["LINGER_S", "SessionLeases", "lease_name"]
@@ -60,6 +61,11 @@ class _Held:
     last_used: float
 
 
+class SessionLeaseStore(LeaseStore, ReplicaStore, ReceiptStore, Protocol):
+    """The session leases, the replicas they are spread over, and the receipts of calls a
+    lost session left open."""
+
+
 class SessionLeases:
     """``async with`` it: renews the leases it holds until the block ends, then lets them go.
 
@@ -71,7 +77,7 @@ class SessionLeases:
 
     def __init__(
         self,
-        store: Store,
+        store: SessionLeaseStore,
         replica_id: str,
         *,
         ttl_s: float,

@@ -21,9 +21,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from geodebot.replicas.leases import SessionLeases
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import LeaseStore, WakeStore
 from geodebot.store.records import StoreError
 
 __all__ = ["PICKUP_POLL_S", "PICKUP_TOPIC", "SessionPickUps"]
@@ -41,6 +42,10 @@ PICKUP_TOPIC = "inbox_pickup"
 CLAIM_AFTER_S = 1.0
 
 
+class PickUpStore(LeaseStore, WakeStore, Protocol):
+    """Which sessions have work nobody does, and the wake-ups that say so."""
+
+
 class SessionPickUps:
     """A replica's look for sessions with work it should do; ``take_up(session_id)`` (the
     router's) handles the session's unfinished messages once its lease is held here, and
@@ -48,7 +53,7 @@ class SessionPickUps:
 
     def __init__(
         self,
-        store: Store,
+        store: PickUpStore,
         leases: SessionLeases,
         take_up: Callable[[str], Awaitable[int]],
         kick: Callable[[], None],

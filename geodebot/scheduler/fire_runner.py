@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from geodebot.chat.bindings import BindingIndex, binding_key
 from geodebot.chat.ownership import SessionElsewhere, SessionOwner
@@ -23,7 +24,7 @@ from geodebot.engine.spend import SpendScope
 from geodebot.logs.context import log_context
 from geodebot.scheduler.definitions import delivery_binding
 from geodebot.scheduler.schedule import format_fire
-from geodebot.store.protocol import Store
+from geodebot.store.protocol import InboxOutboxStore, JobStore
 from geodebot.store.records import FireEnd, FireRecord, JobRecord, NewOutbound, StoreError
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,15 @@ def _failure(result: TurnResult) -> tuple[FireEnd, str]:
     return "failed", f"{result.outcome}{detail}: {result.text}"[:MAX_REASON]
 
 
+class FireRunnerStore(JobStore, InboxOutboxStore, Protocol):
+    """What a fire's run records: its end, and the files it sends (written to the outbox)."""
+
+
 class FireRunner:
     def __init__(
         self,
         run_turn: TurnRunner,
-        store: Store,
+        store: FireRunnerStore,
         bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
         *,

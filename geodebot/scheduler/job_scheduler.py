@@ -36,7 +36,13 @@ from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.session import TurnRunner
 from geodebot.scheduler.catch_up import CatchUpPlan, plan_catch_up
 from geodebot.scheduler.definitions import name_delivery_bindings, schedule_of
-from geodebot.scheduler.fire_runner import FireRunner, OnFire, guarded, ignore_fire
+from geodebot.scheduler.fire_runner import (
+    FireRunner,
+    FireRunnerStore,
+    OnFire,
+    guarded,
+    ignore_fire,
+)
 from geodebot.scheduler.schedule import (
     CronFields,
     ScheduleError,
@@ -45,7 +51,6 @@ from geodebot.scheduler.schedule import (
     next_fire,
     to_ms,
 )
-from geodebot.store.protocol import Store
 from geodebot.store.records import FireCause, FireRecord, JobRecord, StoreError
 
 log = logging.getLogger(__name__)
@@ -94,7 +99,7 @@ class JobScheduler:
     def __init__(
         self,
         run_turn: TurnRunner,
-        store: Store,
+        store: FireRunnerStore,
         bindings: BindingIndex | Sequence[BindingConfig],
         kick: Callable[[], None],
         *,

@@ -47,10 +47,36 @@ __all__ = [
     "SpendStore",
     "Store",
     "StoreLifecycle",
+    "SyncStore",
+    "WakeStore",
 ]
 
 
-class StoreLifecycle(Protocol):
+class WakeStore(Protocol):
+    """Wake-ups between processes sharing the store (pg_wakeups.py)."""
+
+    async def wake(self, topic: str, about: str = "") -> None:
+        """Tell other processes sharing the store to look at ``topic`` now (PostgreSQL:
+        NOTIFY), at ``about`` (a session id, say) if given. A hint only: nothing on SQLite,
+        whose one process needs none."""
+
+    def wakeups(self, topic: str) -> AbstractAsyncContextManager[Wakeups]:
+        """An event set whenever another process calls :meth:`wake` for ``topic`` (on
+        SQLite: never), with what the wake-ups named. Waiters look by themselves now and then
+        too: a wake-up may be lost."""
+
+
+class SyncStore(Protocol):
+    """Durability on demand, for writes made without it."""
+
+    async def sync(self, *, within_s: float = 0.0) -> None:
+        """Return once every write committed so far is as durable as a durable write's (for
+        the writes made with ``durable=False`` where a method offers it, before the outside
+        acts on them). ``within_s``: the store may take up to this much longer, to make the
+        durable writes asked for meanwhile durable with the same sync."""
+
+
+class StoreLifecycle(WakeStore, SyncStore, Protocol):
     """What each backend provides itself: opening, migrating, durability, wake-ups."""
 
     async def open(self) -> None:
@@ -59,12 +85,6 @@ class StoreLifecycle(Protocol):
     async def close(self) -> None: ...
 
     async def schema_version(self) -> int: ...
-
-    async def sync(self, *, within_s: float = 0.0) -> None:
-        """Return once every write committed so far is as durable as a durable write's (for
-        the writes made with ``durable=False`` where a method offers it, before the outside
-        acts on them). ``within_s``: the store may take up to this much longer, to make the
-        durable writes asked for meanwhile durable with the same sync."""
 
     def on_broken(self, callback: Callable[[StoreError], None]) -> None:
         """Have ``callback`` called (once, on the event loop) if the store can no longer make
@@ -75,17 +95,6 @@ class StoreLifecycle(Protocol):
     version_found: int
     """The schema version :meth:`open` found, before it applied the pending migrations (0 for
     a new store): with :meth:`schema_version` after it, what this open migrated."""
-
-    # -- wake-ups between processes (pg_wakeups.py) --------------------------------------
-    async def wake(self, topic: str, about: str = "") -> None:
-        """Tell other processes sharing the store to look at ``topic`` now (PostgreSQL:
-        NOTIFY), at ``about`` (a session id, say) if given. A hint only: nothing on SQLite,
-        whose one process needs none."""
-
-    def wakeups(self, topic: str) -> AbstractAsyncContextManager[Wakeups]:
-        """An event set whenever another process calls :meth:`wake` for ``topic`` (on
-        SQLite: never), with what the wake-ups named. Waiters look by themselves now and then
-        too: a wake-up may be lost."""
 
 
 class Store(

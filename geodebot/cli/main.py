@@ -24,6 +24,7 @@ from geodebot.app.secrets import build_redactor
 from geodebot.app.store import opened_store
 from geodebot.channels.ipc import IPCClient, IPCError
 from geodebot.cli.deadletters import add_deadletters_parser, deadletters_command
+from geodebot.cli.init import add_init_parser, init_command
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
 from geodebot.cli.store import add_store_parser, store_command
@@ -107,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "check", parents=[common], help="is this configuration ready: secrets, model, platforms"
     )
+    add_init_parser(sub)
     status = sub.add_parser("status", parents=[common], help="ask the running daemon")
     status.add_argument("--json", action="store_true")
     desktop = sub.add_parser(
@@ -128,14 +130,25 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(config_path(args.config))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _without_config(args: argparse.Namespace) -> int | None:
+    """Run the commands that read no configuration; None for every other one."""
+    if args.command == "init":
+        # It writes the configuration: there is none to load yet.
+        return init_command(args)
     if args.command == "desktop-agent":
         # Runs in its own service beside the display; it reads no configuration.
         return _desktop_agent(args)
     if args.command == "relay" and args.action == "schema":
         # The contracts are the code's, whatever the configuration.
         return print_schema()
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    done = _without_config(args)
+    if done is not None:
+        return done
     try:
         config = _load(args)
     except ConfigError as exc:

@@ -10,7 +10,9 @@ Metrics live in a registry of the daemon's own, never the process-global default
 events (turns, model calls, tool calls) arrive through the engine's observer hook; the
 channels' and router's counters are read when Prometheus scrapes, so the hot path pays
 nothing for them. The operator's Work console (ops/console/) adds its routes to the same app;
-these two keep their own bearer-header check.
+these two keep their own bearer-header check. :func:`health_server` builds it all for the
+running daemon, from the :class:`~geodebot.ops.status.Serving` view the composition root
+hands in (:func:`daemon_probe` says what each component reads).
 """
 
 from __future__ import annotations

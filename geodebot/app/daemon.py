@@ -7,18 +7,16 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from geodebot.app.build import App, build_app
 from geodebot.app.store import store_facts, store_place
-from geodebot.channels.base import Channel, Destination, Typing
+from geodebot.channels.base import Destination, Typing
 from geodebot.channels.factory import ChannelSupervisor, build_channels
 from geodebot.channels.ipc import IPCServer, StatusHandler
-from geodebot.chat.approvals import ChatApprovals
-from geodebot.chat.deadletters import DeadLetters
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.ownership import LocalOwner, SessionElsewhere, SessionOwner
 from geodebot.chat.pipeline import ChatHooks, build_chat
@@ -27,6 +25,7 @@ from geodebot.config.schema import Config
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
+from geodebot.engine.tools.authority import report_uncertain
 from geodebot.engine.tools.spec import Approver
 from geodebot.ops.heap import HeapKeeper
 from geodebot.ops.sdnotify import SystemdNotifier
@@ -70,15 +69,7 @@ def ipc_handler(app: App, owner: SessionOwner, on_status: StatusHandler | None =
 
 async def _sweep_receipts(store: ReceiptStore) -> None:
     # No call can still be running after a restart: what was admitted is uncertain.
-    uncertain = await store.mark_admitted_uncertain("geodebot restarted while the call ran")
-    for receipt in uncertain:
-        log.warning(
-            "effect receipt %s (%s in session %s) is uncertain; reconcile it with "
-            "geodebot receipts resolve",
-            receipt.id,
-            receipt.tool,
-            receipt.session_id,
-        )
+    report_uncertain(await store.mark_admitted_uncertain("geodebot restarted while the call ran"))
 
 
 async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str | None:
@@ -143,8 +134,8 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 shared=shared,
                 sends_grace=sends_grace,
             )
-            status.serving = serving = daemon.serving(app)
-            ipc = ipc_handler(app, daemon.owner, status_report(serving))
+            status.serving = daemon.serving
+            ipc = ipc_handler(app, daemon.owner, status_report(daemon.serving))
             await stack.enter_async_context(ipc)
             log.info(
                 "geodebot serving: replica %s, store %s, state in %s, chat socket %s, channels: %s",
@@ -152,9 +143,9 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 store_place(config),
                 config.state_dir,
                 config.socket_path,
-                ", ".join(daemon.channels) or "none",
+                ", ".join(daemon.serving.channels) or "none",
             )
-            ready = _ready_when_connected(notifier, daemon.supervisor, status, app)
+            ready = _ready_when_connected(notifier, daemon.serving.supervisor, status, app)
             await stack.enter_async_context(_running(ready))
             await stop.wait()
             if lost:
@@ -285,35 +276,10 @@ async def _leading(shared: _Shared, store: LeaseStore, supervisor: ChannelSuperv
 
 @dataclass(frozen=True, slots=True)
 class _Daemon:
-    channels: Mapping[str, Channel]
-    supervisor: ChannelSupervisor
-    router: ChatRouter
-    scheduler: JobScheduler
-    approvals: ChatApprovals
-    # Replays made here (the console) reach the router and outbox at once.
-    deadletters: DeadLetters
+    # The running daemon's parts, as status and health read them (ops/status.py).
+    serving: Serving
     # Which process runs each session's work (chat/ownership.py).
     owner: SessionOwner
-    # The leases held, when replicas share the store.
-    shared: _Shared | None = None
-
-    def serving(self, app: App) -> Serving:
-        """The running daemon as status and health read it (ops/status.py)."""
-        return Serving(
-            config=app.config,
-            services=app.services,
-            bindings=app.bindings,
-            replica_id=app.replica_id,
-            store_facts=store_facts(app.config),
-            channels=self.channels,
-            supervisor=self.supervisor,
-            router=self.router,
-            scheduler=self.scheduler,
-            approvals=self.approvals,
-            deadletters=self.deadletters,
-            relay=app.relay,
-            replicas=self.shared,
-        )
 
 
 async def _enter_daemon(
@@ -333,7 +299,12 @@ async def _enter_daemon(
     owner: SessionOwner = LocalOwner() if shared is None else LeasedOwner(store, shared.sessions)
     # With replicas the channels take in only what every replica may until this one holds
     # the daemon's lease (see _lead).
-    channels = build_channels(config, store, ingest_later=shared is not None)
+    channels = build_channels(
+        config,
+        store,
+        ingest_later=shared is not None,
+        leading=shared.lease.valid if shared is not None else None,
+    )
 
     async def typing(destination: Destination) -> None:
         channel = channels[destination.platform]
@@ -396,15 +367,27 @@ async def _enter_daemon(
 
         app.relay.connect(delivered)
     supervisor = ChannelSupervisor(channels, router.accept, chat.approvals.press)
-    daemon = _Daemon(
-        channels, supervisor, router, scheduler, chat.approvals, chat.deadletters, owner, shared
+    serving = Serving(
+        config=config,
+        services=app.services,
+        bindings=app.bindings,
+        replica_id=app.replica_id,
+        store_facts=store_facts(config),
+        channels=channels,
+        supervisor=supervisor,
+        router=router,
+        scheduler=scheduler,
+        approvals=chat.approvals,
+        deadletters=chat.deadletters,
+        relay=app.relay,
+        replicas=shared,
     )
     if metrics is not None:
         # Both are made exactly when [daemon] http is set.
         assert live is not None
         from geodebot.ops.health import health_server
 
-        await stack.enter_async_context(health_server(daemon.serving(app), metrics, live))
+        await stack.enter_async_context(health_server(serving, metrics, live))
     await stack.enter_async_context(supervisor)
     await stack.enter_async_context(chat)
     if pickups is not None:
@@ -417,7 +400,7 @@ async def _enter_daemon(
     # After the channels: a catch-up run's answer can go out as soon as it is ready. On every
     # replica: each fire's claim, made under its job's session lease, decides who runs it.
     await stack.enter_async_context(scheduler)
-    return daemon
+    return _Daemon(serving, owner)
 
 
 def _pickups(

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from geodebot.engine.lanes import cancel_and_wait
+from geodebot.engine.tools.authority import report_uncertain
 from geodebot.store.leases import SESSION_PREFIX
 from geodebot.store.protocol import LeaseStore, ReceiptStore, ReplicaStore
 from geodebot.store.records import Lease, StoreError
@@ -250,14 +251,7 @@ class SessionLeases:
         except StoreError as exc:
             log.warning("session %s: cannot sweep its admitted calls: %s", session_id, exc)
             return False
-        for receipt in uncertain:
-            log.warning(
-                "effect receipt %s (%s in session %s) is uncertain; reconcile it with "
-                "geodebot receipts resolve",
-                receipt.id,
-                receipt.tool,
-                session_id,
-            )
+        report_uncertain(uncertain)
         return True
 
     # -- keeping --------------------------------------------------------------------------

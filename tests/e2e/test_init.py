@@ -160,8 +160,11 @@ async def test_nothing_is_overwritten_without_force_and_a_missing_secret_is_name
     assert code == 1
     assert f"{config} exists; --force overwrites it" in err
     assert config.read_text() == "# the operator's own\n"
+    # Still refused, before the missing Telegram token is looked for.
     code, _, err = await geodebot(fakes.env(ANTHROPIC_API_KEY=TEST_KEY), *args, "--telegram")
-    assert code == 1  # still refused, before any question about the token
+    assert code == 1
+    assert f"{config} exists; --force overwrites it" in err
+    assert "TELEGRAM_BOT_TOKEN" not in err
     code, _, err = await geodebot(fakes.env(), *args, "--force")
     assert code == 1
     assert "ANTHROPIC_API_KEY (the anthropic API key) is not set in the environment" in err

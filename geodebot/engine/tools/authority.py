@@ -30,7 +30,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -55,6 +55,20 @@ from geodebot.store.protocol import ApprovalStore, ReceiptStore
 from geodebot.store.records import ApprovalRecord, EffectReceipt
 
 log = logging.getLogger(__name__)
+
+
+def report_uncertain(receipts: Iterable[EffectReceipt]) -> None:
+    """Say, for the operator, each call whose effect nobody can know any more (the process
+    running it stopped): it is never run again by itself, and waits for a person."""
+    for receipt in receipts:
+        log.warning(
+            "effect receipt %s (%s in session %s) is uncertain; reconcile it with "
+            "geodebot receipts resolve",
+            receipt.id,
+            receipt.tool,
+            receipt.session_id,
+        )
+
 
 MAX_RESULT_CHARS = 32_000
 # Images per tool result, and the base64 size of each (providers take about 5 MB per image).

@@ -299,12 +299,7 @@ async def _enter_daemon(
     owner: SessionOwner = LocalOwner() if shared is None else LeasedOwner(store, shared.sessions)
     # With replicas the channels take in only what every replica may until this one holds
     # the daemon's lease (see _lead).
-    channels = build_channels(
-        config,
-        store,
-        ingest_later=shared is not None,
-        leading=shared.lease.valid if shared is not None else None,
-    )
+    channels = build_channels(config, store, ingest_later=shared is not None)
 
     async def typing(destination: Destination) -> None:
         channel = channels[destination.platform]

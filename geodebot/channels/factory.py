@@ -88,15 +88,11 @@ def build_channels(
     only: Collection[str] | None = None,
     *,
     ingest_later: bool = False,
-    leading: Callable[[], bool] | None = None,
 ) -> dict[str, Channel]:
     """One channel per enabled table (of the platforms in ``only``, if given); a missing
     secret is a startup error naming it. ``ingest_later``: each channel's ``start`` leaves
     what only one replica at a time may do (Telegram's poller or setWebhook, Discord's
-    gateway) to its ``start_ingest``; Slack's channel takes in from ``start`` regardless.
-    ``leading``: whether this replica may still take in (its lease held, its deadline not
-    passed); a poller asks it before each request, so a replica that was paused does not
-    poll, and cut the new leader's poll short, before it learns that it lost the lease."""
+    gateway) to its ``start_ingest``; Slack's channel takes in from ``start`` regardless."""
     problems: list[str] = []
     channels: dict[str, Channel] = {}
     ch = config.channels
@@ -114,7 +110,6 @@ def build_channels(
                 cursor_store=store,
                 webhook_secret=hook_secret or None,
                 ingest_later=ingest_later,
-                leading=leading,
             )
     if ch.slack is not None and ch.slack.enabled and "slack" in wanted:
         bot = _secret(problems, "channels.slack.bot_token_env", ch.slack.bot_token_env)

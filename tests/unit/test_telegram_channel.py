@@ -541,33 +541,3 @@ async def test_the_token_never_reaches_the_logs(fake: FakeTelegram, open_channel
     wrong = "AAHwrong-token_for-tests-0123456789abcdef"
     for secret in (fake.token, fake.token.split(":")[1], wrong):
         assert secret not in text
-
-
-async def test_a_replica_that_no_longer_leads_sends_no_further_poll(fake: FakeTelegram):
-    # A replica paused past its lease finds, as it runs again, that it may not lead: its
-    # poller asks before each request, so it neither ends the new leader's long poll (409)
-    # nor takes its updates in.
-    sink, leads = Recorder(), [True]
-    config = TelegramConfig(api_base_url=fake.api_base_url, poll_timeout_s=1)
-    channel = TelegramChannel(
-        config, fake.token, cursor_store=MemoryCursors(), ingest_later=True,
-        leading=lambda: leads[0],
-    )  # fmt: skip
-    await channel.start(sink)
-    try:
-        await channel.start_ingest()
-        first = fake.push_message(GROUP, "while it leads", user_id=42)
-        await sink.wait(1)
-        await fake.wait_for_confirmed(first + 1)
-        leads[0] = False
-        # The poll under way when it stopped leading ends within its timeout; none follows.
-        polls = fake.count("getUpdates")
-        await asyncio.sleep(config.poll_timeout_s * 2.5)
-        assert fake.count("getUpdates") <= polls + 1
-        settled = fake.count("getUpdates")
-        fake.push_message(GROUP, "for the new leader", user_id=42)
-        await asyncio.sleep(config.poll_timeout_s * 2.5)
-        assert fake.count("getUpdates") == settled
-        assert sink.ids() == [str(first)]
-    finally:
-        await channel.stop()

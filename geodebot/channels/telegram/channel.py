@@ -3,8 +3,6 @@ shared state and hands each call to the role that does it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from geodebot.channels.base import (
     ChannelStatus,
     CursorStore,
@@ -38,12 +36,10 @@ class TelegramChannel(RoleChannel):
         cursor_store: CursorStore | None = None,
         webhook_secret: str | None = None,
         ingest_later: bool = False,
-        leading: Callable[[], bool] | None = None,
     ) -> None:
         """``webhook_secret`` is required with ``config.webhook_url``; ``ingest_later``:
         ``start`` leaves polling, setWebhook, deleteWebhook and setMyCommands to
-        :meth:`start_ingest` (see geodebot.channels.telegram.ingest); ``leading``: asked
-        before each poll, which stops once it is false."""
+        :meth:`start_ingest` (see geodebot.channels.telegram.ingest)."""
         if config.webhook_url is not None and not webhook_secret:
             raise ValueError("a webhook needs its secret token")
         self._state = TelegramState(
@@ -53,7 +49,7 @@ class TelegramChannel(RoleChannel):
         self._sender = TelegramSender(self._state, self._files)
         self._cards = TelegramCards(self._state, self._sender)
         self._ingest = TelegramIngest(
-            self._state, on_press=self._cards.press, ingest_later=ingest_later, leading=leading
+            self._state, on_press=self._cards.press, ingest_later=ingest_later
         )
 
     @property

@@ -65,18 +65,12 @@ class TelegramIngest:
     """Starts and stops the adapter, and takes its updates in (by polling or the webhook)."""
 
     def __init__(
-        self,
-        state: TelegramState,
-        *,
-        on_press: OnPress,
-        ingest_later: bool = False,
-        leading: Callable[[], bool] | None = None,
+        self, state: TelegramState, *, on_press: OnPress, ingest_later: bool = False
     ) -> None:
         config = state.config
         self._state = state
         self._on_press = on_press
         self._ingest_later = ingest_later
-        self._leading = leading
         self._started = False
         self._ingesting = False
         self._ingest_lock = asyncio.Lock()
@@ -264,19 +258,9 @@ class TelegramIngest:
                 log.error("telegram: poller failed: %s", self._state.safe(task.exception()))
 
     # -- receiving ------------------------------------------------------------------------
-    def _may_poll(self) -> bool:
-        if self._state.stopping:
-            return False
-        if self._leading is not None and not self._leading():
-            # Another replica may poll now: a request from here would end its poll (409) and
-            # could take its updates in; the daemon stops this replica meanwhile.
-            log.warning("telegram: polling stopped: this replica no longer leads")
-            return False
-        return True
-
     async def _poll_loop(self) -> None:
         backoff = _BACKOFF_FIRST_S
-        while self._may_poll():
+        while not self._state.stopping:
             # Short poll until one answered, so start and status learn of it at once.
             answered = self._state.connected and self._first_poll.is_set()
             try:

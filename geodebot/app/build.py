@@ -153,6 +153,11 @@ def check_tool_lists(config: Config, registry: ToolRegistry) -> None:
                 f"bindings.{index}.{key}: {problem}"
                 for problem in allowlist_problems(Mode.DAEMON, names, known)
             ]
+    pairing = config.pairing
+    for key, names in (("tools", pairing.tools), ("preapproved", pairing.preapproved)):
+        problems += [
+            f"pairing.{key}: {problem}" for problem in allowlist_problems(Mode.DAEMON, names, known)
+        ]
     if problems:
         raise ConfigError(str(config.source or "<config>"), problems)
 

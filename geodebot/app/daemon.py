@@ -437,6 +437,7 @@ def _known_tools(config: Config, app: App) -> frozenset[str]:
         *config.tools.ipc_tools,
         *config.tools.headless_tools,
         *(name for binding in config.bindings for name in binding.tools),
+        *config.pairing.tools,
         *(name for job in config.jobs for name in job.tools),
     ]
     return frozenset(app.services.tools.registry.names()) | frozenset(listed)

@@ -101,15 +101,15 @@ async def commit(
     counters: collections.Counter[str],
     *,
     pickup: str | None = None,
-) -> tuple[Accepted, InboxRow, bool] | None:
+) -> tuple[Accepted, InboxRow, bool] | Dropped:
     """The gate, then the inbox: ``(decision, row, new)`` once committed, not yet synced
-    (the platform may be acknowledged once ``store.sync()`` has returned too), None if the
-    gate dropped it (counted in ``counters``)."""
+    (the platform may be acknowledged once ``store.sync()`` has returned too), or what the
+    gate dropped it for (counted in ``counters``)."""
     counters["received"] += 1
     decision = decide(inbound, index, max_chars.get(inbound.platform, 16_000))
     if not isinstance(decision, Accepted):
         counters[f"dropped:{decision.reason}"] += 1
-        return None
+        return decision
     row, new = await store.inbox_add(
         platform=inbound.platform,
         event_id=inbound.event_id,

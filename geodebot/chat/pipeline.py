@@ -30,7 +30,9 @@ from geodebot.chat.commands import JobStatusText
 from geodebot.chat.deadletters import DeadLetters, ReplayFeed
 from geodebot.chat.outbox import OnFinished, OutboxSender
 from geodebot.chat.ownership import SessionOwner
+from geodebot.chat.pairing import PairingDesk
 from geodebot.chat.router import TYPING_AFTER_S, ChatRouter
+from geodebot.chat.stored_bindings import StoredBindings
 from geodebot.chat.stream import ReplyStreams
 from geodebot.config.schema import BindingConfig, Config
 from geodebot.engine.lanes import Grace, cancel_and_wait
@@ -90,8 +92,13 @@ class ChatPipeline:
         router: ChatRouter,
         feed: ReplayFeed,
         deadletters: DeadLetters,
+        stored: StoredBindings,
+        pairing: PairingDesk,
         recover: bool,
     ) -> None:
+        # The bindings made at run time, kept current in the router's index.
+        self.stored = stored
+        self.pairing = pairing
         self.outbox = outbox
         self.approvals = approvals
         self.router = router
@@ -105,6 +112,8 @@ class ChatPipeline:
         if self._stack is not None:
             raise RuntimeError("the chat pipeline is running already")
         async with AsyncExitStack() as stack:
+            # First: what recovery finds for a paired chat is answered, not dropped.
+            await stack.enter_async_context(self.stored)
             await stack.enter_async_context(self.outbox)
             await stack.enter_async_context(self.approvals)
             await stack.enter_async_context(self.router)
@@ -154,6 +163,7 @@ def build_chat(
     for the turns and none for the sends.
     """
     hooks = hooks if hooks is not None else ChatHooks()
+    index = BindingIndex.of(bindings)
     outbox = OutboxSender(
         store,
         channels,
@@ -172,10 +182,13 @@ def build_chat(
         may_send=owner.holds,
         shared=owner.replica_id is not None,
     )
+    # A change of the stored bindings may come with a welcome to send: looked for at once.
+    stored = StoredBindings(store, index, on_change=outbox.kick)
+    pairing = PairingDesk(store, config.pairing, submit=outbox.submit, refresh=stored.refresh)
     router = ChatRouter(
         run_turn,
         store,
-        bindings,
+        index,
         outbox,
         daemon=config.daemon,
         model=config.model,
@@ -197,6 +210,7 @@ def build_chat(
             else None
         ),
         attachments=Attachments(store, files, channels) if files is not None else None,
+        pairing=pairing,
         owner=owner,
     )
     feed = ReplayFeed(store, router.take, outbox.submit)
@@ -206,5 +220,7 @@ def build_chat(
         router=router,
         feed=feed,
         deadletters=DeadLetters(store, on_replayed=feed.replayed),
+        stored=stored,
+        pairing=pairing,
         recover=recover,
     )

@@ -25,9 +25,10 @@ from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.attachments import Attachments
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.commands import ChatCommands, CommandsStore, JobStatusText, session_spec
-from geodebot.chat.gate import Accepted, commit, too_long
+from geodebot.chat.gate import Accepted, Dropped, commit, too_long
 from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.ownership import SessionElsewhere, SessionOwner
+from geodebot.chat.pairing import PairingDesk
 from geodebot.chat.queues import SessionQueues
 from geodebot.chat.replies import (
     BUSY_TEXT,
@@ -106,9 +107,12 @@ class ChatRouter:
         approvals: ChatApprovals | None = None,
         streams: ReplyStreams | None = None,
         attachments: Attachments | None = None,
+        pairing: PairingDesk | None = None,
         owner: SessionOwner,
     ) -> None:
         self._run_turn = run_turn
+        # Strangers' direct messages ask to pair there instead of being dropped.
+        self._pairing = pairing
         # Which process runs each session's turns (chat/ownership.py).
         self._owner = owner
         self._attachments = attachments
@@ -158,7 +162,21 @@ class ChatRouter:
         The inbox's commit is synced to disk while its turn runs (within ACK_SYNC_WITHIN_S,
         so a quick turn's answer shares the sync): a turn's first effect on the outside waits
         for a durable commit of its own, whose sync covers this one."""
-        committed = await commit(
+        committed = await self._commit(inbound)
+        if isinstance(committed, Dropped):
+            if committed.reason != "unbound" or not await self._paired_since(inbound):
+                return
+            # The chat was paired since this process last read the stored bindings.
+            committed = await self._commit(inbound)
+            if isinstance(committed, Dropped):
+                return
+        try:
+            await self._accepted(*committed)
+        finally:
+            await self._store.sync(within_s=ACK_SYNC_WITHIN_S)
+
+    async def _commit(self, inbound: Inbound) -> tuple[Accepted, InboxRow, bool] | Dropped:
+        return await commit(
             self._store,
             self._index,
             self._max_chars,
@@ -166,12 +184,17 @@ class ChatRouter:
             self.counters,
             pickup=self._owner.replica_id,
         )
-        if committed is None:
-            return
-        try:
-            await self._accepted(*committed)
-        finally:
-            await self._store.sync(within_s=ACK_SYNC_WITHIN_S)
+
+    async def _paired_since(self, inbound: Inbound) -> bool:
+        """An unbound message: a stranger's request to pair (chat/pairing.py), answered
+        there; True if its chat turns out to have a stored binding now, read in."""
+        if self._pairing is None or not self._pairing.takes(inbound):
+            return False
+        answer = await self._pairing.ask(inbound)
+        return (
+            answer.outcome == "bound"
+            and self._index.find(inbound.platform, inbound.channel) is not None
+        )
 
     async def _accepted(self, decision: Accepted, row: InboxRow, new: bool) -> None:
         if not new:

@@ -23,9 +23,11 @@ from geodebot import __version__
 from geodebot.app.secrets import build_redactor
 from geodebot.app.store import opened_store
 from geodebot.channels.ipc import IPCClient, IPCError
+from geodebot.cli.bindings import add_bindings_parser, bindings_command
 from geodebot.cli.deadletters import add_deadletters_parser, deadletters_command
 from geodebot.cli.init import add_init_parser, init_command
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
+from geodebot.cli.pairing import add_pairing_parser, pairing_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
 from geodebot.cli.store import add_store_parser, store_command
 from geodebot.cli.usage import add_usage_parser, usage_command
@@ -99,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     add_deadletters_parser(sub, common)
     add_usage_parser(sub, common)
     add_store_parser(sub, common)
+    add_pairing_parser(sub, common)
+    add_bindings_parser(sub, common)
 
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
     timeline.add_argument("id")
@@ -174,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "deadletters": deadletters_command,
         "usage": usage_command,
         "store": store_command,
+        "pairing": pairing_command,
+        "bindings": bindings_command,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))

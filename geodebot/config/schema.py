@@ -576,6 +576,52 @@ class BindingConfig(_Strict):
         return self
 
 
+class PairingConfig(_Strict):
+    """DM pairing (chat/pairing.py): a person no binding allows who writes to the bot gets a
+    one-time code, and an operator's approval of it (``geodebot pairing approve``) makes a
+    binding in the store. Pairing changes who may talk to the bot, never what a session may
+    do: what an approval grants is this table's, the same for every person paired."""
+
+    # Absent table: off. ``geodebot init`` writes it on.
+    enabled: bool = False
+    # The platforms it is on for; empty: every enabled platform.
+    platforms: tuple[Literal["telegram", "slack", "discord"], ...] = ()
+    # A code not approved within this long is void; the person may ask again after it.
+    code_ttl_s: Annotated[float, Field(ge=60, le=30 * 86_400)] = 3600.0
+    # Requests waiting at once per platform; more strangers get no code until some are
+    # decided or expire (a flood of them costs one short reply each, at most this many).
+    max_pending: Annotated[int, Field(ge=1, le=1000)] = 10
+    # False: only direct messages pair. True: a message in a group no binding has pairs the
+    # group for its sender (who alone may then talk to the bot there, by mention).
+    groups: bool = False
+    # What an approved pairing's binding may use; by default no tools at all.
+    tools: tuple[str, ...] = ()
+    preapproved: tuple[str, ...] = ()
+    # Who may approve its tool calls in the chat; "self" stands for the person paired.
+    approvers: tuple[Annotated[str, Field(min_length=1, max_length=64)], ...] = ()
+    time_budget_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    daily_tokens: Annotated[int, Field(ge=0)] | None = None
+    # The project paired chats share (Thread Relay); None: each is a project of its own.
+    project: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+    @field_validator("approvers")
+    @classmethod
+    def _no_wildcard_approver(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if "*" in value:
+            raise ValueError("approvers lists user ids or 'self'; '*' (anyone) is not allowed")
+        return value
+
+    @model_validator(mode="after")
+    def _preapproved_listed(self) -> PairingConfig:
+        missing = [t for t in self.preapproved if t not in self.tools]
+        if missing:
+            raise ValueError(f"preapproved tools must also be in tools: {', '.join(missing)}")
+        return self
+
+    def on_for(self, platform: str) -> bool:
+        return self.enabled and (not self.platforms or platform in self.platforms)
+
+
 class RelayConfig(_Strict):
     """Thread Relay (relay/): what a session may read of other threads of its project, and
     how sends into them are bounded. The tools themselves are listed per binding."""
@@ -611,6 +657,7 @@ class Config(_Strict):
     jobs: tuple[JobConfig, ...] = ()
     relay: RelayConfig = RelayConfig()
     store: StoreConfig = StoreConfig()
+    pairing: PairingConfig = PairingConfig()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
 

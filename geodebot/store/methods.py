@@ -8,6 +8,7 @@ from geodebot.store.chat import ChatInboxOutbox
 from geodebot.store.deadletters import DeadLetterDecisions
 from geodebot.store.fires import JobsAndFires
 from geodebot.store.leases import Leases
+from geodebot.store.pairing import Pairings
 from geodebot.store.receipts import ReceiptsAndSwitches
 from geodebot.store.relay import Relay
 from geodebot.store.replicas import Replicas
@@ -25,6 +26,7 @@ class StoreMethods(
     DeadLetterDecisions,
     JobsAndFires,
     Leases,
+    Pairings,
     Relay,
     Replicas,
     Spend,

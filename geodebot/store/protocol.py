@@ -26,6 +26,7 @@ from geodebot.store.chat import InboxOutboxStore
 from geodebot.store.deadletters import DeadLetterStore
 from geodebot.store.jobs import JobStore
 from geodebot.store.leases import LeaseStore
+from geodebot.store.pairing import PairingStore
 from geodebot.store.receipts import ReceiptStore
 from geodebot.store.records import StoreError
 from geodebot.store.relay import RelayStore
@@ -40,6 +41,7 @@ __all__ = [
     "InboxOutboxStore",
     "JobStore",
     "LeaseStore",
+    "PairingStore",
     "ReceiptStore",
     "RelayStore",
     "ReplicaStore",
@@ -105,6 +107,7 @@ class Store(
     DeadLetterStore,
     JobStore,
     LeaseStore,
+    PairingStore,
     RelayStore,
     ReplicaStore,
     SpendStore,

@@ -6,7 +6,7 @@ Plain frozen dataclasses and literal types, no behaviour and no I/O, so the prot
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -706,3 +706,95 @@ class ReplicaRecord:
     @property
     def seen_s_ago(self) -> float:
         return max(0.0, self.read_at - self.seen_at)
+
+
+# -- pairing and stored bindings ---------------------------------------------------------
+PairingStatus = Literal["pending", "approved", "denied", "expired"]
+PairingOutcome = Literal["code", "waiting", "quiet", "full", "bound"]
+
+
+@dataclass(frozen=True, slots=True)
+class PairingRecord:
+    """A stranger's request to talk to the bot (see store/pairing.py)."""
+
+    id: int
+    platform: str
+    code: str
+    user: str
+    user_name: str
+    channel: str
+    thread: str | None
+    is_dm: bool
+    # The first 200 characters of what they wrote, for the operator: nothing more is kept.
+    first_text: str
+    event_id: str
+    created_at: float
+    expires_at: float
+    noticed_at: float
+    # As stored: a pending request past its expiry reads "pending" here; see ``state``.
+    status: PairingStatus
+    decided_at: float | None
+    decided_by: str
+    binding_key: str
+
+    def state(self, now: float) -> PairingStatus:
+        """The status as of ``now``: a pending request past its expiry is expired."""
+        if self.status == "pending" and self.expires_at <= now:
+            return "expired"
+        return self.status
+
+
+@dataclass(frozen=True, slots=True)
+class PairingAsk:
+    """What :meth:`~geodebot.store.pairing.PairingStore.pairing_request` is asked: a
+    message from a sender no binding allows, and what to answer it with. The texts are made
+    inside the transaction, from the code and expiry it decided on."""
+
+    platform: str
+    channel: str
+    thread: str | None
+    user: str
+    user_name: str
+    is_dm: bool
+    first_text: str
+    event_id: str
+    message_id: str
+    # The code to give if a new request is made (the caller's random one).
+    code: str
+    ttl_s: float
+    max_pending: int
+    # A sender whose request waits is told so at most this often.
+    notice_every_s: float
+    # The session the answers' outbox rows are written under.
+    session_id: str
+    # (code, expires_at) -> the answer giving a new code; the notice that one waits.
+    say_code: Callable[[str, float], str]
+    say_waiting: Callable[[str, float], str]
+
+
+@dataclass(frozen=True, slots=True)
+class PairingAnswer:
+    """What a stranger's message came to: ``code`` (a new request, answered with its code),
+    ``waiting`` (theirs waits: told so again), ``quiet`` (told already, or denied: nothing),
+    ``full`` (too many waiting on the platform: nothing), ``bound`` (a stored binding has
+    the chat now: the message is for it)."""
+
+    outcome: PairingOutcome
+    pairing: PairingRecord | None = None
+    outbound: OutboxRow | None = None
+    binding: StoredBinding | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBinding:
+    """A binding made at run time (see store/pairing.py): its table as a config binding's,
+    not yet validated (the chat layer does that when it reads it)."""
+
+    key: str
+    platform: str
+    channel: str
+    data: Mapping[str, Any]
+    # What made it: "pairing:<code>", or "cli".
+    origin: str
+    created_at: float
+    created_by: str

@@ -375,6 +375,7 @@ async def _enter_daemon(
         approvals=chat.approvals,
         deadletters=chat.deadletters,
         relay=app.relay,
+        stored=chat.stored,
         replicas=shared,
     )
     if metrics is not None:

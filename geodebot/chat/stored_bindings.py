@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -25,7 +25,13 @@ from geodebot.store.pairing import BINDINGS_TOPIC, PairingStore
 from geodebot.store.protocol import WakeStore
 from geodebot.store.records import StoredBinding, StoreError
 
-__all__ = ["POLL_S", "StoredBindings", "StoredBindingsStore", "valid_bindings"]
+__all__ = [
+    "POLL_S",
+    "StoredBindings",
+    "StoredBindingsStore",
+    "binding_listing",
+    "valid_bindings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +144,38 @@ class StoredBindings:
                     self._failing = True
                 else:
                     self._failing = False
+
+
+def binding_listing(
+    config: Sequence[BindingConfig], stored: list[StoredBinding]
+) -> list[dict[str, Any]]:
+    """Every binding with its origin (``geodebot bindings list``, the console): the
+    config's first, then the stored ones (shadowed, or invalid, if so)."""
+    valid, problems = valid_bindings(stored)
+    index = BindingIndex(config, valid)
+    shadowed = {binding_key(b) for b in index.shadowed()}
+    rows = {s.key: s for s in stored}
+
+    def row(binding: BindingConfig, origin: str) -> dict[str, Any]:
+        key = binding_key(binding)
+        found = rows.get(key) if origin != "config" else None
+        return {
+            "key": key,
+            "origin": origin,
+            "session": binding.session,
+            "allowed_users": list(binding.allowed_users),
+            "tools": list(binding.tools),
+            "made_by": found.origin if found is not None else "",
+            "created_by": found.created_by if found is not None else "",
+            "created_at": found.created_at if found is not None else None,
+            "problem": "",
+        }
+
+    listed = [row(b, "config") for b in index.configured()]
+    for binding in index.stored():
+        key = binding_key(binding)
+        listed.append(row(binding, "stored, shadowed" if key in shadowed else "stored"))
+    for problem in problems:
+        key = problem.split(":", 2)[0].removeprefix("stored binding ")
+        listed.append({"key": key, "origin": "stored, invalid", "problem": problem})
+    return listed

@@ -17,14 +17,13 @@ from typing import Any
 
 from geodebot.app.secrets import build_redactor
 from geodebot.app.store import opened_store
-from geodebot.chat.bindings import BindingIndex, binding_key
+from geodebot.chat.bindings import binding_key
 from geodebot.chat.pairing import PairingDecisions
-from geodebot.chat.stored_bindings import valid_bindings
-from geodebot.config.schema import BindingConfig, Config
+from geodebot.chat.stored_bindings import binding_listing
+from geodebot.config.schema import Config
 from geodebot.engine.ledger import EvidenceLedger
-from geodebot.store.records import StoredBinding
 
-__all__ = ["add_bindings_parser", "binding_rows", "bindings_command"]
+__all__ = ["add_bindings_parser", "bindings_command"]
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -38,41 +37,12 @@ def add_bindings_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     remove.add_argument("key", help="PLATFORM:CHANNEL, as bindings list shows it")
 
 
-def binding_rows(config: Config, stored: list[StoredBinding]) -> list[dict[str, Any]]:
-    """Every binding as ``bindings list --json`` shows it: config ones first."""
-    valid, problems = valid_bindings(stored)
-    index = BindingIndex(config.bindings, valid)
-    shadowed = {binding_key(b) for b in index.shadowed()}
-    rows = {s.key: s for s in stored}
-
-    def row(binding: BindingConfig, origin: str) -> dict[str, Any]:
-        key = binding_key(binding)
-        found = rows.get(key) if origin != "config" else None
-        return {
-            "key": key,
-            "origin": origin,
-            "session": binding.session,
-            "allowed_users": list(binding.allowed_users),
-            "tools": list(binding.tools),
-            "made_by": found.origin if found is not None else "",
-            "created_by": found.created_by if found is not None else "",
-            "created_at": found.created_at if found is not None else None,
-        }
-
-    listed = [row(b, "config") for b in index.configured()]
-    for binding in index.stored():
-        key = binding_key(binding)
-        listed.append(row(binding, "stored, shadowed" if key in shadowed else "stored"))
-    for problem in problems:
-        key = problem.split(":", 2)[0].removeprefix("stored binding ")
-        listed.append({"key": key, "origin": "stored, invalid", "problem": problem})
-    return listed
-
-
 async def bindings_command(config: Config, args: argparse.Namespace) -> int:
     async with opened_store(config, create=args.action == "list") as store:
         if args.action == "list":
-            return _list(binding_rows(config, await store.stored_bindings()), as_json=args.json)
+            return _list(
+                binding_listing(config.bindings, await store.stored_bindings()), as_json=args.json
+            )
         if any(binding_key(b) == args.key for b in config.bindings):
             print(
                 f"geodebot: {args.key} is a binding of the config file "
@@ -103,7 +73,7 @@ def _list(rows: list[dict[str, Any]], *, as_json: bool) -> int:
         return EXIT_OK
     print(f"{'KEY':<32} {'ORIGIN':<17} {'SESSION':<28} USERS / TOOLS")
     for row in rows:
-        if "problem" in row:
+        if row["problem"]:
             print(f"{row['key']:<32} {row['origin']:<17} {row['problem']}")
             continue
         users = ",".join(row["allowed_users"]) or "-"

@@ -486,6 +486,8 @@ def health_server(serving: Serving, metrics: EngineMetrics, live: LiveFeed) -> H
             spend_status=spend.status if spend is not None else None,
             relay=serving.relay,
             deadletters=serving.deadletters,
+            ledger=serving.services.ledger,
+            refresh_bindings=serving.stored.refresh if serving.stored is not None else None,
         ),
         token=token,
         bound_host=split_host_port(config.daemon.http)[0],

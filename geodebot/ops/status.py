@@ -20,6 +20,7 @@ from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.bindings import BindingIndex
 from geodebot.chat.deadletters import DeadLetters
 from geodebot.chat.router import ChatRouter
+from geodebot.chat.stored_bindings import StoredBindings
 from geodebot.config.schema import Config
 from geodebot.engine.session import COMPUTER_USE_SWITCH, EngineServices
 from geodebot.engine.spend import utc_day
@@ -70,6 +71,8 @@ class Serving:
     approvals: ChatApprovals
     deadletters: DeadLetters
     relay: ThreadRelay | None = None
+    # The bindings stored at run time, kept current in ``bindings``.
+    stored: StoredBindings | None = None
     # With replicas: the leases this one holds.
     replicas: ReplicaState | None = None
 

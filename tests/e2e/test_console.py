@@ -60,6 +60,8 @@ CHATS = (
     Chat(REPLAYED, stream=False, tools=()),
     Chat(DISCARDED, stream=False, tools=()),
 )
+# A person no binding allows, who asks to pair by direct message.
+STRANGER = 8123
 RECEIPT = "receipt-console-1"
 TOKEN = "console-bearer-token-0123456789"
 
@@ -583,6 +585,45 @@ async def test_a_discarded_dead_letter_leaves_the_list_and_is_never_sent(
     assert [m.shows[0] for m in messages] == [CONTROL_ANSWER]
     assert decisions(world, row_id) == [("discard", "operator", "console")]
     assert outbox_status(world, row_id) == "failed"
+
+
+async def test_a_strangers_request_is_approved_from_the_pairing_page_once(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    world.telegram.push_message(STRANGER, "may I?", user_id=STRANGER, chat_type="private")
+    [asked] = await world.telegram.wait_for_sent(STRANGER, 1, timeout=20)
+    found = re.search(r"\b([0-9A-Z]{5}-[0-9A-Z]{5})\b", asked.text)
+    assert found is not None
+    code = found.group(1)
+    status, page = await browser.get("/pairing")
+    assert status == 200
+    assert f'data-code="{code}"' in page
+    assert "may I?" in page
+    # Forged posts are refused as every action's are.
+    forged, _, _ = await browser.post(f"/pairing/telegram/{code}/approve", csrf="0" * 64)
+    assert forged == 403
+    assert world.query("SELECT status FROM pairings") == [("pending",)]
+
+    status, _, _ = await browser.post(f"/pairing/telegram/{code}/approve")
+    assert status == 303
+    _, page = await browser.get("/pairing")
+    assert f"Approved telegram user {STRANGER}" in page
+    assert f'data-key="telegram:{STRANGER}"' in page
+    welcome = await world.telegram.wait_for_sent(STRANGER, 2, timeout=20)
+    assert "paired" in welcome[1].text
+    status, page, _ = await browser.post(f"/pairing/telegram/{code}/approve")
+    assert status == 409
+    assert "approved already" in _error(page)
+    assert world.query("SELECT decided_by FROM pairings") == [("operator",)]
+
+    status, page, _ = await browser.post(f"/bindings/telegram:{APPROVE}/remove")
+    assert status == 409
+    assert "edit the file" in _error(page)
+    status, _, _ = await browser.post(f"/bindings/telegram:{STRANGER}/remove")
+    assert status == 303
+    assert world.query("SELECT COUNT(*) FROM stored_bindings") == [(0,)]
+    status, page, _ = await browser.post(f"/bindings/telegram:{STRANGER}/remove")
+    assert status == 404
 
 
 async def test_computer_use_is_switched_with_a_reason_and_a_duration(

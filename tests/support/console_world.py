@@ -60,6 +60,7 @@ class ConsoleWorld(ChatWorld):
         text += (
             f'[[jobs]]\nid = "{JOB}"\ncron = "0 3 * * *"\nprompt = "{JOB_PROMPT}"\n'
             f'deliver_to = "chat{-self.job_chat}"\n'
+            "[pairing]\nenabled = true\n"
         )
         path.write_text(text)
         return path

@@ -68,6 +68,7 @@ async def test_both_stores_end_with_the_same_tables_columns_and_indexes(
         "job_fires",
         "operator_switch_history",
         "outbox",
+        "pairings",
         "timeline",
     ]
 

@@ -13,7 +13,9 @@ from typing import Final
 from geodebot.engine.session import COMPUTER_USE_SWITCH
 from geodebot.engine.tools.spec import ToolError
 from geodebot.ops.console.deadletters import letters_of
+from geodebot.ops.console.pairing import decisions_of
 from geodebot.ops.console.parts import OPERATOR, ConsoleParts, when
+from geodebot.store.pairing import PairingRefused
 from geodebot.store.records import StoreError
 
 VIA: Final = "console"
@@ -190,3 +192,37 @@ async def decide_deadletter(parts: ConsoleParts, letter_id: str, replay: bool) -
         done = "replayed" if d.action == "replay" else "discarded"
         raise Refused(f"{decided.id} was already {done} by {d.by} via {d.via} at {when(d.at)}.")
     raise Refused(decided.message() + ".")
+
+
+async def decide_pairing(parts: ConsoleParts, platform: str, code: str, approve: bool) -> str:
+    """As `geodebot pairing approve|deny`: the request's first decision stands."""
+    decisions = decisions_of(parts)
+    try:
+        if approve:
+            record, binding = await decisions.approve(platform, code, by=OPERATOR, via=VIA)
+        else:
+            record = await decisions.deny(platform, code, by=OPERATOR, via=VIA)
+    except ValueError as exc:
+        raise Refused(str(exc), 400) from exc
+    except PairingRefused as exc:
+        raise Refused(f"Not decided: {exc}.") from exc
+    parts.live.publish("pairing")
+    who = f"{record.user} ({record.user_name})" if record.user_name else record.user
+    if not approve:
+        return f"Denied {platform} user {who}."
+    if parts.refresh_bindings is not None:
+        await parts.refresh_bindings()
+    return f"Approved {platform} user {who}: {binding.key} is answered now."
+
+
+async def remove_binding(parts: ConsoleParts, key: str) -> str:
+    """As `geodebot bindings remove`: only a stored binding; the config's are the file's."""
+    if parts.bindings.origin(key) == "config":
+        raise Refused(f"{key} is a binding of the config file; edit the file to remove it.")
+    removed = await decisions_of(parts).remove_binding(key, by=OPERATOR, via=VIA)
+    if removed is None:
+        raise Refused(f"There is no stored binding {key!r}.", 404)
+    parts.live.publish("pairing")
+    if parts.refresh_bindings is not None:
+        await parts.refresh_bindings()
+    return f"Removed {key}: its chat is no longer answered."

@@ -12,6 +12,7 @@ from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.bindings import BindingIndex, owns
 from geodebot.chat.deadletters import DeadLetters
 from geodebot.config.schema import BindingConfig, Config
+from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.ops.console.live import LiveFeed
 from geodebot.relay.tools import ThreadRelay
@@ -40,6 +41,10 @@ class ConsoleParts:
     relay: ThreadRelay | None = None
     # The daemon's dead letters: a replay made here reaches its router or outbox at once.
     deadletters: DeadLetters | None = None
+    # Where pairing decisions made here are recorded, as the CLI's are.
+    ledger: EvidenceLedger | None = None
+    # Reads the stored bindings in now: a binding approved here is in force at once.
+    refresh_bindings: Callable[[], Awaitable[object]] | None = None
     clock: Callable[[], float] = time.time
 
 

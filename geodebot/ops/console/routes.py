@@ -13,6 +13,7 @@ from aiohttp import web
 from geodebot.ops.console import actions
 from geodebot.ops.console.boards import approvals_view, jobs_view, operator_view, receipts_view
 from geodebot.ops.console.deadletters import attention, deadletters_view, letter_view, letters_of
+from geodebot.ops.console.pairing import pairing_view
 from geodebot.ops.console.parts import ConsoleParts
 from geodebot.ops.console.target import target_of
 from geodebot.ops.console.work import binding_rows, running_now, timeline_page, work_view
@@ -108,6 +109,10 @@ async def _deadletter(parts: ConsoleParts, request: web.Request) -> Context:
     return {"view": letter_view(found)}
 
 
+async def _pairing(parts: ConsoleParts, request: web.Request) -> Context:
+    return {"pairing": await pairing_view(parts)}
+
+
 async def _operator(parts: ConsoleParts, request: web.Request) -> Context:
     return {"operator": await operator_view(parts)}
 
@@ -120,6 +125,7 @@ PAGES: tuple[Page, ...] = (
     Page("/receipts", "Receipts", "receipts.html", _receipts),
     Page("/deadletters", "Dead letters", "deadletters.html", _deadletters),
     Page("/deadletters/{id}", "Dead letter", "deadletter.html", _deadletter, nav=False),
+    Page("/pairing", "Pairing", "pairing.html", _pairing),
     Page("/operator", "Operator", "operator.html", _operator),
 )
 
@@ -164,6 +170,20 @@ async def _computer_use(parts: ConsoleParts, request: web.Request, form: Mapping
     return await actions.set_computer_use(parts, form)
 
 
+async def _pair(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
+    info = request.match_info
+    return await actions.decide_pairing(parts, info["platform"], info["code"], True)
+
+
+async def _unpair(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
+    info = request.match_info
+    return await actions.decide_pairing(parts, info["platform"], info["code"], False)
+
+
+async def _unbind(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
+    return await actions.remove_binding(parts, request.match_info["key"])
+
+
 ACTIONS: tuple[Action, ...] = (
     Action("/approvals/{id}/approve", _approve, "/approvals"),
     Action("/approvals/{id}/deny", _deny, "/approvals"),
@@ -173,6 +193,9 @@ ACTIONS: tuple[Action, ...] = (
     Action("/receipts/{id}/resolve", _resolve, "/receipts"),
     Action("/deadletters/{id}/replay", _replay, "/deadletters"),
     Action("/deadletters/{id}/discard", _discard, "/deadletters"),
+    Action("/pairing/{platform}/{code}/approve", _pair, "/pairing"),
+    Action("/pairing/{platform}/{code}/deny", _unpair, "/pairing"),
+    Action("/bindings/{key}/remove", _unbind, "/pairing"),
     Action("/operator/computer-use", _computer_use, "/operator"),
     Action("/relay/send", _send, "/work"),
 )

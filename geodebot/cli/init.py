@@ -234,8 +234,12 @@ def config_text(answers: Answers, env_path: Path) -> str:
             lines.append(f"api_base_url = {q(answers.api_urls[platform])}")
     lines += [
         "",
-        "# No chat is bound yet: add a [[bindings]] table per chat (config.example.toml shows",
-        "# one), naming the platform, the chat's id, a session and who may write.",
+        "# No chat is bound yet. Write to the bot directly: it answers with a pairing code,",
+        "# and `geodebot pairing approve PLATFORM CODE` lets you talk to it (no tools, unless",
+        "# listed here). Or add a [[bindings]] table per chat (config.example.toml shows one).",
+        "[pairing]",
+        "enabled = true",
+        "tools = []",
     ]
     return "\n".join(lines) + "\n"
 
@@ -298,9 +302,15 @@ def _next_steps(config_path: Path, env_path: Path, answers: Answers, stdout: Tex
     stdout.write(
         f"\nWrote {config_path} (model {answers.provider} {answers.model}; {where}) and "
         f"{env_path} (mode 0600).\n"
-        "Bind a chat in the config ([[bindings]]), then start the daemon with its secrets:\n"
+        "Start the daemon with its secrets:\n"
         f"  set -a && . {env} && set +a && make run CONFIG={absolute}\n"
         f"  (or, with the secrets set so, from here: geodebot serve --config {config})\n"
         "and talk to it from this machine:\n"
         f"  geodebot chat --config {config}\n"
     )
+    if answers.platforms:
+        stdout.write(
+            "Then write to the bot directly on "
+            f"{where}: it answers with a code; let yourself in with\n"
+            f"  geodebot pairing approve PLATFORM CODE --config {config}\n"
+        )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from geodebot.config.schema import load_config
 from tests.support.config import TEST_KEY
 from tests.support.fakes.discord_server import FakeDiscord
 from tests.support.fakes.llm_server import FakeLLMServer
@@ -117,6 +118,12 @@ async def test_flags_and_the_environment_make_a_config_that_check_accepts(
         assert secret not in out + err
     assert f"set -a && . {env_file} && set +a && make run CONFIG={config}" in out
     assert f"geodebot chat --config {config}" in out
+    assert f"geodebot pairing approve PLATFORM CODE --config {config}" in out
+    # Strangers who write to the bot get a pairing code; a pairing grants no tools.
+    written = load_config(config)
+    assert written.pairing.enabled
+    assert written.pairing.tools == ()
+    assert written.bindings == ()
     # Each part was checked live, without a token spent on the model.
     assert any(method.lower() == "getme" for method, _ in fakes.telegram.requests)
     assert fakes.slack.calls_to("auth.test")

@@ -7,12 +7,14 @@ import functools
 import logging
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from geodebot.app.build import App, build_app
+from geodebot.app.reload import ConfigInForce, ConfigReloader
 from geodebot.app.store import store_facts, store_place
 from geodebot.channels.base import Destination, Typing
 from geodebot.channels.factory import ChannelSupervisor, build_channels
@@ -135,6 +137,16 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
                 sends_grace=sends_grace,
             )
             status.serving = daemon.serving
+            reloads: set[asyncio.Task[bool]] = set()
+
+            def reload() -> None:
+                # systemd (Type=notify) shows the reload until READY=1 comes again.
+                notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+                task = asyncio.create_task(_reload(daemon.reloader, notifier, status))
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
+
+            loop.add_signal_handler(signal.SIGHUP, reload)
             ipc = ipc_handler(app, daemon.owner, status_report(daemon.serving))
             await stack.enter_async_context(ipc)
             log.info(
@@ -163,9 +175,20 @@ async def serve(config: Config, notifier: SystemdNotifier | None = None) -> str 
     finally:
         if watch is not None:
             watch.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
             loop.remove_signal_handler(sig)
     return lost[0] if lost else None
+
+
+async def _reload(reloader: ConfigReloader, notifier: SystemdNotifier, status: StatusLine) -> bool:
+    log.info("reloading the config (SIGHUP)")
+    try:
+        return await reloader.reload()
+    except Exception:
+        log.exception("config reload failed; the config in force stays")
+        return False
+    finally:
+        notifier.ready(status.line())
 
 
 # A stop still unwinding this long after its graces ran out names what it waits for.
@@ -280,6 +303,8 @@ class _Daemon:
     serving: Serving
     # Which process runs each session's work (chat/ownership.py).
     owner: SessionOwner
+    # Reads the config file again on SIGHUP (app/reload.py).
+    reloader: ConfigReloader
 
 
 async def _enter_daemon(
@@ -362,6 +387,8 @@ async def _enter_daemon(
 
         app.relay.connect(delivered)
     supervisor = ChannelSupervisor(channels, router.accept, chat.approvals.press)
+    in_force = ConfigInForce(config, time.time())
+    reloader = ConfigReloader(app, in_force, pairing=chat.pairing, jobs=store)
     serving = Serving(
         config=config,
         services=app.services,
@@ -376,6 +403,7 @@ async def _enter_daemon(
         deadletters=chat.deadletters,
         relay=app.relay,
         stored=chat.stored,
+        in_force=in_force,
         replicas=shared,
     )
     if metrics is not None:
@@ -396,7 +424,7 @@ async def _enter_daemon(
     # After the channels: a catch-up run's answer can go out as soon as it is ready. On every
     # replica: each fire's claim, made under its job's session lease, decides who runs it.
     await stack.enter_async_context(scheduler)
-    return _Daemon(serving, owner)
+    return _Daemon(serving, owner, reloader)
 
 
 def _pickups(

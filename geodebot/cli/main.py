@@ -247,6 +247,8 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
     for name, channel in answer["channels"].items():
         state = "connected" if channel["connected"] else f"down ({channel['detail']})"
         print(f"  {name}: {state}")
+    for line in _config_lines(answer):
+        print(line)
     print(
         f"turns: {answer['turns_running']} running (at most "
         f"{answer['max_concurrent_sessions']}), {answer['queued']} queued"
@@ -289,6 +291,22 @@ async def _status(config: Config, args: argparse.Namespace) -> int:
     for job in answer.get("jobs", []):
         print(f"job {job['id']}: next {job['next']}; last {job['last']}")
     return EXIT_OK
+
+
+def _config_lines(answer: dict[str, Any]) -> list[str]:
+    """The config in force (its hash, when it was read) and the bindings by origin."""
+    lines = []
+    loaded = answer.get("config")
+    if loaded:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(loaded["loaded_at"]))
+        lines.append(f"config {loaded['path']}: sha256 {loaded['sha256'][:16]}, loaded {when}")
+    bound = answer.get("bindings")
+    if bound:
+        shadowed = f", {bound['shadowed']} shadowed" if bound["shadowed"] else ""
+        lines.append(
+            f"bindings: {bound['config']} from the config, {bound['stored']} stored{shadowed}"
+        )
+    return lines
 
 
 def _replica_lines(

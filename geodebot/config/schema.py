@@ -7,6 +7,7 @@ is read too (see :func:`resolve_secret`).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -660,6 +661,8 @@ class Config(_Strict):
     pairing: PairingConfig = PairingConfig()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
+    # The sha256 of the file's bytes as read ("" when not read from a file).
+    digest: str = Field(default="", exclude=True)
 
     @property
     def state_dir(self) -> Path:
@@ -770,12 +773,14 @@ def _describe(err: ErrorDetails) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def parse_config(data: Mapping[str, Any], *, source: Path | None = None) -> Config:
+def parse_config(
+    data: Mapping[str, Any], *, source: Path | None = None, digest: str = ""
+) -> Config:
     try:
         config = Config.model_validate(dict(data))
     except ValidationError as exc:
         raise ConfigError(str(source or "<config>"), [_describe(e) for e in exc.errors()]) from None
-    return config.model_copy(update={"source": source})
+    return config.model_copy(update={"source": source, "digest": digest})
 
 
 def load_config(path: Path) -> Config:
@@ -791,7 +796,8 @@ def load_config(path: Path) -> Config:
         raise ConfigError(str(path), ["not UTF-8 text"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), [f"invalid TOML: {exc}"]) from None
-    return parse_config(data, source=path.resolve())
+    digest = hashlib.sha256(raw).hexdigest()
+    return parse_config(data, source=path.resolve(), digest=digest)
 
 
 def config_path(explicit: str | None) -> Path:

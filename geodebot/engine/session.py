@@ -115,9 +115,10 @@ class ModelLimits:
     context_tokens: int = 200_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EngineServices:
-    """Everything sessions share, wired once by the composition root."""
+    """Everything sessions share, wired once by the composition root. Only ``budgets``
+    changes after that (a config reload: app/reload.py), read by sessions as they go."""
 
     store: Store
     llm: LLMFactory

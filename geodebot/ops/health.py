@@ -38,7 +38,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from geodebot.channels.base import Channel
-from geodebot.config.schema import ConfigError, resolve_secret, split_host_port
+from geodebot.config.schema import ConfigError, PairingConfig, resolve_secret, split_host_port
 from geodebot.engine.session import COMPUTER_USE_SWITCH
 from geodebot.engine.tools.runner import REASON_CODES, OutcomeStatus
 from geodebot.ops.status import Serving, unanswered
@@ -459,6 +459,13 @@ def daemon_probe(serving: Serving, live_clients: Callable[[], int] | None = None
     return probe
 
 
+def _pairing_in_force(serving: Serving) -> Callable[[], PairingConfig] | None:
+    in_force = serving.in_force
+    if in_force is None:
+        return None
+    return lambda: in_force.config.pairing
+
+
 def health_server(serving: Serving, metrics: EngineMetrics, live: LiveFeed) -> HealthServer:
     """The endpoint on ``[daemon] http``: health, metrics and the Work console. A token named
     by ``[daemon] http_token_env`` guards it; one named but not set is a config error."""
@@ -488,6 +495,7 @@ def health_server(serving: Serving, metrics: EngineMetrics, live: LiveFeed) -> H
             deadletters=serving.deadletters,
             ledger=serving.services.ledger,
             refresh_bindings=serving.stored.refresh if serving.stored is not None else None,
+            pairing_config=_pairing_in_force(serving),
         ),
         token=token,
         bound_host=split_host_port(config.daemon.http)[0],

@@ -54,6 +54,16 @@ class ReplicaState(Protocol):
         """The other replicas, as each last said it was there."""
 
 
+class ConfigFacts(Protocol):
+    """The config in force (app/reload.py ConfigInForce): what a reload applied of the file
+    is in ``config``; ``facts`` is what status shows of it."""
+
+    @property
+    def config(self) -> Config: ...
+
+    def facts(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Serving:
     """The running daemon's parts, as status and health read them."""
@@ -73,6 +83,8 @@ class Serving:
     relay: ThreadRelay | None = None
     # The bindings stored at run time, kept current in ``bindings``.
     stored: StoredBindings | None = None
+    # The config file in force: its hash and when it was read (a reload changes them).
+    in_force: ConfigFacts | None = None
     # With replicas: the leases this one holds.
     replicas: ReplicaState | None = None
 
@@ -147,6 +159,12 @@ def status_report(serving: Serving) -> StatusReport:
             # Decoded histories kept between turns: bounded, so it grows only until it is full.
             "context_cache": cache.figures() if cache is not None else None,
             "model_usage_today": await usage_today(store, now),
+            "config": serving.in_force.facts() if serving.in_force is not None else None,
+            "bindings": {
+                "config": len(serving.bindings.configured()),
+                "stored": len(serving.bindings.stored()),
+                "shadowed": len(serving.bindings.shadowed()),
+            },
         }
 
     return report

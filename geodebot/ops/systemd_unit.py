@@ -8,6 +8,9 @@ Why each directive is what it is, against what the daemon does:
 * ``Type=notify`` + ``NotifyAccess=main``: the daemon sends READY=1 once its store is open and
   every enabled channel connected, and WATCHDOG=1 from its event loop (``WatchdogSec``); no
   child ever speaks for it. ``TimeoutStartSec`` covers a platform that is slow to accept us.
+* ``ExecReload=``: ``systemctl reload geodebot`` sends SIGHUP, on which the daemon reads
+  the config again (bindings, jobs, budgets, pairing, log level; app/reload.py) and tells
+  systemd RELOADING=1 then READY=1. A config that does not validate is refused whole.
 * ``Restart=on-failure`` with a start limit: a crash or a tripped watchdog restarts it, a
   broken configuration (exit 2) five times in ten minutes stops trying.
 * ``DynamicUser``, ``StateDirectory``, ``UMask=0077``: the daemon writes only its state
@@ -61,6 +64,7 @@ StartLimitBurst=5
 Type=notify
 NotifyAccess=main
 ExecStart={exec_start}
+ExecReload=/bin/kill -HUP $MAINPID
 TimeoutStartSec=5min
 TimeoutStopSec=90s
 WatchdogSec=30s

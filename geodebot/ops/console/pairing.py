@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from geodebot.chat.pairing import PairingDecisions, format_code
 from geodebot.chat.stored_bindings import binding_listing
-from geodebot.ops.console.parts import ConsoleParts
+from geodebot.ops.console.parts import ConsoleParts, pairing_config
 from geodebot.store.records import PairingRecord
 
 __all__ = ["PairingView", "RequestLine", "decisions_of", "pairing_view"]
@@ -34,19 +34,20 @@ class PairingView:
 
 
 def decisions_of(parts: ConsoleParts) -> PairingDecisions:
-    return PairingDecisions(parts.store, parts.config.pairing, ledger=parts.ledger)
+    return PairingDecisions(parts.store, pairing_config(parts), ledger=parts.ledger)
 
 
 async def pairing_view(parts: ConsoleParts) -> PairingView:
     now = parts.clock()
+    config = pairing_config(parts)
     lines = [
         RequestLine(r, format_code(r.code), r.state(now)) for r in await parts.store.pairings()
     ]
     rows = binding_listing(parts.bindings.configured(), await parts.store.stored_bindings())
     return PairingView(
-        enabled=parts.config.pairing.enabled,
+        enabled=config.enabled,
         waiting=[line for line in lines if line.state == "pending"],
         recent=[line for line in lines if line.state != "pending"][:RECENT],
         bindings=[row for row in rows if row["origin"] != "config"],
-        grants=parts.config.pairing.tools,
+        grants=config.tools,
     )

@@ -11,7 +11,7 @@ from typing import Any
 from geodebot.chat.approvals import ChatApprovals
 from geodebot.chat.bindings import BindingIndex, owns
 from geodebot.chat.deadletters import DeadLetters
-from geodebot.config.schema import BindingConfig, Config
+from geodebot.config.schema import BindingConfig, Config, PairingConfig
 from geodebot.engine.ledger import EvidenceLedger
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.ops.console.live import LiveFeed
@@ -45,7 +45,13 @@ class ConsoleParts:
     ledger: EvidenceLedger | None = None
     # Reads the stored bindings in now: a binding approved here is in force at once.
     refresh_bindings: Callable[[], Awaitable[object]] | None = None
+    # The [pairing] table in force (a reload may change it); None: the config's.
+    pairing_config: Callable[[], PairingConfig] | None = None
     clock: Callable[[], float] = time.time
+
+
+def pairing_config(parts: ConsoleParts) -> PairingConfig:
+    return parts.pairing_config() if parts.pairing_config is not None else parts.config.pairing
 
 
 def binding_of(index: BindingIndex, session_id: str) -> BindingConfig | None:

@@ -40,3 +40,32 @@ def test_a_thread_session_belongs_to_its_thread_binding_only() -> None:
     assert owns(Y, "ops/1")
     assert not owns(X, "ops/1")
     assert not owns(DEV, "devops/1")
+
+
+def test_stored_bindings_join_the_config_ones_and_a_config_binding_of_the_same_chat_wins() -> None:
+    stored_solo = b("telegram", "5", "dm:telegram:5")
+    paired = b("telegram", "77", "dm:telegram:77")
+    index = BindingIndex([X, SOLO], [stored_solo, paired])
+    assert index.find("telegram", "5") is SOLO
+    assert index.find("telegram", "77") is paired
+    assert index.origin("telegram:5") == "config"
+    assert index.origin("telegram:77") == "stored"
+    assert index.origin("telegram:78") is None
+    assert index.shadowed() == (stored_solo,)
+    assert index.all() == (X, SOLO, paired)
+    assert index.with_session("dm:telegram:77") == (paired,)
+    assert index.with_session("dm:telegram:5") == ()
+
+
+def test_a_replace_swaps_one_part_whole_and_keeps_the_other() -> None:
+    paired = b("telegram", "77", "dm:telegram:77")
+    index = BindingIndex([X], [paired])
+    before = index.find("telegram", "-2001")
+    index.replace(config=[SOLO])
+    assert index.find("telegram", "-2001") is None
+    assert index.find("telegram", "5") is SOLO
+    assert index.find("telegram", "77") is paired
+    index.replace(stored=[])
+    assert index.all() == (SOLO,)
+    # What a caller took before the swap is the binding it keeps (a turn under way).
+    assert before is X

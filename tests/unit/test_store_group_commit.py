@@ -430,7 +430,8 @@ async def test_under_steady_writes_the_log_starts_again_instead_of_growing(
     # writes the log grows to seven times this. With it, the log's largest size is what the
     # writes add during the slowest checkpoint (a sync of the database file): about twice
     # this on an idle machine, more when other processes load the disk. Half of the growth
-    # without the ending is a bound that load does not reach and its absence always passes.
+    # without the ending is a bound that load does not reach, and the log without the ending
+    # always passes.
     assert largest < 3.5 * written, (
         f"the log grew to {largest} bytes for {written} written "
         f"(it started again {restarts() - before} times)"

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tomli as tomllib
 
 from geodebot.config.schema import (
     ConfigError,
@@ -157,3 +158,20 @@ def test_job_defaults() -> None:
     assert job.catch_up == "latest"
     assert job.notify_on_failure is True
     assert job.timezone is None
+
+
+def test_the_examples_pairing_table_uncommented_is_valid() -> None:
+    lines = EXAMPLE.read_text().splitlines()
+    start = lines.index("# [pairing]")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line.removeprefix("# "))
+    config = parse_config(tomllib.loads("\n".join(block)))
+    assert config.pairing.enabled
+    assert (config.pairing.code_ttl_s, config.pairing.max_pending) == (3600, 10)
+    assert config.pairing.tools == ()
+    assert not config.pairing.groups
+    # Absent, pairing is off.
+    assert not parse_config({}).pairing.enabled

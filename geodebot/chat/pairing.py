@@ -14,7 +14,6 @@ is the ``[pairing]`` table's (no tools by default), unless the operator gives mo
 
 from __future__ import annotations
 
-import collections
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -152,7 +151,6 @@ class PairingDesk:
         self._submit = submit
         # Reads the stored bindings in again: one is there that this process has not read.
         self._refresh = refresh
-        self.counters: collections.Counter[str] = collections.Counter()
 
     @property
     def config(self) -> PairingConfig:
@@ -174,7 +172,6 @@ class PairingDesk:
         """The store's answer to an unbound message :meth:`takes`, its reply handed to the
         outbox."""
         answer = await self._store.pairing_request(self._asking(inbound))
-        self.counters[f"pairing:{answer.outcome}"] += 1
         if answer.outcome == "code" and answer.pairing is not None:
             log.info(
                 "pairing: %s user %s asked to pair (code %s); approve with: "

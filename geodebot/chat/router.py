@@ -166,7 +166,10 @@ class ChatRouter:
         if isinstance(committed, Dropped):
             if committed.reason != "unbound" or not await self._paired_since(inbound):
                 return
-            # The chat was paired since this process last read the stored bindings.
+            # The chat was paired since this process last read the stored bindings: the
+            # same message through the gate again, counted once.
+            self.counters["received"] -= 1
+            self.counters["dropped:unbound"] -= 1
             committed = await self._commit(inbound)
             if isinstance(committed, Dropped):
                 return
@@ -191,6 +194,8 @@ class ChatRouter:
         if self._pairing is None or not self._pairing.takes(inbound):
             return False
         answer = await self._pairing.ask(inbound)
+        # In status's "messages": code, waiting, quiet, full, bound.
+        self.counters[f"pairing:{answer.outcome}"] += 1
         return (
             answer.outcome == "bound"
             and self._index.find(inbound.platform, inbound.channel) is not None

@@ -300,6 +300,13 @@ def _config_lines(answer: dict[str, Any]) -> list[str]:
     if loaded:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(loaded["loaded_at"]))
         lines.append(f"config {loaded['path']}: sha256 {loaded['sha256'][:16]}, loaded {when}")
+    messages = answer.get("messages", {})
+    if any(key.startswith("pairing:") for key in messages):
+        lines.append(
+            f"pairing: {messages.get('pairing:code', 0)} codes given, "
+            f"{messages.get('pairing:full', 0)} strangers refused over max_pending "
+            "(geodebot pairing list)"
+        )
     bound = answer.get("bindings")
     if bound:
         shadowed = f", {bound['shadowed']} shadowed" if bound["shadowed"] else ""

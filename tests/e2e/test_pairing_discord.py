@@ -6,7 +6,8 @@ A stranger's direct message (a message in a DM channel, no guild) gets one code 
 model call; the operator's approval lets their next message be answered without a restart; a
 code is used once; more strangers at once than ``max_pending`` get no more codes while known
 channels are answered; a stranger's message in a guild channel no binding has, even one
-mentioning the bot, never pairs.
+mentioning the bot, never pairs (the daemon's own counters say
+when it was decided).
 
 Discord acknowledges nothing the daemon takes in, and its channels are taken in side by side:
 a control answered in the bound channel shows that messages sent before it were decided (the
@@ -106,6 +107,16 @@ class World:
         answer_controls(self.llm)
         self.say(self.ops, CONTROL, user=ALICE)
         return await until_answered(lambda: self.texts(self.ops))
+
+    async def messages(self) -> dict[str, int]:
+        """The daemon's message counters, as ``geodebot status --json`` reports them."""
+        rc, out, err = await self.cli("status", "--json")
+        assert rc == 0, err
+        counters: dict[str, int] = json.loads(out)["messages"]
+        return counters
+
+    async def counted(self, event: str, n: int) -> bool:
+        return (await self.messages()).get(event, 0) >= n
 
     async def code_for(self, channel: str) -> str:
         await until(lambda: bool(self.replies(channel)), f"a code in {channel}")
@@ -270,10 +281,11 @@ async def test_a_strangers_guild_message_never_pairs(world: World) -> None:
     try:
         world.say(RANDOM, f"{mention} let me in", user=STRANGER, mentions_bot=True)
         world.say(RANDOM, "hello? anyone?", user=STRANGER)
-        # A control in the same channel too: its messages are decided in order, and no
-        # binding answers it either, so the one in ops says when to look.
-        world.say(RANDOM, f"{mention} {CONTROL}", user=STRANGER, mentions_bot=True)
+        # Both decided, as the daemon counts them: dropped as unbound, never offered a code.
+        await until(lambda: world.counted("dropped:unbound", 2), "both messages dropped as unbound")
         await world.control()
+        messages = await world.messages()
+        assert not [k for k in messages if k.startswith("pairing:")], messages
     finally:
         assert await daemon.stop() == 0
     assert world.replies(RANDOM) == []

@@ -12,6 +12,13 @@ than through the SDK's ``files_upload_v2``: the bytes stream from disk instead o
 whole, and only the last step can have shared anything, so only its failures can be of
 unknown outcome (a file uploaded but never completed is never shown). Nothing in a shared
 file carries the part's key, so ``find_sent`` cannot look a file part up.
+
+No step takes a media type: Slack types an uploaded file by its name and bytes (the
+``filetype`` and ``mimetype`` of the file it lists), so ``OutboundFile.media_type`` goes
+nowhere and the name's extension is what counts. A spoken answer (``OutboundFile.voice``,
+e.g. ``answer.ogg``) is therefore uploaded like any other file, as an audio file: Slack
+documents no way for an app to post an in-app audio clip. ``snippet_type`` is the syntax of
+a text snippet and has nothing to do with audio.
 """
 
 from __future__ import annotations

@@ -7,10 +7,21 @@ ingest lets only the first through.
 
 Files in: a message event with ``files`` (subtype ``file_share``, or none) lists each file
 with its private URL; ``to_inbound`` keeps the URL as the file's ref and downloads nothing.
+
+Audio: an audio clip recorded in Slack's app is a file with ``subtype: "slack_audio"``,
+``duration_ms`` and ``media_display_type: "audio"`` (a video clip is ``slack_video``). None
+of the three is on Slack's documented file object (api.slack.com/types/file); they are what
+Slack sends for clips in events and files.info answers, so they are read warily: a clip is
+``voice``, and any audio file carries the length Slack announced when it is a plausible
+number. An uploaded audio file is audio by its ``mimetype`` (``audio/...``) and usually has
+no ``duration_ms``. A clip's ``mimetype`` is what was recorded (``audio/webm``,
+``audio/mp4``), and its download URL has been seen to point at Slack's own transcode (an
+``..._audio.mp4``) instead: whoever decodes a clip goes by its bytes, not by the type.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +36,8 @@ COMMAND_NAMES = frozenset(c.name for c in CHAT_COMMANDS)
 # Files Slack lists without their content: deleted ones, and ones beyond a free workspace's
 # history limit.
 _CONTENTLESS_MODES = frozenset({"tombstone", "hidden_by_limit"})
+# The file subtype of an audio clip recorded in Slack (a voice note).
+_AUDIO_CLIP = "slack_audio"
 
 
 def to_inbound(
@@ -90,18 +103,39 @@ def files_of(event: Mapping[str, Any]) -> tuple[InboundFile, ...]:
             "file",
         )
         media_type = item.get("mimetype")
+        media_type = media_type if isinstance(media_type, str) else ""
         size = item.get("size")
+        voice = item.get("subtype") == _AUDIO_CLIP
+        audio = (
+            voice
+            or media_type.lower().startswith("audio/")
+            or item.get("media_display_type") == "audio"
+        )
         found.append(
             InboundFile(
                 ref=url,
                 name=name,
-                media_type=media_type if isinstance(media_type, str) else "",
+                media_type=media_type,
                 size=size
                 if isinstance(size, int) and not isinstance(size, bool) and size > 0
                 else 0,
+                duration=_seconds(item.get("duration_ms")) if audio else 0.0,
+                voice=voice,
             )
         )
     return tuple(found)
+
+
+def _seconds(duration_ms: object) -> float:
+    """A file's ``duration_ms`` in seconds, or 0 (unknown) for anything but a positive,
+    finite number: a string, a bool, a negative or an overflowing value says nothing."""
+    if isinstance(duration_ms, bool) or not isinstance(duration_ms, int | float):
+        return 0.0
+    try:
+        seconds = duration_ms / 1000
+    except OverflowError:  # an int too large for a float
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 def _strings(event: Mapping[str, Any], *keys: str) -> bool:

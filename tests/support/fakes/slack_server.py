@@ -37,14 +37,21 @@ Point ``AsyncWebClient(base_url=fake.api_base_url)`` at it. ``apps.connections.o
   without ``files:read``). Every request for a file is counted (``downloads``) and kept with
   the token it carried (``file_requests``). A file's declared ``size`` may differ from its
   bytes (an oversized file needs no big bytes); ``chunked`` serves it without a
-  Content-Length.
+  Content-Length. Audio: ``add_audio_clip`` (``add_file`` with ``subtype="slack_audio"``) is
+  a clip recorded in Slack's app, listed with ``duration_ms`` and ``media_display_type:
+  "audio"`` as Slack lists one; ``add_file(..., duration_ms=...)`` on an ``audio/...`` file
+  is an uploaded one that announces its length. ``duration_ms`` goes into the file object
+  as given, so a test can send garbage.
 * Files out: ``files.getUploadURLExternal`` hands out ``/upload/v1/<id>``, which takes the
   bytes (raw or as multipart, answered ``OK - <length>`` in text/plain as Slack does);
   ``files.completeUploadExternal`` shares the uploaded files: each share is an
   :class:`Upload` in ``uploads`` and a message in the channel (``posted``, with ``files``).
   Its answer lists the share's ts under ``shares`` unless ``upload_shares_in_answer`` is off
   (Slack shares asynchronously and often answers before). ``fail("upload", ...)`` makes the
-  upload URL fail.
+  upload URL fail. No step takes a media type; like Slack, the fake types a shared file by
+  its name (``Upload.filetype`` / ``Upload.mimetype``, ``answer.ogg`` -> ``ogg`` /
+  ``audio/ogg``) and keeps the Content-Type the bytes were posted with
+  (``Upload.content_type``); ``Upload.size`` is the length of the bytes received.
 * Redelivery (``redeliver_after_s``): like Slack, an events envelope not acked within that
   time is sent again (``retry_attempt`` + 1, a new envelope id, the same event id), up to
   ``max_redeliveries`` times, over whichever socket is open then; with no socket open it
@@ -57,6 +64,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import mimetypes
 import time
 import uuid
 from collections import Counter, defaultdict, deque
@@ -70,6 +78,18 @@ from aiohttp import BodyPartReader, WSMsgType, web
 
 MAX_TEXT = 40_000
 MAX_SECTION_TEXT = 3000  # Slack answers invalid_blocks for a longer section text
+# How Slack types a shared file by its extension: (filetype, mimetype), the filetypes as
+# api.slack.com/types/file names them. Fixed here for the types tests send, since the
+# mimetypes module's answers depend on the machine's tables.
+_FILE_TYPES = {
+    "ogg": ("ogg", "audio/ogg"),
+    "mp3": ("mp3", "audio/mpeg"),
+    "m4a": ("m4a", "audio/mp4"),
+    "wav": ("wav", "audio/wav"),
+    "pdf": ("pdf", "application/pdf"),
+    "png": ("png", "image/png"),
+    "txt": ("text", "text/plain"),
+}
 
 
 @dataclass
@@ -141,6 +161,14 @@ class Upload:
     thread_ts: str | None
     initial_comment: str | None
     ts: str  # the share's message
+    filetype: str = "binary"  # as Slack types it by its name
+    mimetype: str = "application/octet-stream"  # likewise
+    content_type: str = ""  # of the POST (or multipart part) that carried the bytes
+
+    @property
+    def size(self) -> int:
+        """The length of the bytes received."""
+        return len(self.data)
 
 
 @dataclass
@@ -148,6 +176,7 @@ class _PendingUpload:
     name: str
     length: int
     data: bytes | None = None
+    content_type: str = ""
 
 
 SIGN_IN_PAGE = "<!DOCTYPE html><html><head><title>Slack</title></head><body>Sign in</body></html>"
@@ -413,17 +442,23 @@ class FakeSlack:
         size: int | None = None,
         chunked: bool = False,
         redirect_to: str | None = None,
+        subtype: str | None = None,
+        duration_ms: Any = None,
+        media_display_type: str | None = None,
     ) -> dict[str, Any]:
         """Keep a file a user shares; its Slack file object (as in a message event).
         ``size`` is what the object declares (default: the length of ``data``);
-        ``redirect_to`` answers an authorised request with a redirect there."""
+        ``redirect_to`` answers an authorised request with a redirect there.
+        ``subtype`` (``slack_audio``: a clip recorded in Slack, which then has
+        ``media_display_type: "audio"`` unless another is given), ``duration_ms`` and
+        ``media_display_type`` are listed when given, ``duration_ms`` as it is."""
         file_id = f"F{next(self._file_ids):010d}"
         declared = len(data) if size is None else size
         self.files[file_id] = StoredFile(
             file_id, name, data, mimetype, declared, chunked, redirect_to
         )
         base = f"{self.root}/files-pri/{self.team_id}-{file_id}"
-        return {
+        file: dict[str, Any] = {
             "id": file_id,
             "created": int(time.time()),
             "timestamp": int(time.time()),
@@ -445,6 +480,31 @@ class FakeSlack:
             "url_private_download": f"{base}/download/{quote(name)}",
             "permalink": f"https://fake.slack.com/files/U0/{file_id}/{quote(name)}",
         }
+        if subtype == "slack_audio" and media_display_type is None:
+            media_display_type = "audio"
+        if subtype is not None:
+            file["subtype"] = subtype
+        if duration_ms is not None:
+            file["duration_ms"] = duration_ms
+        if media_display_type is not None:
+            file["media_display_type"] = media_display_type
+        return file
+
+    def add_audio_clip(
+        self,
+        data: bytes,
+        duration_ms: Any,
+        *,
+        name: str = "audio_message.webm",
+        mimetype: str = "audio/webm",
+        **kw: Any,
+    ) -> dict[str, Any]:
+        """An audio clip a user recorded in Slack's app (a voice note): ``add_file`` with
+        ``subtype="slack_audio"``, by default named and typed as a clip from Slack's
+        web client has been seen to be (a phone's is ``audio_message.m4a``, ``audio/mp4``)."""
+        return self.add_file(
+            data, name, mimetype, subtype="slack_audio", duration_ms=duration_ms, **kw
+        )
 
     @staticmethod
     def file_message_event(
@@ -742,16 +802,19 @@ class FakeSlack:
         pending = self._pending_uploads.get(file_id)
         if pending is None:
             return web.Response(status=404, text="no such upload")
+        content_type = request.headers.get("Content-Type", "")
         if request.content_type.startswith("multipart/"):
             reader = await request.multipart()
             data = b""
             async for field_ in reader:
                 if isinstance(field_, BodyPartReader) and field_.filename is not None:
                     data = bytes(await field_.read())
+                    content_type = field_.headers.get("Content-Type", "")
                     break
         else:
             data = await request.read()
         pending.data = data
+        pending.content_type = content_type
         await self._notify()
         return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
 
@@ -781,11 +844,13 @@ class FakeSlack:
             items.append((str(item["id"]), str(item.get("title") or pending.name), pending))
         if not channel:
             return _ok(files=[{"id": fid, "title": title} for fid, title, _ in items])
-        files = [
+        files: list[dict[str, Any]] = [
             {
                 "id": fid,
                 "name": p.name,
                 "title": title,
+                "filetype": _file_type(p.name)[0],
+                "mimetype": _file_type(p.name)[1],
                 "size": len(p.data or b""),
                 "mode": "hosted",
             }
@@ -794,7 +859,7 @@ class FakeSlack:
         message = self._post(
             {"channel": channel, "text": comment or "", "thread_ts": thread_ts}, files=files
         )
-        for (fid, title, pending), _file in zip(items, files, strict=True):
+        for (fid, title, pending), file in zip(items, files, strict=True):
             del self._pending_uploads[fid]
             self.uploads.append(
                 Upload(
@@ -806,6 +871,9 @@ class FakeSlack:
                     thread_ts,
                     comment,
                     message["ts"],
+                    file["filetype"],
+                    file["mimetype"],
+                    pending.content_type,
                 )
             )
         if self.upload_shares_in_answer:
@@ -1024,6 +1092,15 @@ class FakeSlack:
             Posted(channel, ts, message["text"], thread_ts, metadata, blocks, files)
         )
         return message
+
+
+def _file_type(name: str) -> tuple[str, str]:
+    """(filetype, mimetype) of a shared file as Slack types it by its name."""
+    ext = name.rpartition(".")[2].lower() if "." in name else ""
+    if ext in _FILE_TYPES:
+        return _FILE_TYPES[ext]
+    guessed = mimetypes.guess_type(name)[0]
+    return (ext or "binary", guessed) if guessed else ("binary", "application/octet-stream")
 
 
 def _metadata(args: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,6 +10,14 @@
   ``files[0]``, discord.py's ``send(file=...)``), caption, nonce and reply reference as for
   text; discord.py re-reads the file for each of its own retries. Its outcome is looked up
   by nonce like any part's. Discord answers an upload over the limit with 413/40005.
+* Spoken answers. A file with ``voice=True`` (OGG/Opus) goes the same way, as an audio
+  attachment named ``*.ogg``: discord.py sends every file as application/octet-stream and
+  Discord types the attachment by its name, so the name is what makes it audio/ogg. It is
+  not sent as Discord's own voice message (IS_VOICE_MESSAGE): that needs the attachment's
+  ``duration_secs`` and ``waveform`` (the Opus audio decoded to amplitudes), a message with
+  no content (the caption would be a second message, outside the part's one nonce) and the
+  SEND_VOICE_MESSAGES permission, and discord.py's ``send`` can set neither the flag nor
+  those attachment fields. A plain attachment plays inline in every client all the same.
 """
 
 from __future__ import annotations
@@ -88,8 +96,9 @@ class DiscordFiles:
     async def upload(self, part: OutboundPart, file: OutboundFile) -> SentPart:
         target = await self._state.messageable(part.destination.thread or part.destination.channel)
         reference = reply_reference(part, self._state.interactions)
+        name = voice_name(file.name) if file.voice else file.name
         try:
-            upload = discord.File(file.path, filename=file.name)
+            upload = discord.File(file.path, filename=name)
         except OSError as exc:  # gone from the file store: a resend would not find it either
             raise ChannelError(
                 f"discord: {file.name} cannot be read: {exc}", permanent=True
@@ -106,6 +115,18 @@ class DiscordFiles:
         finally:
             upload.close()  # send closes it too, unless it failed before the request
         return SentPart(str(message.id))
+
+
+def voice_name(name: str) -> str:
+    """The upload name of a spoken answer: its own if it ends in ``.ogg``, else with that
+    suffix (``answer.ogg`` for none), so that Discord types it audio/ogg."""
+    stem = name.strip().rstrip(".")
+    if stem.lower().endswith(".ogg"):
+        return stem
+    base, dot, suffix = stem.rpartition(".")
+    if dot and base and suffix.lower() in {"opus", "oga"}:
+        stem = base
+    return f"{stem or 'answer'}.ogg"
 
 
 def download_refused(file: InboundFile, response: aiohttp.ClientResponse) -> ChannelError:

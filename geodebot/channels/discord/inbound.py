@@ -3,9 +3,18 @@
 Threads are threads of their parent (``channel`` = parent id, ``thread`` = thread id), like
 Slack: a binding on a channel covers its threads. Replies go to the thread. A message's
 attachments become ``Inbound.files`` (ref = the attachment URL).
+
+Voice: a voice message recorded in the app is a message flagged IS_VOICE_MESSAGE (1 << 13)
+with one OGG/Opus attachment that carries ``duration_secs`` and a ``waveform``; its file is
+``voice=True`` with that duration. An attached audio file keeps ``voice=False`` and has a
+duration only if Discord gave one. discord.py passes ``duration_secs`` through unchecked, so
+anything but a positive finite number counts as unknown (0), and the voice stage then sees
+no announced length rather than a wrong one.
 """
 
 from __future__ import annotations
+
+import math
 
 import discord
 
@@ -41,11 +50,30 @@ def to_inbound(message: discord.Message, bot_user_id: int | None) -> Inbound | N
         mentions_bot=any(u.id == bot_user_id for u in message.mentions),
         is_dm=isinstance(message.channel, discord.DMChannel),
         ts=message.created_at.timestamp(),
-        files=tuple(
-            InboundFile(a.url, a.filename, a.content_type or "", a.size or 0)
-            for a in message.attachments
-        ),
+        files=tuple(to_file(a, voice_message=message.flags.voice) for a in message.attachments),
     )
+
+
+def to_file(attachment: discord.Attachment, *, voice_message: bool = False) -> InboundFile:
+    """An attachment as an InboundFile; ``voice_message``: its message is flagged as one."""
+    kind = attachment.content_type or ""
+    audio = kind.lower().startswith("audio/") or attachment.is_voice_message()
+    return InboundFile(
+        attachment.url,
+        attachment.filename,
+        kind,
+        attachment.size or 0,
+        duration=seconds(attachment.duration),
+        voice=voice_message and audio,
+    )
+
+
+def seconds(value: object) -> float:
+    """A duration Discord announced, in seconds; 0.0 for none, or one that is no length."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    length = float(value)
+    return length if math.isfinite(length) and length > 0 else 0.0
 
 
 def interaction_to_inbound(interaction: discord.Interaction) -> Inbound | None:

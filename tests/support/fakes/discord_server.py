@@ -44,16 +44,25 @@ Close to the real service where discord.py can tell:
   ``Authorization`` header of each CDN request in ``cdn_authorization`` (a client must send
   none). The declared ``size`` may differ from the bytes, so an oversized file needs no big
   body; ``chunked=True`` serves it without Content-Length.
+* Voice in: ``attachment(..., duration_secs=..., waveform=...)`` adds those fields (any
+  value, a malformed one too) as Discord gives them on audio; ``push_message(..., flags=)``
+  sets the message's flags. :meth:`push_voice_message` is both at once, as the app records
+  one: content "", flags ``VOICE_MESSAGE`` (1 << 13) and one ``voice-message.ogg``
+  attachment (audio/ogg, ``duration_secs``, base64 ``waveform``) served by the fake CDN.
 * Attachments out: message create also takes Discord's multipart form (``payload_json`` and
   ``files[n]``), as discord.py sends it with a file; each file is recorded in ``uploads``
-  (:class:`Upload`: channel, message, name, bytes, content, nonce, reference) and the message
-  carries it as an attachment, downloadable from the fake CDN. A request over
+  (:class:`Upload`: channel, message, name, bytes, content, nonce, reference, the
+  attachment's ``content_type`` and the ``sent_type`` of its form part; ``size``) and the
+  message carries it as an attachment, downloadable from the fake CDN. Like Discord, the
+  attachment's type comes from the file's name (discord.py sends every file as
+  application/octet-stream). A request over
   ``upload_limit`` is 413/40005 Request entity too large, as on Discord.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -76,6 +85,7 @@ from aiohttp import WSMsgType, web
 DISCORD_EPOCH_MS = 1_420_070_400_000
 MESSAGE_CONTENT_INTENT = 1 << 15
 EPHEMERAL = 1 << 6  # message flag
+VOICE_MESSAGE = 1 << 13  # message flag IS_VOICE_MESSAGE
 UPLOAD_LIMIT = 10 * 1024 * 1024  # a bot's per-message upload limit without boosts
 _SAME_GUILD: Any = object()
 Json = dict[str, Any]
@@ -100,6 +110,12 @@ class Upload:
     content: str | None  # the caption; None when the message had none
     nonce: str | None
     reference: Json | None  # message_reference, ids as strings
+    content_type: str = ""  # the attachment's, from the name as Discord types it
+    sent_type: str = ""  # the Content-Type of the file's form part, as the client sent it
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,7 @@ class _Stored:
     name: str
     content_type: str
     chunked: bool = False
+    extra: Json = field(default_factory=dict)  # more attachment fields (duration_secs, ...)
 
 
 @dataclass
@@ -286,14 +303,65 @@ class FakeDiscord:
         content_type: str | None = None,
         size: int | None = None,
         chunked: bool = False,
+        duration_secs: Any = None,
+        waveform: Any = None,
     ) -> Json:
         """A file a user uploads into ``channel_id``: its attachment object, for
         :meth:`push_message`. ``content_type`` defaults to the guess from the name, as
-        Discord's ("" for none); ``size`` (what Discord declares) to the length of ``data``."""
+        Discord's ("" for none); ``size`` (what Discord declares) to the length of ``data``.
+        ``duration_secs`` and ``waveform`` (base64), left out when None, go in as given."""
         kind = content_type if content_type is not None else _guess_type(name)
+        extra = {"duration_secs": duration_secs, "waveform": waveform}
         aid = self._next_id()
-        self._files[aid] = _Stored(data, name, kind, chunked)
+        self._files[aid] = _Stored(
+            data, name, kind, chunked, {k: v for k, v in extra.items() if v is not None}
+        )
         return self._attachment_json(channel_id, aid, len(data) if size is None else size)
+
+    def voice_attachment(
+        self,
+        channel_id: str,
+        data: bytes,
+        *,
+        duration_secs: Any = 2.5,
+        waveform: Any = None,
+        size: int | None = None,
+    ) -> Json:
+        """The attachment of a voice message recorded in the app: ``voice-message.ogg``,
+        audio/ogg, ``duration_secs`` and a ``waveform`` (a flat one, base64, by default)."""
+        if waveform is None:
+            waveform = base64.b64encode(bytes([128]) * 64).decode()
+        return self.attachment(
+            channel_id,
+            "voice-message.ogg",
+            data,
+            content_type="audio/ogg",
+            size=size,
+            duration_secs=duration_secs,
+            waveform=waveform,
+        )
+
+    def push_voice_message(
+        self,
+        channel_id: str,
+        data: bytes,
+        *,
+        author_id: str,
+        duration_secs: Any = 2.5,
+        waveform: Any = None,
+        size: int | None = None,
+        **push: Any,
+    ) -> str:
+        """A voice message recorded in the app (flags VOICE_MESSAGE, no text, the one
+        attachment of :meth:`voice_attachment`), dispatched like :meth:`push_message` (which
+        takes ``push``); returns its id. ``message(id)["attachments"][0]`` is the attachment."""
+        voice = self.voice_attachment(
+            channel_id, data, duration_secs=duration_secs, waveform=waveform, size=size
+        )
+        flags = VOICE_MESSAGE | int(push.pop("flags", 0))
+        return self.push_message(
+            channel_id, "", author_id=author_id, attachments=[voice], flags=flags, **push
+        )
 
     def delete_message(self, channel_id: str, message_id: str) -> None:
         """Somebody deleted the message: gone from history, MESSAGE_DELETE dispatched."""
@@ -327,11 +395,13 @@ class FakeDiscord:
         mentions_bot: bool = False,
         message_id: str | None = None,
         attachments: list[Json] | None = None,
+        flags: int = 0,
     ) -> str:
         """A message stored in history and dispatched as MESSAGE_CREATE; returns its id.
 
         ``guild_id`` defaults to the fake's guild for its channel and thread, else a DM.
-        ``attachments``: objects from :meth:`attachment`.
+        ``attachments``: objects from :meth:`attachment`. ``flags``: the message's flags
+        (``VOICE_MESSAGE`` for a voice message).
         """
         if guild_id is _SAME_GUILD:
             guild_id = self.guild_id if self._in_guild(channel_id) else None
@@ -345,6 +415,7 @@ class FakeDiscord:
             mentions=mentions,
             mid=message_id,
             attachments=attachments,
+            flags=flags,
         )
         event = dict(msg)
         blind = self.intents is not None and not self.intents & MESSAGE_CONTENT_INTENT
@@ -439,7 +510,7 @@ class FakeDiscord:
         }
         if stored.content_type:  # Discord leaves out a type it does not know
             attachment["content_type"] = stored.content_type
-        return attachment
+        return attachment | stored.extra
 
     def _next_id(self) -> str:
         snow = (int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22 | next(self._counter) % 4096
@@ -570,7 +641,7 @@ class FakeDiscord:
     async def _create_message(self, request: web.Request) -> web.StreamResponse:
         cid = request.match_info["cid"]
         body, files = await _message_body(request)
-        if sum(len(data) for _, data in files) > self.upload_limit:
+        if sum(len(data) for _, data, _ in files) > self.upload_limit:
             return _error(413, 40005, "Request entity too large")
         failure = self._failures.pop(0) if self._failures else None
         if failure is not None and not failure[2]:
@@ -588,7 +659,7 @@ class FakeDiscord:
             guild = self.guild_id if self._in_guild(cid) else None
             components, flags = body.get("components") or [], int(body.get("flags") or 0)
             attachments = []
-            for name, data in files:
+            for name, data, _ in files:
                 aid = self._next_id()
                 self._files[aid] = _Stored(data, name, _guess_type(name))
                 attachments.append(self._attachment_json(cid, aid, len(data)))
@@ -609,9 +680,19 @@ class FakeDiscord:
                 | {"components": components, "flags": flags, "attachments": attachments}
             )
             caption = body.get("content")
-            for name, data in files:
+            for name, data, sent_type in files:
                 self.uploads.append(
-                    Upload(cid, msg["id"], name, data, caption, _text(nonce), ref or None)
+                    Upload(
+                        cid,
+                        msg["id"],
+                        name,
+                        data,
+                        caption,
+                        _text(nonce),
+                        ref or None,
+                        content_type=_guess_type(name),
+                        sent_type=sent_type,
+                    )
                 )
             if nonce is not None:
                 self._nonces[(cid, str(nonce))] = (time.monotonic(), msg)
@@ -816,17 +897,24 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return web.Response(body=json.dumps(data).encode(), status=status, headers=headers)
 
 
+# Types Discord gives that Python knows only from the host's mime.types, which a test host
+# may lack: the fake's answer must not depend on it.
+_KNOWN_TYPES = {".ogg": "audio/ogg"}
+
+
 def _guess_type(name: str) -> str:
-    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+    suffix = name[name.rfind(".") :].lower() if "." in name else ""
+    return _KNOWN_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-async def _message_body(request: web.Request) -> tuple[Json, list[tuple[str, bytes]]]:
-    """A message create's JSON body, and its files (name, bytes) when it came as multipart:
-    ``payload_json`` carries the JSON, ``files[n]`` the files (discord.py's field names)."""
+async def _message_body(request: web.Request) -> tuple[Json, list[tuple[str, bytes, str]]]:
+    """A message create's JSON body, and its files (name, bytes, the part's Content-Type)
+    when it came as multipart: ``payload_json`` carries the JSON, ``files[n]`` the files
+    (discord.py's field names)."""
     if request.content_type != "multipart/form-data":
         return await request.json(), []
     form = await request.post()
@@ -834,7 +922,7 @@ async def _message_body(request: web.Request) -> tuple[Json, list[tuple[str, byt
     files = []
     for key, value in form.items():
         if key.startswith("files[") and isinstance(value, web.FileField):
-            files.append((value.filename, value.file.read()))
+            files.append((value.filename, value.file.read(), value.content_type))
     return body, files
 
 

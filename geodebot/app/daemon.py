@@ -24,6 +24,7 @@ from geodebot.chat.ownership import LocalOwner, SessionElsewhere, SessionOwner
 from geodebot.chat.pipeline import ChatHooks, build_chat
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import Config
+from geodebot.engine.audio import build_audio
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
@@ -331,6 +332,11 @@ async def _enter_daemon(
         if isinstance(channel, Typing):
             await channel.typing(destination)
 
+    # The audio services [voice] names (engine/audio.py), closed after the chat path.
+    transcriber, speaker = build_audio(config.voice, os.environ)
+    for service in (transcriber, speaker):
+        if service is not None:
+            stack.push_async_callback(service.aclose)
     chat = build_chat(
         app.run_turn,
         store,
@@ -363,6 +369,7 @@ async def _enter_daemon(
         # One process uses the store: what it left unanswered is its own. Replicas take up
         # each session's rows when they take the session (replicas/takeup.py).
         recover=shared is None,
+        transcriber=transcriber,
     )
     router, outbox = chat.router, chat.outbox
     scheduler = JobScheduler(

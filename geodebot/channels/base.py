@@ -40,14 +40,25 @@ class InboundFile:
     name: str
     media_type: str = ""  # as the platform says; "" unknown
     size: int = 0  # bytes as the platform says; 0 unknown
+    # Audio: its length in seconds as the platform announced it (0 unknown), checked against
+    # [voice] max_seconds before anything is downloaded.
+    duration: float = 0.0
+    # A voice note recorded in the app (Telegram voice, Slack audio clip, Discord voice
+    # message), not an audio file that was attached; both are transcribed.
+    voice: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "ref": self.ref,
             "name": self.name,
             "media_type": self.media_type,
             "size": self.size,
         }
+        if self.duration:
+            out["duration"] = self.duration
+        if self.voice:
+            out["voice"] = True
+        return out
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> InboundFile:
@@ -56,6 +67,8 @@ class InboundFile:
             str(data.get("name", "")),
             str(data.get("media_type", "")),
             int(data.get("size", 0) or 0),
+            float(data.get("duration", 0) or 0),
+            bool(data.get("voice", False)),
         )
 
 
@@ -68,6 +81,9 @@ class OutboundFile:
     name: str
     media_type: str
     size: int
+    # A spoken answer: sent as the platform's voice message where it has one (Telegram
+    # sendVoice, OGG/Opus), else as an audio file.
+    voice: bool = False
 
 
 class FileTooLarge(Exception):

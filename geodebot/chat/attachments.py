@@ -13,6 +13,9 @@ first check it fails:
 5. the bytes themselves are what they claim (a PNG's signature, valid UTF-8 text, ...), and
    within what the model takes for that kind (images up to 5 MB, text up to 200 KB).
 
+Audio on a binding that hears is a voice note instead: chat/voice.py checks and transcribes
+it, and its transcript goes into the message.
+
 What passed is stored once by content hash (store/files.py) and goes into the user's message
 as a :class:`FileBlock`, a reference; what was refused goes in as a one-line note, so the
 model knows what it was not shown and why. The outcome is recorded on the inbox row with the
@@ -27,11 +30,13 @@ import logging
 import mimetypes
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
 from geodebot.channels.base import Channel, ChannelError, Files, FileTooLarge, InboundFile
 from geodebot.chat.replies import files_refused, reply_to
+from geodebot.chat.voice import Hearing, heard_line, is_audio, transcript_block_text
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.attachments import IMAGE_TYPES, PDF_TYPE, SHOWN_LIMITS, TEXT_TYPE
 from geodebot.engine.llm.types import Block, FileBlock, TextBlock, human_size
@@ -39,7 +44,7 @@ from geodebot.store.files import FileStore
 from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import AttachedFile, InboxRow, OutboxRow
 
-__all__ = ["Attachments", "safe_name", "sniff"]
+__all__ = ["Attachments", "Taken", "safe_name", "sniff"]
 
 log = logging.getLogger(__name__)
 
@@ -124,22 +129,51 @@ def sniff(data: bytes) -> str | None:
     return TEXT_TYPE
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What a message's files came to: the blocks they add to its user message, the notice
+    of refusals (an outbox row to send) if this call wrote one, what was heard of its voice
+    notes (shown to the sender), and whether nothing is left to answer (no text, and its
+    voice notes could not be heard: the notice is the whole answer)."""
+
+    blocks: tuple[Block, ...]
+    notice: OutboxRow | None
+    heard: str = ""
+    unheard: bool = False
+
+
 class Attachments:
     def __init__(
-        self, store: InboxOutboxStore, files: FileStore, channels: Mapping[str, Channel]
+        self,
+        store: InboxOutboxStore,
+        files: FileStore,
+        channels: Mapping[str, Channel],
+        *,
+        hearing: Hearing | None = None,
     ) -> None:
         self._store = store
         self._files = files
         # The platforms users can send files through.
         self._channels = {name: c for name, c in channels.items() if isinstance(c, Files)}
+        # Voice notes to text (chat/voice.py); None: [voice] cannot transcribe.
+        self._hearing = hearing
+
+    def hears(self, binding: BindingConfig) -> bool:
+        return self._hearing is not None and binding.voice is not False
 
     async def blocks(
         self, row: InboxRow, binding: BindingConfig
     ) -> tuple[tuple[Block, ...], OutboxRow | None]:
         """The blocks the row's files add to its user message, and the notice of refusals
         (an outbox row to send) if this call wrote one."""
+        taken = await self.take(row, binding)
+        return taken.blocks, taken.notice
+
+    async def take(self, row: InboxRow, binding: BindingConfig) -> Taken:
+        """What the row's files come to (see :class:`Taken`), checked and recorded once.
+        Raises VoiceUnavailable, recording nothing, while the transcription service is down."""
         if not row.files:
-            return (), None
+            return Taken((), None)
         notice = None
         attached = row.attached
         if attached is None:
@@ -150,7 +184,12 @@ class Attachments:
                 row.id, checked, reply_to(row, text, kind="notice") if text else None
             )
             attached = recorded.attached if recorded.attached is not None else tuple(checked)
-        return tuple(_block(a) for a in attached), notice
+        unheard = (
+            not row.text.strip()
+            and all(a.refusal for a in attached)
+            and any(_audio(raw) and self.hears(binding) for raw in row.files)
+        )
+        return Taken(tuple(_block(a) for a in attached), notice, heard_line(attached), unheard)
 
     async def _check(
         self, raw: Mapping[str, Any], row: InboxRow, binding: BindingConfig
@@ -160,6 +199,8 @@ class Attachments:
         except (KeyError, TypeError, ValueError):
             return AttachedFile("file", "", 0, refusal="its description was unreadable")
         name = safe_name(described.name)
+        if self._hearing is not None and self.hears(binding) and is_audio(described):
+            return await self._hear(self._hearing, name, described, row, binding)
         why = _refused_before(described, binding)
         if why is None:
             fetched = await self._fetch(described, row, binding)
@@ -168,6 +209,24 @@ class Attachments:
             else:
                 return await self._keep(name, fetched)
         return AttachedFile(name, described.media_type, described.size, refusal=why)
+
+    async def _hear(
+        self,
+        hearing: Hearing,
+        name: str,
+        described: InboundFile,
+        row: InboxRow,
+        binding: BindingConfig,
+    ) -> AttachedFile:
+        why = hearing.refused_before(described, _limit(binding), binding.max_attachment_mb)
+        if why is None:
+            fetched = await self._fetch(described, row, binding)
+            if not isinstance(fetched, str):
+                return await hearing.hear(name, described, fetched)
+            why = fetched
+        return AttachedFile(
+            name, described.media_type, described.size, refusal=why, voice=described.voice
+        )
 
     async def _fetch(
         self, described: InboundFile, row: InboxRow, binding: BindingConfig
@@ -243,7 +302,16 @@ def _too_large(size: int | None, binding: BindingConfig) -> str:
     return f"{shown}, over this chat's limit of {binding.max_attachment_mb:g} MB"
 
 
+def _audio(raw: Mapping[str, Any]) -> bool:
+    try:
+        return is_audio(InboundFile.from_json(raw))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def _block(attached: AttachedFile) -> Block:
+    if attached.transcript:
+        return TextBlock(transcript_block_text(attached))
     if attached.file is not None:
         f = attached.file
         return FileBlock(f.sha256, f.media_type, f.name, f.size)

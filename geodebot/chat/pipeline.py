@@ -34,7 +34,9 @@ from geodebot.chat.pairing import PairingDesk
 from geodebot.chat.router import TYPING_AFTER_S, ChatRouter
 from geodebot.chat.stored_bindings import StoredBindings
 from geodebot.chat.stream import ReplyStreams
+from geodebot.chat.voice import Hearing
 from geodebot.config.schema import BindingConfig, Config
+from geodebot.engine.audio import Transcriber
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.session import TurnRunner
 from geodebot.logs.redact import Redactor
@@ -151,16 +153,18 @@ def build_chat(
     streams: bool = True,
     recover: bool = False,
     max_chars: Mapping[str, int] | None = None,
+    transcriber: Transcriber | None = None,
 ) -> ChatPipeline:
     """The chat path over ``channels``, not yet running.
 
-    ``owner`` says which sessions' work runs here; ``recover``: answer what the store holds
-    unanswered from before a restart as the pipeline starts (one process only: replicas take
-    up each session's rows as they take the session). ``streams``: answers of bindings that
-    stream are shown as they come (by editing one message). ``files``: files users send reach
-    the model, and the model can send files. ``max_chars``: by platform, defaults to the
-    config's ``max_message_chars``. The two graces default to ``[daemon] shutdown_grace_s``
-    for the turns and none for the sends.
+        ``owner`` says which sessions' work runs here; ``recover``: answer what the store holds
+        unanswered from before a restart as the pipeline starts (one process only: replicas take
+        up each session's rows as they take the session). ``streams``: answers of bindings that
+        stream are shown as they come (by editing one message). ``files``: files users send reach
+        the model, and the model can send files. ``max_chars``: by platform, defaults to the
+        config's ``max_message_chars``. ``transcriber``: voice notes become text (with ``files``
+    and ``[voice]``). The two graces default to ``[daemon] shutdown_grace_s``
+        for the turns and none for the sends.
     """
     hooks = hooks if hooks is not None else ChatHooks()
     index = BindingIndex.of(bindings)
@@ -209,7 +213,20 @@ def build_chat(
             if streams
             else None
         ),
-        attachments=Attachments(store, files, channels) if files is not None else None,
+        attachments=(
+            Attachments(
+                store,
+                files,
+                channels,
+                hearing=(
+                    Hearing(transcriber, config.voice)
+                    if transcriber is not None and config.voice is not None
+                    else None
+                ),
+            )
+            if files is not None
+            else None
+        ),
         pairing=pairing,
         owner=owner,
     )

@@ -19,6 +19,10 @@ FinishStatus = Literal["done", "failed", "dropped"]
 STORE_FAILURE_TEXT = "geodebot could not save this conversation, so it stopped the turn."
 INTERNAL_FAILURE_TEXT = "Something went wrong inside geodebot; the turn was stopped."
 STOPPED_TEXT = "Stopped, as asked."
+VOICE_UNAVAILABLE_TEXT = (
+    "I could not listen to your voice note: the transcription service is unavailable. "
+    "It is kept, and will be answered once the service is back."
+)
 BUSY_TEXT = "I am still working on earlier messages here; please send this again in a moment."
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -35,6 +35,7 @@ from geodebot.chat.replies import (
     INTERNAL_FAILURE_TEXT,
     STOPPED_TEXT,
     STORE_FAILURE_TEXT,
+    VOICE_UNAVAILABLE_TEXT,
     FinishStatus,
     closing,
     reply_to,
@@ -43,6 +44,7 @@ from geodebot.chat.replies import (
 from geodebot.chat.send_file import OutboxOutlet
 from geodebot.chat.stream import ReplyStreams, StreamedReply
 from geodebot.chat.throttle import UserRateLimiter, Verdict
+from geodebot.chat.voice import VoiceUnavailable
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
 from geodebot.engine.lanes import Grace
 from geodebot.engine.llm.types import Block
@@ -400,6 +402,10 @@ class ChatRouter:
         reply = _Reply()
         try:
             result = await self._run(row, binding, stream, reply)
+        except (_Unheard, VoiceUnavailable) as exc:
+            await asyncio.gather(started, return_exceptions=True)
+            await self._not_heard(row, exc)
+            return
         except BaseException:
             # The turn's own failure (or a stop) is what propagates, not the start's.
             await asyncio.gather(started, return_exceptions=True)
@@ -415,7 +421,21 @@ class ChatRouter:
             return
         await started
         status, text, detail = closing(result)
-        await self._record(row, status, text, detail=detail)
+        await self._record(row, status, reply.with_heard(text), detail=detail)
+
+    async def _not_heard(self, row: InboxRow, exc: Exception) -> None:
+        """A message of voice notes that gave no text: answered by the notice already sent,
+        without a turn; or, with the transcription service down, told so and kept as a dead
+        letter, untranscribed, for a replay (chat/deadletters.py)."""
+        if isinstance(exc, _Unheard):
+            self.counters["voice:unheard"] += 1
+            await self._store.inbox_finish(row.id, "dropped", detail="unheard")
+            return
+        self.counters["voice:unavailable"] += 1
+        log.error("inbox row %s: kept as a dead letter: %s", row.id, exc)
+        notice = await self._store.outbox_add(reply_to(row, VOICE_UNAVAILABLE_TEXT, kind="notice"))
+        self._outbox.submit(notice)
+        await self._store.inbox_finish(row.id, "failed", detail="voice_unavailable")
 
     def _submit(self, outbound: OutboxRow, stream: StreamedReply | None) -> None:
         if stream is not None and stream.preview_id and not outbound.preview:
@@ -466,9 +486,14 @@ class ChatRouter:
         try:
             attachments: tuple[Block, ...] = ()
             if self._attachments is not None:
-                attachments, notice = await self._attachments.blocks(row, binding)
-                if notice is not None:
-                    self._outbox.submit(notice)
+                taken = await self._attachments.take(row, binding)
+                if taken.notice is not None:
+                    self._outbox.submit(taken.notice)
+                if taken.unheard:
+                    raise _Unheard
+                attachments, reply.heard = taken.blocks, taken.heard
+                if stream is not None and taken.heard:
+                    stream.heard(taken.heard)
             spec = session_spec(
                 row.session_id,
                 binding,
@@ -489,7 +514,9 @@ class ChatRouter:
                 row.text,
                 # Named after the row: a row recovered after a crash continues its turn.
                 turn_id=row.turn_id,
-                ending=_RowEnding(self._store, functools.partial(self._ending, row), written),
+                ending=_RowEnding(
+                    self._store, functools.partial(self._ending, row, reply), written
+                ),
                 attachments=attachments,
                 record_only=_recorded_only(row),
             )
@@ -514,12 +541,14 @@ class ChatRouter:
 
     # -- replies ----------------------------------------------------------------------------
     @staticmethod
-    def _ending(row: InboxRow, result: TurnResult) -> InboxEnding:
+    def _ending(row: InboxRow, reply: _Reply, result: TurnResult) -> InboxEnding:
         """What the turn's last commit writes for ``row``: the same as :meth:`_answer`."""
         if _recorded_only(row) and result.ok:
             return InboxEnding(row.id, "done", "relay_notify")
         status, text, detail = closing(result)
-        return InboxEnding(row.id, status, detail, reply_to(row, text), begin_first_part=True)
+        return InboxEnding(
+            row.id, status, detail, reply_to(row, reply.with_heard(text)), begin_first_part=True
+        )
 
     async def _record(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
         """:meth:`_answer`, tried again while the store refuses writes. At shutdown the row is
@@ -572,9 +601,18 @@ def _stop_typing(start: asyncio.TimerHandle | None, typing: list[asyncio.Task[No
 
 
 class _Reply:
-    """Whether a turn's reply was handed to the outbox as soon as it was committed."""
+    """Whether a turn's reply was handed to the outbox as soon as it was committed, and what
+    was heard of its message's voice notes (the answer's first line)."""
 
     submitted = False
+    heard = ""
+
+    def with_heard(self, text: str) -> str:
+        return f"{self.heard}\n\n{text}" if self.heard else text
+
+
+class _Unheard(Exception):
+    """The message was voice notes only, and none could be heard: no turn."""
 
 
 class _RowEnding:

@@ -141,6 +141,7 @@ class StreamedReply:
         self._not_before: float | None = None
         self._answer: list[str] = []
         self._status = ""
+        self._heard = ""
         self._shown = ""
         self._dirty = False
         self._closed = False
@@ -222,6 +223,12 @@ class StreamedReply:
             self._timer = None
         return True
 
+    def heard(self, line: str) -> None:
+        """Show what was heard of the message's voice notes at once, above the answer."""
+        self._heard = line
+        self._first_after_s = 0.0
+        self._changed()
+
     def waiting(self, note: str) -> None:
         """Show what the turn waits for (a person's decision) instead of a progress line."""
         self._status = f"({note})"
@@ -267,7 +274,9 @@ class StreamedReply:
         if len(answer) > limit:
             answer = answer[: limit - 1] + "…"
         if self._status:
-            return f"{answer}\n\n{self._status}" if answer else self._status
+            answer = f"{answer}\n\n{self._status}" if answer else self._status
+        if self._heard:
+            return f"{self._heard}\n\n{answer}" if answer else self._heard
         return answer
 
     async def _show(self, text: str) -> None:

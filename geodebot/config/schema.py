@@ -556,6 +556,10 @@ class BindingConfig(_Strict):
     # Tokens this binding's turns (and the runs of jobs made in its chat) may spend per UTC
     # day; None or 0: no limit of its own.
     daily_tokens: Annotated[int, Field(ge=0)] | None = None
+    # Voice notes become the turn's text; None: on when [voice] can transcribe.
+    voice: bool | None = None
+    # Answers spoken too (the text always goes): to voice notes, to everything, or never.
+    voice_replies: Literal["never", "when_spoken_to", "always"] = "never"
 
     @property
     def project_name(self) -> str:
@@ -623,6 +627,68 @@ class PairingConfig(_Strict):
         return self.enabled and (not self.platforms or platform in self.platforms)
 
 
+_AUDIO_SUFFIXES = ("/audio/transcriptions", "/audio/speech")
+
+
+def _audio_base(value: str | None) -> str | None:
+    """An OpenAI-compatible audio URL as the SDK's base URL (ending in /v1, say): the
+    endpoint's own path, if given, is taken off."""
+    if value is None or value == "":
+        return None
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    base = value.rstrip("/")
+    for suffix in _AUDIO_SUFFIXES:
+        base = base.removesuffix(suffix)
+    return base
+
+
+class VoiceConfig(_Strict):
+    """Voice notes in and spoken answers out (chat/voice.py), through OpenAI-compatible
+    audio services: OpenAI, Groq, or a local server such as faster-whisper-server or
+    LocalAI. A voice note becomes the turn's text; an answer may go as speech too."""
+
+    # /v1/audio/transcriptions (or the /v1 base it is under). None: no service, and voice
+    # notes are transcribed only with local_model_dir.
+    transcribe_url: str | None = None
+    transcribe_model: Annotated[str, Field(min_length=1)] = "whisper-1"
+    # The environment variable with the services' key; None: none sent (a local server).
+    api_key_env: str | None = None
+    # Longer notes (by the length the platform announces) are refused before any download.
+    max_seconds: Annotated[float, Field(gt=0, le=4 * 3600)] = 300.0
+    # ISO-639-1 language of what is said; None: the service detects it.
+    language: Annotated[str, Field(min_length=2, max_length=12)] | None = None
+    # /v1/audio/speech (or its /v1 base); None: no spoken answers.
+    speech_url: str | None = None
+    speech_model: Annotated[str, Field(min_length=1)] = "tts-1"
+    speech_voice: Annotated[str, Field(min_length=1)] = "alloy"
+    # An answer is spoken up to this many characters; a longer one says it was cut.
+    max_speech_chars: Annotated[int, Field(ge=50, le=4096)] = 1500
+    # US dollars per transcribed minute and per million spoken characters, for
+    # `geodebot usage` and [model] daily_usd.
+    price_per_minute: Annotated[float, Field(ge=0, le=100)] | None = None
+    price_per_mchars: Annotated[float, Field(ge=0, le=10_000)] | None = None
+    # A faster-whisper model on this machine (the faster-whisper extra); it is never
+    # downloaded at run time. Used instead of transcribe_url.
+    local_model_dir: Path | None = None
+    request_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    # The SDK's own retries of a 429 or 5xx; after them the message waits as a dead letter.
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+
+    @field_validator("transcribe_url", "speech_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return _audio_base(value)
+
+    @property
+    def transcribes(self) -> bool:
+        return self.transcribe_url is not None or self.local_model_dir is not None
+
+    @property
+    def speaks(self) -> bool:
+        return self.speech_url is not None
+
+
 class RelayConfig(_Strict):
     """Thread Relay (relay/): what a session may read of other threads of its project, and
     how sends into them are bounded. The tools themselves are listed per binding."""
@@ -659,6 +725,7 @@ class Config(_Strict):
     relay: RelayConfig = RelayConfig()
     store: StoreConfig = StoreConfig()
     pairing: PairingConfig = PairingConfig()
+    voice: VoiceConfig | None = None
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
     # The sha256 of the file's bytes as read ("" when not read from a file).
@@ -724,6 +791,23 @@ class Config(_Strict):
                     f"project {first!r} already; bindings sharing a session share its project"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _voice_configured(self) -> Config:
+        voice = self.voice
+        for index, binding in enumerate(self.bindings):
+            if binding.voice and (voice is None or not voice.transcribes):
+                raise ValueError(
+                    f"bindings.{index}.voice: needs [voice] transcribe_url or local_model_dir"
+                )
+            if binding.voice_replies != "never" and (voice is None or not voice.speaks):
+                raise ValueError(f"bindings.{index}.voice_replies: needs [voice] speech_url")
+        return self
+
+    def hears(self, binding: BindingConfig) -> bool:
+        """Whether the binding's voice notes are transcribed."""
+        can = self.voice is not None and self.voice.transcribes
+        return can and (binding.voice if binding.voice is not None else True)
 
     @model_validator(mode="after")
     def _jobs_deliverable(self) -> Config:

@@ -246,6 +246,11 @@ class AttachedFile:
     size: int
     file: StoredFile | None = None
     refusal: str = ""
+    # Audio that was heard (chat/voice.py): its transcript, the seconds transcribed, and
+    # whether it was a voice note recorded in the app rather than an audio file.
+    transcript: str = ""
+    seconds: float = 0.0
+    voice: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "media_type": self.media_type, "size": self.size}
@@ -253,6 +258,11 @@ class AttachedFile:
             out["file"] = self.file.to_json()
         if self.refusal:
             out["refusal"] = self.refusal
+        if self.transcript:
+            out["transcript"] = self.transcript
+            out["seconds"] = self.seconds
+        if self.voice:
+            out["voice"] = True
         return out
 
     @staticmethod
@@ -264,6 +274,9 @@ class AttachedFile:
             int(data.get("size", 0) or 0),
             StoredFile.from_json(stored) if stored else None,
             str(data.get("refusal", "")),
+            str(data.get("transcript", "")),
+            float(data.get("seconds", 0) or 0),
+            bool(data.get("voice", False)),
         )
 
 

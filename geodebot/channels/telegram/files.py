@@ -1,7 +1,7 @@
 """Files on Telegram: downloads of what users sent (getFile, then the file URL under
-``file_base_url``, read with a cap) and uploads (sendPhoto for small images, sendDocument for
-the rest). The file URL holds the bot token in its path: it is built here, fetched, and never
-put in a log line or an error text."""
+``file_base_url``, read with a cap) and uploads (sendPhoto for small images, sendVoice for a
+spoken answer, sendDocument for the rest). The file URL holds the bot token in its path: it
+is built here, fetched, and never put in a log line or an error text."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ PHOTO_TYPES = frozenset({"image/jpeg", "image/png", "image/webp"})
 NOT_A_PHOTO = ("photo_invalid_dimensions", "image_process_failed", "photo_ext_invalid")
 # The cloud Bot API's getFile answer for a file over its 20 MB download limit.
 TOO_BIG = "file is too big"
+_METHODS = {"photo": "sendPhoto", "document": "sendDocument", "voice": "sendVoice"}
 # A slow upload's answer comes once Telegram stored the file; be patient with it.
 UPLOAD_READ_TIMEOUT_S = 60.0
 
@@ -83,6 +84,9 @@ class TelegramFiles:
                 f"limit of {UPLOAD_LIMITS['telegram']}",
                 permanent=True,
             )
+        if file.voice:
+            # A spoken answer (OGG/Opus): a voice message, played in the chat.
+            return await self._upload_captioned(part, file, "voice")
         if file.media_type in PHOTO_TYPES and file.size <= TELEGRAM_PHOTO_LIMIT:
             try:
                 return await self._upload_captioned(part, file, "photo")
@@ -139,7 +143,7 @@ class TelegramFiles:
             if file.media_type:
                 upload.mimetype = file.media_type
             fields[kind] = upload
-            method = "sendPhoto" if kind == "photo" else "sendDocument"
+            method = _METHODS[kind]
             sent = await self._state.post_message(method, fields, UPLOAD_READ_TIMEOUT_S)
         self._state.counters["uploads"] += 1
         return sent

@@ -3,6 +3,7 @@ uses (HTML shown as plain text, lengths in UTF-16 code units). Pure: no I/O."""
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import mimetypes
 import re
@@ -80,10 +81,32 @@ def files_of(message: Message) -> tuple[InboundFile, ...]:
         return ()
     kind = type(media).__name__.lower()  # audio, video, voice, videonote
     media_type = str(getattr(media, "mime_type", None) or "")
+    if kind == "voice" and not media_type:
+        media_type = "audio/ogg"  # what Telegram records voice notes as (Opus)
     name = getattr(media, "file_name", None) or (
         f"{kind}-{media.file_unique_id}{mimetypes.guess_extension(media_type) or ''}"
     )
-    return (InboundFile(media.file_id, str(name), media_type, media.file_size or 0),)
+    return (
+        InboundFile(
+            media.file_id,
+            str(name),
+            media_type,
+            media.file_size or 0,
+            # The timedelta PTB keeps: its ``duration`` property warns of a change of type
+            # unless PTB_TIMEDELTA is set in the environment.
+            duration=_seconds(getattr(media, "_duration", None)),
+            voice=kind == "voice",
+        ),
+    )
+
+
+def _seconds(value: object) -> float:
+    """A media duration as Telegram sent it (whole seconds; PTB may hold a timedelta)."""
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return 0.0
 
 
 def _mentions(message: Message, bot_user: User) -> bool:

@@ -44,9 +44,11 @@ Behaviour worth knowing in tests:
   ``GET /file/bot<token>/<file_path>`` (``file_base_url``), each fetch counted in
   ``downloads`` by file_id. ``forget_file`` makes a file gone (getFile refuses it, its path
   answers 404); ``chunked`` serves it without a Content-Length.
-* Files out: sendPhoto and sendDocument take PTB's multipart upload (the file in the
-  ``photo``/``document`` part, caption at most 1024 characters, HTML checked as for text);
-  sendPhoto refuses bytes that are no image with "IMAGE_PROCESS_FAILED". Each upload is in
+  ``voice`` and ``audio`` push a voice note or an audio file with its announced duration.
+* Files out: sendPhoto, sendDocument and sendVoice take PTB's multipart upload (the file in
+  the ``photo``/``document``/``voice`` part, caption at most 1024 characters, HTML checked as
+  for text); sendPhoto refuses bytes that are no image with "IMAGE_PROCESS_FAILED", sendVoice
+  bytes that are not OGG. Each upload is in
   ``uploads`` and shows in the chat as a message (``sent``) whose text is its caption; an
   uploaded file can be fetched back with getFile like a user's.
 * Webhooks: setWebhook (``webhook`` holds what it registered), deleteWebhook and
@@ -175,7 +177,7 @@ class Upload:
 
     chat_id: int
     message_id: int
-    kind: str  # "photo" or "document"
+    kind: str  # "photo", "document" or "voice"
     name: str  # the multipart filename
     data: bytes
     content_type: str
@@ -446,19 +448,26 @@ class FakeTelegram:
         username: str | None = None,
         chat_type: str = "group",
         thread_id: int | None = None,
+        voice: bool = False,
+        audio: bool = False,
+        duration: int | None = None,
     ) -> int:
         """Queue a user's message with a file of ``data``: a document (``name``,
-        ``mime_type``), or with ``photo`` a photo (Telegram's: no name, JPEG, sizes smallest
-        first). ``size`` is the size Telegram declares instead of ``len(data)``; ``hide_size``
-        declares none; ``chunked`` serves the bytes without a Content-Length. The caption gets
-        entities like a text. Returns the update_id; ``pushed_files[update_id]`` is the file."""
+        ``mime_type``), with ``photo`` a photo (Telegram's: no name, JPEG, sizes smallest
+        first), with ``voice`` a voice note (OGG/Opus, no name) or with ``audio`` an audio
+        file (``name``, ``mime_type``), each with the ``duration`` in seconds Telegram
+        announces. ``size`` is the size Telegram declares instead of ``len(data)``;
+        ``hide_size`` declares none; ``chunked`` serves the bytes without a Content-Length.
+        The caption gets entities like a text. Returns the update_id;
+        ``pushed_files[update_id]`` is the file."""
         sender: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": "Test"}
         if username:
             sender["username"] = username
         message = self._new_message(chat_id, chat_type, thread_id, None)
         message["from"] = sender
         declared = None if hide_size else (len(data) if size is None else size)
-        stored = self.add_file(data, "photos" if photo else "documents", size=declared)
+        folder = "photos" if photo else "voice" if voice else "music" if audio else "documents"
+        stored = self.add_file(data, folder, size=declared)
         if chunked:
             stored = self.files[stored.file_id] = replace(stored, chunked=True)
         described: dict[str, Any] = {"file_id": stored.file_id}
@@ -477,6 +486,12 @@ class FakeTelegram:
                 },
                 {**described, "width": 1280, "height": 853},
             ]
+        elif voice or audio:
+            media = {**described, "duration": 1 if duration is None else duration}
+            if voice:
+                message["voice"] = {**media, "mime_type": "audio/ogg"}
+            else:
+                message["audio"] = {**media, "file_name": name, "mime_type": mime_type}
         else:
             message["document"] = {**described, "file_name": name, "mime_type": mime_type}
         if caption:
@@ -980,18 +995,16 @@ class FakeTelegram:
     async def _m_senddocument(self, params: dict[str, Any]) -> Any:
         return self._media_message(params, "document")
 
+    async def _m_sendvoice(self, params: dict[str, Any]) -> Any:
+        return self._media_message(params, "voice")
+
     def _media_message(self, params: dict[str, Any], kind: str) -> dict[str, Any]:
         chat_id = int(params["chat_id"])
         upload = params.get(kind)
         if not isinstance(upload, UploadedFile):
             # A file_id or URL to send again: this fake takes uploads only.
             raise ApiError(400, f"Bad Request: there is no {kind} in the request")
-        if not upload.data:
-            raise ApiError(400, "Bad Request: file must be non-empty")
-        if len(upload.data) > (PHOTO_LIMIT if kind == "photo" else UPLOAD_LIMIT):
-            raise ApiError(400, "Bad Request: file is too big")
-        if kind == "photo" and not upload.data.startswith(_IMAGE_MAGIC):
-            raise ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED")
+        _check_upload(upload.data, kind)
         caption = str(params.get("caption", ""))
         parse_mode = params.get("parse_mode")
         visible = html_visible(caption) if parse_mode == "HTML" else caption
@@ -1006,6 +1019,8 @@ class FakeTelegram:
         described["file_unique_id"] = stored.file_unique_id
         if kind == "photo":
             content: dict[str, Any] = {"photo": [{**described, "width": 1, "height": 1}]}
+        elif kind == "voice":
+            content = {"voice": {**described, "duration": 1, "mime_type": "audio/ogg"}}
         else:
             content = {"document": {**described, "file_name": upload.filename}}
             content["document"]["mime_type"] = upload.content_type
@@ -1139,6 +1154,19 @@ class FakeTelegram:
         answer = CallbackAnswer(query_id, None if text is None else str(text), alert)
         self.callback_answers[query_id] = answer
         return True
+
+
+def _check_upload(data: bytes, kind: str) -> None:
+    """What the Bot API refuses of an upload's bytes."""
+    if not data:
+        raise ApiError(400, "Bad Request: file must be non-empty")
+    if len(data) > (PHOTO_LIMIT if kind == "photo" else UPLOAD_LIMIT):
+        raise ApiError(400, "Bad Request: file is too big")
+    if kind == "photo" and not data.startswith(_IMAGE_MAGIC):
+        raise ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED")
+    if kind == "voice" and not data.startswith(b"OggS"):
+        # A voice message is OGG/Opus (the Bot API takes MP3 and M4A too; not this fake).
+        raise ApiError(400, "Bad Request: wrong file type of the voice message")
 
 
 def _inline_keyboard(markup: Any) -> dict[str, Any] | None:

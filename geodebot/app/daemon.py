@@ -24,8 +24,8 @@ from geodebot.chat.ownership import LocalOwner, SessionElsewhere, SessionOwner
 from geodebot.chat.pipeline import ChatHooks, build_chat
 from geodebot.chat.router import ChatRouter
 from geodebot.config.schema import Config
-from geodebot.engine.audio import build_audio
 from geodebot.engine.lanes import Grace, cancel_and_wait
+from geodebot.engine.llm.audio import build_audio
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.engine.tools.authority import report_uncertain
@@ -332,7 +332,7 @@ async def _enter_daemon(
         if isinstance(channel, Typing):
             await channel.typing(destination)
 
-    # The audio services [voice] names (engine/audio.py), closed after the chat path.
+    # The audio services [voice] names (engine/llm/audio.py), closed after the chat path.
     transcriber, speaker = build_audio(config.voice, os.environ)
     for service in (transcriber, speaker):
         if service is not None:
@@ -370,6 +370,7 @@ async def _enter_daemon(
         # each session's rows when they take the session (replicas/takeup.py).
         recover=shared is None,
         transcriber=transcriber,
+        speaker=speaker,
     )
     router, outbox = chat.router, chat.outbox
     scheduler = JobScheduler(

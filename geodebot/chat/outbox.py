@@ -30,7 +30,9 @@ from geodebot.channels.base import (
     SendUnknown,
 )
 from geodebot.chat.ownership import SessionElsewhere, SessionOwner
+from geodebot.chat.voice import Speaking, cut_note
 from geodebot.engine.lanes import Grace
+from geodebot.engine.llm.audio import AudioError
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import Fenced, OutboxRow, OutboxRowFinished, StoreError
@@ -74,8 +76,11 @@ class OutboxSender:
         files: FileStore | None = None,
         on_finished: OnFinished | None = None,
         owner: SessionOwner,
+        speaking: Speaking | None = None,
     ) -> None:
         self._store = store
+        # Makes the audio of spoken answers (chat/voice.py); None: a row's speech is left out.
+        self._speaking = speaking
         # A row is sent by the process running its session (chat/ownership.py), its writes
         # fenced. With replicas, a part begun under a lease since lost is left for the
         # replica that holds the session now, never sent by both.
@@ -309,6 +314,9 @@ class OutboxSender:
             texts = (channel.render(row.text) if row.text.strip() else [])[:1] or [""]
         else:
             texts = channel.render(row.text) or ["(empty answer)"]
+        # A spoken answer is one more part, after the text.
+        speaking = self._speaking if row.speech is not None and upload is None else None
+        count = len(texts) + (speaking is not None)
         # Begun by the commit that wrote the row, in this process, and not sent yet: neither
         # a lookup nor a blind resend, just the send.
         begun = row.id in self._begun
@@ -328,12 +336,42 @@ class OutboxSender:
                 file=upload,
             )
             row = await self._deliver_part(
-                channel, row, part, last=index == len(texts) - 1, begun=begun and index == 0
+                channel, row, part, last=index == count - 1, begun=begun and index == 0
             )
             if row.status != "pending":
                 return row
+        if speaking is not None and len(texts) not in row.sent_parts:
+            return await self._deliver_speech(channel, speaking, row, dest, len(texts))
         # Reached only when every part was recorded as sent before this pass.
         return await self._store.outbox_finish(row.id, "sent")
+
+    async def _deliver_speech(
+        self, channel: Channel, speaking: Speaking, row: OutboxRow, dest: Destination, index: int
+    ) -> OutboxRow:
+        """The row's last part: its speech, as a voice message. A speech service that fails
+        for longer than a platform would be waited for costs the voice message, not the
+        answer (its text went already): the row ends sent, its error saying so."""
+        failures = 0
+        while True:
+            try:
+                row, voice, speech = await speaking.audio(row)
+                break
+            except AudioError as exc:
+                failures += 1
+                if exc.permanent or failures >= MAX_ATTEMPTS:
+                    log.error("outbox %s: no spoken answer: %s", row.id, exc)
+                    return await self._store.outbox_finish(
+                        row.id, "sent", error=f"no spoken answer: {exc}"[:300]
+                    )
+                pause = min(exc.retry_after or 2.0**failures, 60.0)
+                log.warning(
+                    "outbox %s: speech failed (%s); trying again in %.1f s", row.id, exc, pause
+                )
+                await self._sleep(pause)
+        note = cut_note(speech, speaking.max_chars)
+        caption = (channel.render(note) if note else [])[:1] or [""]
+        part = OutboundPart(dest, caption[0], part_key(row.id, index), index, index + 1, file=voice)
+        return await self._deliver_part(channel, row, part, last=True, begun=False)
 
     def _upload(self, row: OutboxRow) -> OutboundFile | str | None:
         """The file a row uploads (None for text), or why it cannot be sent."""

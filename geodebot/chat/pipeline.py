@@ -34,10 +34,10 @@ from geodebot.chat.pairing import PairingDesk
 from geodebot.chat.router import TYPING_AFTER_S, ChatRouter
 from geodebot.chat.stored_bindings import StoredBindings
 from geodebot.chat.stream import ReplyStreams
-from geodebot.chat.voice import Hearing
+from geodebot.chat.voice import Hearing, Speaking
 from geodebot.config.schema import BindingConfig, Config
-from geodebot.engine.audio import Transcriber
 from geodebot.engine.lanes import Grace, cancel_and_wait
+from geodebot.engine.llm.audio import Speaker, Transcriber
 from geodebot.engine.session import TurnRunner
 from geodebot.logs.redact import Redactor
 from geodebot.store.files import FileStore
@@ -154,20 +154,26 @@ def build_chat(
     recover: bool = False,
     max_chars: Mapping[str, int] | None = None,
     transcriber: Transcriber | None = None,
+    speaker: Speaker | None = None,
 ) -> ChatPipeline:
     """The chat path over ``channels``, not yet running.
 
-        ``owner`` says which sessions' work runs here; ``recover``: answer what the store holds
-        unanswered from before a restart as the pipeline starts (one process only: replicas take
-        up each session's rows as they take the session). ``streams``: answers of bindings that
-        stream are shown as they come (by editing one message). ``files``: files users send reach
-        the model, and the model can send files. ``max_chars``: by platform, defaults to the
-        config's ``max_message_chars``. ``transcriber``: voice notes become text (with ``files``
-    and ``[voice]``). The two graces default to ``[daemon] shutdown_grace_s``
-        for the turns and none for the sends.
+    ``owner`` says which sessions' work runs here; ``recover``: answer what the store holds
+    unanswered from before a restart as the pipeline starts (one process only: replicas take
+    up each session's rows as they take the session). ``streams``: answers of bindings that
+    stream are shown as they come (by editing one message). ``files``: files users send reach
+    the model, and the model can send files. ``max_chars``: by platform, defaults to the
+    config's ``max_message_chars``. ``transcriber``: voice notes become text, and
+    ``speaker``: answers are spoken (each with ``files`` and ``[voice]``). The two graces
+    default to ``[daemon] shutdown_grace_s`` for the turns and none for the sends.
     """
     hooks = hooks if hooks is not None else ChatHooks()
     index = BindingIndex.of(bindings)
+    speaking = (
+        Speaking(speaker, files, store, config.voice)
+        if speaker is not None and files is not None and config.voice is not None
+        else None
+    )
     outbox = OutboxSender(
         store,
         channels,
@@ -176,6 +182,7 @@ def build_chat(
         files=files,
         on_finished=hooks.on_reply_finished,
         owner=owner,
+        speaking=speaking,
     )
     approvals = ChatApprovals(
         store,
@@ -229,6 +236,7 @@ def build_chat(
         ),
         pairing=pairing,
         owner=owner,
+        speaking=speaking,
     )
     feed = ReplayFeed(store, router.take, outbox.submit)
     return ChatPipeline(

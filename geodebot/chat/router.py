@@ -44,7 +44,7 @@ from geodebot.chat.replies import (
 from geodebot.chat.send_file import OutboxOutlet
 from geodebot.chat.stream import ReplyStreams, StreamedReply
 from geodebot.chat.throttle import UserRateLimiter, Verdict
-from geodebot.chat.voice import VoiceUnavailable
+from geodebot.chat.voice import Speaking, VoiceUnavailable
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
 from geodebot.engine.lanes import Grace
 from geodebot.engine.llm.types import Block
@@ -111,6 +111,7 @@ class ChatRouter:
         attachments: Attachments | None = None,
         pairing: PairingDesk | None = None,
         owner: SessionOwner,
+        speaking: Speaking | None = None,
     ) -> None:
         self._run_turn = run_turn
         # Strangers' direct messages ask to pair there instead of being dropped.
@@ -118,6 +119,8 @@ class ChatRouter:
         # Which process runs each session's turns (chat/ownership.py).
         self._owner = owner
         self._attachments = attachments
+        # Which answers are spoken too (chat/voice.py); None: no speech service.
+        self._speaking = speaking
         self._approvals = approvals
         self._streams = streams
         self._store = store
@@ -515,7 +518,7 @@ class ChatRouter:
                 # Named after the row: a row recovered after a crash continues its turn.
                 turn_id=row.turn_id,
                 ending=_RowEnding(
-                    self._store, functools.partial(self._ending, row, reply), written
+                    self._store, functools.partial(self._ending, row, binding, reply), written
                 ),
                 attachments=attachments,
                 record_only=_recorded_only(row),
@@ -540,15 +543,19 @@ class ChatRouter:
             await asyncio.sleep(TYPING_EVERY_S)
 
     # -- replies ----------------------------------------------------------------------------
-    @staticmethod
-    def _ending(row: InboxRow, reply: _Reply, result: TurnResult) -> InboxEnding:
-        """What the turn's last commit writes for ``row``: the same as :meth:`_answer`."""
+    def _ending(
+        self, row: InboxRow, binding: BindingConfig, reply: _Reply, result: TurnResult
+    ) -> InboxEnding:
+        """What the turn's last commit writes for ``row``: the same as :meth:`_answer`, and
+        the answer as it is spoken where the binding speaks it."""
         if _recorded_only(row) and result.ok:
             return InboxEnding(row.id, "done", "relay_notify")
         status, text, detail = closing(result)
-        return InboxEnding(
-            row.id, status, detail, reply_to(row, reply.with_heard(text)), begin_first_part=True
-        )
+        answer = reply_to(row, reply.with_heard(text))
+        if self._speaking is not None and result.ok:
+            speech = self._speaking.speech(binding, spoken_to=bool(reply.heard), answer=result.text)
+            answer = dataclasses.replace(answer, speech=speech)
+        return InboxEnding(row.id, status, detail, answer, begin_first_part=True)
 
     async def _record(self, row: InboxRow, status: FinishStatus, text: str, *, detail: str) -> None:
         """:meth:`_answer`, tried again while the store refuses writes. At shutdown the row is

@@ -1,5 +1,5 @@
-"""Voice notes in: audio a user sends becomes text for the turn (a stage of
-chat/attachments.py), and what of it was heard is shown to the sender.
+"""Voice: audio a user sends becomes text for the turn (a stage of chat/attachments.py),
+what of it was heard is shown to the sender, and answers may be spoken too.
 
 A voice note (or an attached audio file) on a binding that hears is checked cheapest first:
 its announced length against ``[voice] max_seconds`` and its size against the chat's limit
@@ -13,26 +13,38 @@ A note refused gets one short reply naming the reason; a message that held nothi
 or over its limit, once the SDK's retries are spent, is :class:`VoiceUnavailable`: the
 sender is told, and the message is kept as a dead letter for ``geodebot deadletters replay``
 (it was never transcribed, so the replay transcribes it then).
+
+Speech out: a binding's ``voice_replies`` says which answers are spoken too (``always``, or
+``when_spoken_to``: answers to voice notes). The reply row then carries the answer as it is
+to be spoken (plain, cut at ``max_speech_chars``), committed with the reply; the outbox sends
+it as one more part after the text (:class:`Speaking` makes the audio once, stored by content
+hash and recorded on the row, so a part sent again never asks the service again).
 """
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
+import re
 from pathlib import PurePosixPath
 
-from geodebot.channels.base import InboundFile
-from geodebot.config.schema import VoiceConfig
-from geodebot.engine.audio import AudioError, Heard, Transcriber
+from geodebot.channels.base import InboundFile, OutboundFile
+from geodebot.config.schema import BindingConfig, VoiceConfig
+from geodebot.engine.llm.audio import SPEECH_MEDIA_TYPE, AudioError, Heard, Speaker, Transcriber
 from geodebot.engine.llm.types import human_size
-from geodebot.store.records import AttachedFile
+from geodebot.store.files import FileStore
+from geodebot.store.protocol import InboxOutboxStore
+from geodebot.store.records import AttachedFile, OutboxRow, Speech, StoreError
 
 __all__ = [
     "Hearing",
+    "Speaking",
     "VoiceUnavailable",
     "clock",
     "heard_line",
     "is_audio",
     "sniff_audio",
+    "spoken_text",
     "transcript_block_text",
 ]
 
@@ -158,3 +170,79 @@ class Hearing:
             seconds=heard.seconds or described.duration,
             voice=described.voice,
         )
+
+
+_FENCE = re.compile(r"```.*?(```|$)", re.DOTALL)
+_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+_MARKS = re.compile(r"(\*\*|__|~~|`|^#{1,6}\s+|^>\s?|^\s*[-*+]\s+)", re.MULTILINE)
+_SPACES = re.compile(r"[ \t]+")
+
+
+def spoken_text(markdown: str, most: int) -> Speech | None:
+    """An answer as it is to be spoken: code blocks left out, markup and link targets taken
+    off, cut at a sentence (or word) end within ``most`` characters; None if nothing is left
+    to say."""
+    text = _FENCE.sub(" (code left out) ", markdown)
+    text = _LINK.sub(r"\1", text)
+    text = _MARKS.sub("", text)
+    text = "\n".join(_SPACES.sub(" ", line).strip() for line in text.splitlines()).strip()
+    if not text:
+        return None
+    if len(text) <= most:
+        return Speech(text)
+    head = text[:most]
+    end = max(head.rfind(". "), head.rfind("! "), head.rfind("? "), head.rfind("\n"))
+    if end < most // 2:
+        end = head.rfind(" ")
+    return Speech(head[: end + 1 if end > 0 else most].strip(), cut=True)
+
+
+def cut_note(speech: Speech, most: int) -> str:
+    """The voice message's caption: what of the answer it holds, when not all."""
+    return f"(spoken: the first {most} characters of the answer)" if speech.cut else ""
+
+
+class Speaking:
+    """Answers spoken: which ones, and their audio, made once per reply row."""
+
+    def __init__(
+        self, speaker: Speaker, files: FileStore, store: InboxOutboxStore, config: VoiceConfig
+    ) -> None:
+        self._speaker = speaker
+        self._files = files
+        self._store = store
+        self.max_chars = config.max_speech_chars
+
+    def speech(self, binding: BindingConfig, *, spoken_to: bool, answer: str) -> Speech | None:
+        """What of ``answer`` is spoken for ``binding`` (None: it is not)."""
+        wanted = binding.voice_replies == "always" or (
+            binding.voice_replies == "when_spoken_to" and spoken_to
+        )
+        return spoken_text(answer, self.max_chars) if wanted else None
+
+    async def audio(self, row: OutboxRow) -> tuple[OutboxRow, OutboundFile, Speech]:
+        """The row's speech as a file to upload: made now, stored and recorded, unless it was
+        made before; the row as recorded, the file, what it says. Raises AudioError (the
+        service failed) or StoreError."""
+        speech = row.speech
+        if speech is None:
+            raise ValueError(f"outbox row {row.id} has nothing to speak")
+        if row.spoken is None:
+            # The store's copy may be newer (made by an earlier pass over a row read before
+            # it): the service is asked only when no audio is recorded.
+            current = await self._store.get_outbox(row.id)
+            row = current if current is not None else row
+        if row.spoken is None:
+            data = await self._speaker.speak(speech.text)
+            stored = await asyncio.to_thread(
+                self._files.put, data, name=f"answer-{row.id}.ogg", media_type=SPEECH_MEDIA_TYPE
+            )
+            row = await self._store.outbox_spoken(row.id, stored)
+        spoken = row.spoken
+        if spoken is None:
+            raise StoreError(f"outbox row {row.id}: its speech was not recorded")
+        path = self._files.path(spoken.sha256)
+        if not path.is_file():
+            raise StoreError(f"outbox row {row.id}: its speech is gone from the file store")
+        voice = OutboundFile(path, spoken.name, spoken.media_type, spoken.size, voice=True)
+        return row, voice, speech

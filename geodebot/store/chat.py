@@ -23,6 +23,7 @@ from geodebot.store.records import (
     OutboxRow,
     OutboxRowFinished,
     OutboxStatus,
+    Speech,
     StoredFile,
     StoreError,
 )
@@ -52,7 +53,8 @@ INBOX_COLS = (
 )
 OUTBOX_COLS = (
     "id, inbox_id, session_id, platform, channel, thread, reply_to, text, kind, status, "
-    "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends, preview, file"
+    "sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends, preview, file, "
+    "speech, spoken"
 )
 
 # DO NOTHING + RETURNING yields a row only when this call inserted it, so "was it mine?" needs
@@ -80,8 +82,8 @@ RETURNING {INBOX_COLS}
 ADD_OUTBOX = f"""
 INSERT INTO outbox (inbox_id, session_id, platform, channel, thread, reply_to, text, kind,
     status, sent_parts, in_flight, attempts, created_at, updated_at, error, blind_resends,
-    preview, file)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0, ?, ?)
+    preview, file, speech)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', '{{}}', NULL, 0, ?, ?, '', 0, ?, ?, ?)
 RETURNING {OUTBOX_COLS}
 """
 _BEGIN_PART = f"""
@@ -99,6 +101,11 @@ WHERE id = ? RETURNING {OUTBOX_COLS}
 _BLIND_RESEND = f"""
 UPDATE outbox SET blind_resends = blind_resends + 1, updated_at = ?
 WHERE id = ? RETURNING {OUTBOX_COLS}
+"""
+_SPOKEN = f"""
+UPDATE outbox SET spoken = ?, updated_at = ?
+WHERE id = ? AND status = 'pending' AND spoken = ''
+RETURNING {OUTBOX_COLS}
 """
 _FINISH_OUTBOX = f"""
 UPDATE outbox SET status = ?, error = ?, updated_at = ?
@@ -163,6 +170,8 @@ def outbox_from_row(row: Row) -> OutboxRow:
         blind_resends=row["blind_resends"],
         preview=row["preview"],
         file=StoredFile.from_json(json.loads(row["file"])) if row["file"] else None,
+        speech=Speech.from_json(json.loads(row["speech"])) if row["speech"] else None,
+        spoken=StoredFile.from_json(json.loads(row["spoken"])) if row["spoken"] else None,
     )
 
 
@@ -175,7 +184,8 @@ def outbound_params(
 ) -> tuple[Any, ...]:
     head = (inbox_id, reply.session_id, reply.platform, reply.channel, reply.thread)
     file = dumps(reply.file.to_json()) if reply.file is not None else ""
-    return (*head, reply.reply_to, reply.text, reply.kind, now, now, preview, file)
+    speech = dumps(reply.speech.to_json()) if reply.speech is not None else ""
+    return (*head, reply.reply_to, reply.text, reply.kind, now, now, preview, file, speech)
 
 
 def _counts(rows: Any, statuses: tuple[str, ...]) -> dict[str, int]:
@@ -333,6 +343,10 @@ class InboxOutboxStore(Protocol):
 
         Raises :class:`StoreError` unless the row is ``pending`` with a part in flight.
         """
+
+    async def outbox_spoken(self, outbox_id: int, spoken: StoredFile) -> OutboxRow:
+        """Record the audio made for a pending row's speech; the first record stands (a
+        later call returns the row as recorded). Raises StoreError unless it is pending."""
 
     async def outbox_finish(
         self, outbox_id: int, status: OutboxFinish, *, error: str = ""
@@ -562,6 +576,18 @@ class ChatInboxOutbox:
             return outbox_from_row(await db.one(_BLIND_RESEND, (time.time(), outbox_id)))
 
         return await self._write(what, note, durable=True)
+
+    async def outbox_spoken(self: Transactions, outbox_id: int, spoken: StoredFile) -> OutboxRow:
+        what = f"recording the speech of outbox row {outbox_id}"
+        params = (dumps(spoken.to_json()), time.time(), outbox_id)
+
+        async def note(db: Tx) -> OutboxRow:
+            row = await db.one(_SPOKEN, params)
+            if row is not None:
+                return outbox_from_row(row)
+            return await _pending_outbox_row(db, outbox_id, what)
+
+        return await self._write(what, note)
 
     async def outbox_finish(
         self: Transactions, outbox_id: int, status: OutboxFinish, *, error: str = ""

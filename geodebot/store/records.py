@@ -325,6 +325,22 @@ class InboxRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Speech:
+    """A reply's text as it is to be spoken: plain, within ``[voice] max_speech_chars``;
+    ``cut``: the answer was longer (the voice message says so)."""
+
+    text: str
+    cut: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "cut": self.cut}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Speech:
+        return Speech(str(data.get("text", "")), bool(data.get("cut", False)))
+
+
+@dataclass(frozen=True, slots=True)
 class NewOutbound:
     """A message to deliver: the reply to an inbox row, a job result or a notice."""
 
@@ -337,6 +353,8 @@ class NewOutbound:
     kind: str = "reply"  # reply | notice | job | file  (free text, for reports)
     # A file uploaded as the message, ``text`` its caption.
     file: StoredFile | None = None
+    # The reply spoken too: one more part after the text (chat/voice.py).
+    speech: Speech | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +387,9 @@ class OutboxRow:
     blind_resends: int = 0
     # A file uploaded as the message (its only part), ``text`` its caption.
     file: StoredFile | None = None
+    # What is to be spoken after the text parts, and the audio once it was made.
+    speech: Speech | None = None
+    spoken: StoredFile | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 AUDIO_KEY, AUDIO_KEY_ENV = "e2e-audio-key-5f1c", "E2E_AUDIO_KEY"
 HEARD, STREAMED, REFUSED, DOWN, KILLED = -5201, -5202, -5203, -5204, -5205
+SPOKEN, ALWAYS = -5206, -5207
+SPEAKS = {SPOKEN: 'voice_replies = "when_spoken_to"\n', ALWAYS: 'voice_replies = "always"\n'}
 CHATS = tuple(
-    Chat(chat, stream=chat == STREAMED, approvers=(), tools=())
-    for chat in (HEARD, STREAMED, REFUSED, DOWN, KILLED)
+    Chat(chat, stream=chat == STREAMED, approvers=(), tools=(), keys=SPEAKS.get(chat, ""))
+    for chat in (HEARD, STREAMED, REFUSED, DOWN, KILLED, SPOKEN, ALWAYS)
 )
+MAX_SPEECH = 120
 MB = 1000 * 1000
 
 
@@ -55,6 +58,8 @@ class VoiceWorld(ChatWorld):
             path.read_text()
             + f'[voice]\ntranscribe_url = "{self.audio.url}/audio/transcriptions"\n'
             f'api_key_env = "{AUDIO_KEY_ENV}"\nmax_seconds = 300\nmax_retries = 1\n'
+            f'speech_url = "{self.audio.url}"\nspeech_voice = "nova"\n'
+            f"max_speech_chars = {MAX_SPEECH}\n"
         )
         return path
 
@@ -228,12 +233,14 @@ async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transc
     world.audio.script_transcript(prompt, duration=6)
     answer = _OnceHung(Reply("Logs rotated."))
     seen: list[dict[str, Any]] = []
+    before_responder = world.llm.responder
+    assert before_responder is not None
 
     def respond(body: dict[str, Any]) -> Item | None:
         if any(prompt in text for text in user_texts(body)[0]):
             seen.append(body)
             return answer()
-        return FilesModel.__call__(model, body)
+        return before_responder(body)
 
     world.llm.responder = respond
     try:
@@ -245,7 +252,7 @@ async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transc
         await world.start()
         await world.showing(KILLED, "Logs rotated.", part=True)
     finally:
-        world.llm.responder = model
+        world.llm.responder = before_responder
     assert len(seen) == 2
     assert json.dumps(seen[0]["messages"][-1]) == json.dumps(seen[1]["messages"][-1])
     # Transcribed once: the restart found the transcript on the inbox row.
@@ -254,3 +261,51 @@ async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transc
         m for m in world.messages(KILLED) if "Logs rotated." in html_visible(m.text)
     ]
     assert len(answers) == 1
+
+
+async def test_when_spoken_to_a_voice_note_is_answered_in_speech_after_the_text(
+    world: VoiceWorld, model: FilesModel, note: bytes
+) -> None:
+    spoken_before = len(world.audio.speeches)
+    world.audio.script_transcript("what time is the deploy", duration=2)
+    model.script("what time is the deploy", Reply("The deploy is at **noon**."))
+    world.voice(SPOKEN, note, duration=2)
+    await world.telegram.wait_until(lambda: world.telegram.uploads_to(SPOKEN), 30)
+    # The text first, then the voice message, each once.
+    [text, voice] = world.telegram.sent[SPOKEN]
+    assert html_visible(text.text).endswith("The deploy is at noon.")
+    [upload] = world.telegram.uploads_to(SPOKEN)
+    assert (upload.kind, upload.message_id) == ("voice", voice.message_id)
+    assert upload.data.startswith(b"OggS")
+    assert upload.caption == ""  # all of it was spoken
+    [asked] = world.audio.speeches[spoken_before:]
+    # Spoken as plain text: no markup read out.
+    assert (asked.input, asked.voice, asked.response_format) == (
+        "The deploy is at noon.",
+        "nova",
+        "opus",
+    )
+
+    # A typed message in the same chat: text only.
+    model.script("and the rollback plan?", Reply("Revert the tag."))
+    world.ask(SPOKEN, "and the rollback plan?")
+    await world.showing(SPOKEN, "Revert the tag.")
+    await world.control(SPOKEN)
+    assert len(world.telegram.uploads_to(SPOKEN)) == 1
+    assert len(world.audio.speeches) == spoken_before + 1
+
+
+async def test_always_speaks_a_typed_answer_and_says_when_it_was_cut(
+    world: VoiceWorld, model: FilesModel
+) -> None:
+    spoken_before = len(world.audio.speeches)
+    long = " ".join(f"Step {n} is done." for n in range(1, 30))
+    model.script("report the steps", Reply(long))
+    world.ask(ALWAYS, "report the steps")
+    await world.telegram.wait_until(lambda: world.telegram.uploads_to(ALWAYS), 30)
+    [upload] = world.telegram.uploads_to(ALWAYS)
+    assert upload.caption == f"(spoken: the first {MAX_SPEECH} characters of the answer)"
+    [asked] = world.audio.speeches[spoken_before:]
+    assert len(asked.input) <= MAX_SPEECH
+    assert long.startswith(asked.input)
+    assert asked.input.endswith("is done.")

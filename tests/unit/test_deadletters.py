@@ -609,6 +609,7 @@ async def test_messages_left_without_a_reply_in_an_older_database_are_found(
     # answered and an open one.
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.executescript(
+            "ALTER TABLE outbox DROP COLUMN speech; ALTER TABLE outbox DROP COLUMN spoken; "
             "DROP TABLE pairings; DROP TABLE stored_bindings; "
             "DELETE FROM cursors WHERE name = 'stored_bindings'; "
             "DROP TABLE leases; DROP TABLE replicas; "

@@ -80,6 +80,8 @@ def files_of(message: Message) -> tuple[InboundFile, ...]:
     if media is None:
         return ()
     kind = type(media).__name__.lower()  # audio, video, voice, videonote
+    # Only what is heard has a length that matters ([voice] max_seconds).
+    audible = kind in ("audio", "voice")
     media_type = str(getattr(media, "mime_type", None) or "")
     if kind == "voice" and not media_type:
         media_type = "audio/ogg"  # what Telegram records voice notes as (Opus)
@@ -94,7 +96,7 @@ def files_of(message: Message) -> tuple[InboundFile, ...]:
             media.file_size or 0,
             # The timedelta PTB keeps: its ``duration`` property warns of a change of type
             # unless PTB_TIMEDELTA is set in the environment.
-            duration=_seconds(getattr(media, "_duration", None)),
+            duration=_seconds(getattr(media, "_duration", None)) if audible else 0.0,
             voice=kind == "voice",
         ),
     )

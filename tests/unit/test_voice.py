@@ -1,0 +1,258 @@
+"""Voice (chat/voice.py, engine/llm/audio.py): what counts as audio, what is spoken of an
+answer, the audio of a spoken answer made once per reply row on both stores, the config's
+rules, and the openai SDK adapter's errors against the fake audio server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from geodebot.channels.base import InboundFile
+from geodebot.chat.voice import (
+    Hearing,
+    Speaking,
+    VoiceUnavailable,
+    clock,
+    cut_note,
+    is_audio,
+    sniff_audio,
+    spoken_text,
+)
+from geodebot.config.schema import BindingConfig, Config, ConfigError, VoiceConfig, load_config
+from geodebot.engine.llm.audio import (
+    LOCAL_EXTRA,
+    AudioError,
+    Heard,
+    LocalWhisper,
+    OpenAIAudio,
+    local_model_problem,
+)
+from geodebot.store.files import FileStore
+from geodebot.store.protocol import Store
+from geodebot.store.records import NewOutbound, Speech
+from tests.support.audio import cached_note
+from tests.support.fakes.audio_server import FakeAudioServer
+from tests.support.postgres import Place
+
+
+def test_audio_is_known_by_type_by_extension_or_as_a_voice_note() -> None:
+    assert is_audio(InboundFile("r", "voice.oga", "audio/ogg"))
+    assert is_audio(InboundFile("r", "memo.m4a", ""))
+    assert is_audio(InboundFile("r", "clip.webm", "video/webm"))
+    assert is_audio(InboundFile("r", "x", "application/octet-stream", voice=True))
+    assert not is_audio(InboundFile("r", "film.mp4", "video/mp4"))
+    assert not is_audio(InboundFile("r", "notes.txt", "text/plain"))
+
+
+def test_audio_is_known_by_its_bytes() -> None:
+    assert sniff_audio(cached_note().read_bytes()) == "audio/ogg"
+    assert sniff_audio(b"RIFF\x00\x00\x00\x00WAVEfmt ") == "audio/wav"
+    assert sniff_audio(b"ID3\x04\x00") == "audio/mpeg"
+    assert sniff_audio(b"\x00\x00\x00\x20ftypM4A ") == "audio/mp4"
+    assert sniff_audio(b"%PDF-1.4") is None
+    assert sniff_audio(b"hello") is None
+
+
+def test_clock() -> None:
+    assert [clock(s) for s in (0, 9.4, 75, 3600 + 61)] == ["0:00", "0:09", "1:15", "1:01:01"]
+
+
+def test_an_answer_is_spoken_as_plain_text_cut_at_a_sentence() -> None:
+    spoken = spoken_text("**Done.** See [the log](http://x/y).\n```sh\nrm -rf /\n```\n- a", 500)
+    assert spoken == Speech("Done. See the log.\n(code left out)\na")
+    long = " ".join(f"Line {n} is fine." for n in range(100))
+    cut = spoken_text(long, 100)
+    assert cut is not None
+    assert cut.cut
+    assert len(cut.text) <= 100
+    assert cut.text.endswith("is fine.")
+    assert cut_note(cut, 100) == "(spoken: the first 100 characters of the answer)"
+    assert spoken_text("```\nonly code\n```", 100) == Speech("(code left out)")
+    assert spoken_text("  **  ", 100) is None
+
+
+def binding(**keys: object) -> BindingConfig:
+    return BindingConfig.model_validate(
+        {"platform": "telegram", "channel": "1", "session": "s", **keys}
+    )
+
+
+def test_voice_keys_need_what_they_use_in_voice() -> None:
+    base = {"bindings": [{"platform": "telegram", "channel": "1", "session": "s"}]}
+    with pytest.raises(ValueError, match=r"voice_replies: needs \[voice\] speech_url"):
+        Config.model_validate(
+            {
+                "voice": {"transcribe_url": "http://127.0.0.1:9/v1"},
+                "bindings": [{**base["bindings"][0], "voice_replies": "always"}],
+            }
+        )
+    with pytest.raises(ValueError, match=r"voice: needs \[voice\] transcribe_url"):
+        Config.model_validate({"bindings": [{**base["bindings"][0], "voice": True}]})
+    config = Config.model_validate(
+        {"voice": {"transcribe_url": "http://h:1/v1/audio/transcriptions/"}, **base}
+    )
+    assert config.voice is not None
+    assert config.voice.transcribe_url == "http://h:1/v1"
+    assert config.hears(config.bindings[0])
+    assert not Config.model_validate(base).hears(config.bindings[0])
+
+
+def test_a_bad_voice_url_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[voice]\ntranscribe_url = "ftp://x"\n')
+    with pytest.raises(ConfigError, match=r"voice\.transcribe_url"):
+        load_config(path)
+
+
+class _Speaker:
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    async def speak(self, text: str) -> bytes:
+        self.said.append(text)
+        return b"OggS" + text.encode()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def store(place: Place) -> AsyncIterator[Store]:
+    async with place.store() as opened:  # type: ignore[attr-defined]
+        yield opened
+
+
+async def test_a_spoken_answer_is_made_once_and_recorded_on_its_row(
+    store: Store, tmp_path: Path
+) -> None:
+    speaker = _Speaker()
+    voice = VoiceConfig(speech_url="http://127.0.0.1:9/v1")
+    speaking = Speaking(speaker, FileStore(tmp_path / "files"), store, voice)
+    reply = NewOutbound("s", "telegram", "1", None, "7", "The answer.", speech=Speech("Answer."))
+    row = await store.outbox_add(reply)
+    assert (row.speech, row.spoken) == (Speech("Answer."), None)
+
+    recorded, file, speech = await speaking.audio(row)
+    assert speech == Speech("Answer.")
+    assert recorded.spoken is not None
+    assert file.voice
+    assert file.path.read_bytes() == b"OggSAnswer."
+    # Asked again (a part sent again after a crash): the recorded audio, no second request.
+    again, file_again, _ = await speaking.audio(row)
+    assert again.spoken == recorded.spoken
+    assert file_again.path == file.path
+    assert speaker.said == ["Answer."]
+    fresh = await store.get_outbox(row.id)
+    assert fresh is not None
+    assert fresh.spoken == recorded.spoken
+
+
+def test_which_answers_are_spoken(tmp_path: Path) -> None:
+    voice = VoiceConfig(speech_url="http://127.0.0.1:9/v1", max_speech_chars=50)
+    speaking = Speaking(_Speaker(), FileStore(tmp_path), None, voice)  # type: ignore[arg-type]
+    never, when, always = (binding(voice_replies=v) for v in ("never", "when_spoken_to", "always"))
+    assert speaking.speech(never, spoken_to=True, answer="Hi.") is None
+    assert speaking.speech(when, spoken_to=False, answer="Hi.") is None
+    assert speaking.speech(when, spoken_to=True, answer="Hi.") == Speech("Hi.")
+    assert speaking.speech(always, spoken_to=False, answer="Hi.") == Speech("Hi.")
+
+
+async def test_the_adapter_maps_the_services_answers() -> None:
+    note = cached_note().read_bytes()
+    async with FakeAudioServer(key="k") as server:
+        url = server.url
+        audio = OpenAIAudio(server.url, "k", model="whisper-1", language="en", max_retries=0)
+        try:
+            server.script_transcript("hello there", duration=7)
+            heard = await audio.transcribe(note, name="n.ogg", media_type="audio/ogg", seconds=2)
+            assert heard == Heard("hello there", 7.0)
+            assert server.transcriptions[-1].language == "en"
+
+            server.fail_next(429, retry_after=1)
+            with pytest.raises(AudioError) as limited:
+                await audio.transcribe(note, name="n.ogg", media_type="audio/ogg", seconds=2)
+            assert not limited.value.permanent
+            assert limited.value.retry_after == 1
+
+            server.fail_next(400, message="Invalid file format.")
+            with pytest.raises(AudioError, match="Invalid file format") as refused:
+                await audio.transcribe(note, name="n.ogg", media_type="audio/ogg", seconds=2)
+            assert refused.value.permanent
+
+            spoken = await audio.speak("hello")
+            assert spoken.startswith(b"OggS")
+        finally:
+            await audio.aclose()
+        wrong = OpenAIAudio(server.url, "wrong", model="whisper-1", max_retries=0)
+        try:
+            with pytest.raises(AudioError, match="HTTP 401") as denied:
+                await wrong.transcribe(note, name="n.ogg", media_type="audio/ogg", seconds=2)
+            assert denied.value.permanent
+        finally:
+            await wrong.aclose()
+    # Nobody listens there now.
+    gone = OpenAIAudio(url, "k", model="whisper-1", max_retries=0)
+    try:
+        with pytest.raises(AudioError, match="cannot be reached") as down:
+            await gone.transcribe(note, name="n.ogg", media_type="audio/ogg", seconds=2)
+        assert not down.value.permanent
+    finally:
+        await gone.aclose()
+
+
+async def test_a_service_down_is_voice_unavailable_and_a_refusal_is_a_reason() -> None:
+    note = cached_note().read_bytes()
+    described = InboundFile("r", "voice.oga", "audio/ogg", len(note), duration=3, voice=True)
+    async with FakeAudioServer() as server:
+        audio = OpenAIAudio(server.url, None, model="whisper-1", max_retries=0)
+        hearing = Hearing(audio, VoiceConfig(transcribe_url=server.url))
+        try:
+            server.down()
+            with pytest.raises(VoiceUnavailable, match="503"):
+                await hearing.hear("voice.oga", described, note)
+            server.up()
+            server.fail_next(400, message="Audio file is too short.")
+            refused = await hearing.hear("voice.oga", described, note)
+            assert "Audio file is too short" in refused.refusal
+            server.script_transcript("   ")
+            silent = await hearing.hear("voice.oga", described, note)
+            assert silent.refusal == "nothing in it could be made out"
+            server.script_transcript("all good", duration=3)
+            heard = await hearing.hear("voice.oga", described, note)
+            assert (heard.transcript, heard.seconds, heard.voice, heard.refusal) == (
+                "all good",
+                3.0,
+                True,
+                "",
+            )
+        finally:
+            await audio.aclose()
+
+
+def test_announced_length_and_size_are_refused_before_a_download() -> None:
+    hearing = Hearing(None, VoiceConfig(transcribe_url="http://h/v1", max_seconds=60))  # type: ignore[arg-type]
+    long = InboundFile("r", "v.oga", "audio/ogg", 10, duration=61, voice=True)
+    assert hearing.refused_before(long, 1000, 1) == "a voice note of 1:01, over the limit of 1:00"
+    big = InboundFile("r", "a.mp3", "audio/mpeg", 5000, duration=10)
+    assert hearing.refused_before(big, 1000, 0.001) == "5.0 KB, over this chat's limit of 0.001 MB"
+    assert hearing.refused_before(InboundFile("r", "a.mp3", "audio/mpeg", 10), 1000, 1) is None
+
+
+async def test_local_transcription_without_the_extra_names_it(tmp_path: Path) -> None:
+    try:
+        import faster_whisper  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.fail("this test is of a machine without the faster-whisper extra")
+    local = LocalWhisper(tmp_path)
+    with pytest.raises(AudioError, match=f"needs the {LOCAL_EXTRA} extra") as missing:
+        await local.transcribe(b"OggS", name="v.ogg", media_type="audio/ogg", seconds=1)
+    assert missing.value.permanent
+    assert local_model_problem(tmp_path / "nope") == f"{tmp_path / 'nope'} is not a directory"
+    assert "missing model.bin, config.json" in (local_model_problem(tmp_path) or "")
+    (tmp_path / "model.bin").write_bytes(b"x")
+    (tmp_path / "config.json").write_text("{}")
+    assert local_model_problem(tmp_path) is None

@@ -23,7 +23,7 @@ from geodebot.chat.outbox import OutboxSender
 from geodebot.chat.ownership import LocalOwner, SessionElsewhere, SessionOwner
 from geodebot.chat.pipeline import ChatHooks, build_chat
 from geodebot.chat.router import ChatRouter
-from geodebot.config.schema import Config
+from geodebot.config.schema import Config, resolve_secret
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.llm.audio import build_audio
 from geodebot.engine.modes import Mode
@@ -333,7 +333,7 @@ async def _enter_daemon(
             await channel.typing(destination)
 
     # The audio services [voice] names (engine/llm/audio.py), closed after the chat path.
-    transcriber, speaker = build_audio(config.voice, os.environ)
+    transcriber, speaker = build_audio(config.voice, resolve_secret, config.voice_model_dir)
     for service in (transcriber, speaker):
         if service is not None:
             stack.push_async_callback(service.aclose)
@@ -371,6 +371,7 @@ async def _enter_daemon(
         recover=shared is None,
         transcriber=transcriber,
         speaker=speaker,
+        spend=app.services.spend,
     )
     router, outbox = chat.router, chat.outbox
     scheduler = JobScheduler(

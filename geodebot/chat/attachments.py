@@ -35,8 +35,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from geodebot.channels.base import Channel, ChannelError, Files, FileTooLarge, InboundFile
+from geodebot.chat.bindings import binding_key
 from geodebot.chat.replies import files_refused, reply_to
-from geodebot.chat.voice import Hearing, heard_line, is_audio, transcript_block_text
+from geodebot.chat.voice import Account, Hearing, heard_line, is_audio, transcript_block_text
 from geodebot.config.schema import BindingConfig
 from geodebot.engine.attachments import IMAGE_TYPES, PDF_TYPE, SHOWN_LIMITS, TEXT_TYPE
 from geodebot.engine.llm.types import Block, FileBlock, TextBlock, human_size
@@ -222,7 +223,8 @@ class Attachments:
         if why is None:
             fetched = await self._fetch(described, row, binding)
             if not isinstance(fetched, str):
-                return await hearing.hear(name, described, fetched)
+                account = Account(row.session_id, binding_key(binding), row.turn_id)
+                return await hearing.hear(name, described, fetched, account)
             why = fetched
         return AttachedFile(
             name, described.media_type, described.size, refusal=why, voice=described.voice

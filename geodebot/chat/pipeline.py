@@ -35,10 +35,11 @@ from geodebot.chat.router import TYPING_AFTER_S, ChatRouter
 from geodebot.chat.stored_bindings import StoredBindings
 from geodebot.chat.stream import ReplyStreams
 from geodebot.chat.voice import Hearing, Speaking
-from geodebot.config.schema import BindingConfig, Config
+from geodebot.config.schema import BindingConfig, Config, VoiceConfig
 from geodebot.engine.lanes import Grace, cancel_and_wait
 from geodebot.engine.llm.audio import Speaker, Transcriber
 from geodebot.engine.session import TurnRunner
+from geodebot.engine.spend import AudioBudget, AudioPrices, SpendGate
 from geodebot.logs.redact import Redactor
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
@@ -137,6 +138,12 @@ class ChatPipeline:
             await stack.aclose()
 
 
+def audio_budget(spend: SpendGate | None, voice: VoiceConfig | None) -> AudioBudget | None:
+    if spend is None or voice is None:
+        return None
+    return AudioBudget(spend, AudioPrices(voice.price_per_minute, voice.price_per_mchars))
+
+
 def build_chat(
     run_turn: TurnRunner,
     store: Store,
@@ -155,6 +162,7 @@ def build_chat(
     max_chars: Mapping[str, int] | None = None,
     transcriber: Transcriber | None = None,
     speaker: Speaker | None = None,
+    spend: SpendGate | None = None,
 ) -> ChatPipeline:
     """The chat path over ``channels``, not yet running.
 
@@ -164,13 +172,15 @@ def build_chat(
     stream are shown as they come (by editing one message). ``files``: files users send reach
     the model, and the model can send files. ``max_chars``: by platform, defaults to the
     config's ``max_message_chars``. ``transcriber``: voice notes become text, and
-    ``speaker``: answers are spoken (each with ``files`` and ``[voice]``). The two graces
+    ``speaker``: answers are spoken (each with ``files`` and ``[voice]``), their calls
+    under ``spend``'s budgets. The two graces
     default to ``[daemon] shutdown_grace_s`` for the turns and none for the sends.
     """
     hooks = hooks if hooks is not None else ChatHooks()
     index = BindingIndex.of(bindings)
+    budget = audio_budget(spend, config.voice)
     speaking = (
-        Speaking(speaker, files, store, config.voice)
+        Speaking(speaker, files, store, config.voice, budget)
         if speaker is not None and files is not None and config.voice is not None
         else None
     )
@@ -226,7 +236,7 @@ def build_chat(
                 files,
                 channels,
                 hearing=(
-                    Hearing(transcriber, config.voice)
+                    Hearing(transcriber, config.voice, budget)
                     if transcriber is not None and config.voice is not None
                     else None
                 ),

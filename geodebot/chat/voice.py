@@ -26,17 +26,22 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import re
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 from geodebot.channels.base import InboundFile, OutboundFile
 from geodebot.config.schema import BindingConfig, VoiceConfig
 from geodebot.engine.llm.audio import SPEECH_MEDIA_TYPE, AudioError, Heard, Speaker, Transcriber
 from geodebot.engine.llm.types import human_size
+from geodebot.engine.spend import AudioBudget, BudgetExhausted, SpendScope
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import InboxOutboxStore
 from geodebot.store.records import AttachedFile, OutboxRow, Speech, StoreError
 
 __all__ = [
+    "Account",
     "Hearing",
     "Speaking",
     "VoiceUnavailable",
@@ -123,11 +128,36 @@ def heard_line(attached: tuple[AttachedFile, ...]) -> str:
 
 
 class Hearing:
-    """Voice notes to text, for the bindings whose ``voice`` is on."""
+    """Voice notes to text, for the bindings whose ``voice`` is on; each transcription under
+    the spend budget (``budget``) as a model call is."""
 
-    def __init__(self, transcriber: Transcriber, config: VoiceConfig) -> None:
+    def __init__(
+        self, transcriber: Transcriber, config: VoiceConfig, budget: AudioBudget | None = None
+    ) -> None:
         self._transcriber = transcriber
         self._config = config
+        self._budget = budget
+
+    async def _transcribe(
+        self, data: bytes, name: str, media_type: str, seconds: float, account: Account | None
+    ) -> Heard:
+        def work() -> Coroutine[Any, Any, Heard]:
+            return self._transcriber.transcribe(
+                data, name=name, media_type=media_type, seconds=seconds
+            )
+
+        if self._budget is None or account is None:
+            return await work()
+        return await self._budget.call(
+            work,
+            model=self._config.transcribe_model,
+            scope=SpendScope(binding=account.binding),
+            session_id=account.session_id,
+            turn_id=account.turn_id,
+            # An unannounced length may be as long as any the platform lets through.
+            seconds=seconds or self._config.max_seconds,
+            used_seconds=lambda heard: heard.seconds or seconds,
+        )
 
     def refused_before(self, described: InboundFile, limit: int, max_mb: float) -> str | None:
         """Why the note is refused on what the platform said (None: download it)."""
@@ -139,9 +169,12 @@ class Hearing:
             return f"{human_size(described.size)}, over this chat's limit of {max_mb:g} MB"
         return None
 
-    async def hear(self, name: str, described: InboundFile, data: bytes) -> AttachedFile:
+    async def hear(
+        self, name: str, described: InboundFile, data: bytes, account: Account | None = None
+    ) -> AttachedFile:
         """The note transcribed, or refused with why; VoiceUnavailable when the service is
-        down or over its limit (nothing is recorded then, so a replay transcribes it)."""
+        down or over its limit (nothing is recorded then, so a replay transcribes it).
+        ``account``: whose budgets it counts against (None: none, as in a test)."""
         size = len(data)
         actual = sniff_audio(data)
         if actual is None:
@@ -152,9 +185,9 @@ class Hearing:
         declared = described.media_type.split(";")[0].strip().lower()
         media_type = declared if declared.startswith("audio/") else actual
         try:
-            heard: Heard = await self._transcriber.transcribe(
-                data, name=name, media_type=media_type, seconds=described.duration
-            )
+            heard = await self._transcribe(data, name, media_type, described.duration, account)
+        except BudgetExhausted as exc:
+            return AttachedFile(name, media_type, size, refusal=f"not transcribed: {exc}")
         except AudioError as exc:
             if not exc.permanent:
                 raise VoiceUnavailable(str(exc)) from exc
@@ -176,6 +209,16 @@ _FENCE = re.compile(r"```.*?(```|$)", re.DOTALL)
 _LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 _MARKS = re.compile(r"(\*\*|__|~~|`|^#{1,6}\s+|^>\s?|^\s*[-*+]\s+)", re.MULTILINE)
 _SPACES = re.compile(r"[ \t]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """Whose budgets an audio call counts against: the session and turn it serves, and the
+    binding's key (``platform:channel``)."""
+
+    session_id: str
+    binding: str
+    turn_id: str | None = None
 
 
 def spoken_text(markdown: str, most: int) -> Speech | None:
@@ -206,11 +249,18 @@ class Speaking:
     """Answers spoken: which ones, and their audio, made once per reply row."""
 
     def __init__(
-        self, speaker: Speaker, files: FileStore, store: InboxOutboxStore, config: VoiceConfig
+        self,
+        speaker: Speaker,
+        files: FileStore,
+        store: InboxOutboxStore,
+        config: VoiceConfig,
+        budget: AudioBudget | None = None,
     ) -> None:
         self._speaker = speaker
         self._files = files
         self._store = store
+        self._budget = budget
+        self._model = config.speech_model
         self.max_chars = config.max_speech_chars
 
     def speech(self, binding: BindingConfig, *, spoken_to: bool, answer: str) -> Speech | None:
@@ -233,7 +283,7 @@ class Speaking:
             current = await self._store.get_outbox(row.id)
             row = current if current is not None else row
         if row.spoken is None:
-            data = await self._speaker.speak(speech.text)
+            data = await self._speak(row, speech.text)
             stored = await asyncio.to_thread(
                 self._files.put, data, name=f"answer-{row.id}.ogg", media_type=SPEECH_MEDIA_TYPE
             )
@@ -246,3 +296,19 @@ class Speaking:
             raise StoreError(f"outbox row {row.id}: its speech is gone from the file store")
         voice = OutboundFile(path, spoken.name, spoken.media_type, spoken.size, voice=True)
         return row, voice, speech
+
+    async def _speak(self, row: OutboxRow, text: str) -> bytes:
+        """The speech service's audio, under the spend budget (a refusal is an AudioError
+        that asking again does not change)."""
+        if self._budget is None:
+            return await self._speaker.speak(text)
+        try:
+            return await self._budget.call(
+                lambda: self._speaker.speak(text),
+                model=self._model,
+                scope=SpendScope(binding=f"{row.platform}:{row.channel}"),
+                session_id=row.session_id,
+                chars=len(text),
+            )
+        except BudgetExhausted as exc:
+            raise AudioError(str(exc), permanent=True) from exc

@@ -3,7 +3,8 @@
 The configuration loads (or the command already stopped with its errors); each secret it names
 is present (its value is never shown); each model answers a model lookup, which spends no
 tokens; each enabled platform accepts its token (its identity call); each declared MCP server
-starts and offers its declared tools, each with a usable input schema.
+starts and offers its declared tools, each with a usable input schema; a local
+transcription model ([voice] local_model_dir) is installed and in its directory.
 """
 
 from __future__ import annotations
@@ -52,7 +53,28 @@ async def run_checks(config: Config) -> list[CheckRow]:
             await adapter.aclose()
     rows += await _channels(config, secrets)
     rows += await _mcp(config)
+    rows += _voice(config)
     return rows
+
+
+def _voice(config: Config) -> list[CheckRow]:
+    """A local transcription model: the extra installed, and a model in its directory (it is
+    never downloaded)."""
+    voice = config.voice
+    if voice is None or voice.local_model_dir is None:
+        return []
+    from geodebot.engine.llm.audio import LOCAL_EXTRA, local_model_problem
+
+    label = "voice local model"
+    try:
+        import faster_whisper  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        extra = f"pip install 'geodebot[{LOCAL_EXTRA}]'"
+        return [CheckRow(label, False, f"needs the {LOCAL_EXTRA} extra: {extra}")]
+    model_dir = config.voice_model_dir or voice.local_model_dir
+    problem = local_model_problem(model_dir)
+    detail = problem or f"a model in {model_dir}"
+    return [CheckRow(label, problem is None, detail)]
 
 
 async def _step(label: str, call: Awaitable[str]) -> CheckRow:

@@ -57,8 +57,16 @@ async def usage_command(config: Config, args: argparse.Namespace) -> int:
                 f"{'':<28} {row.unsettled} call(s) cut off before settling, counted in their "
                 f"budgets at their worst case: {row.unsettled_tokens:,} tokens"
             )
+        if row.audio_seconds or row.spoken_chars:
+            print(
+                f"{'':<28} audio: {row.audio_seconds / 60:,.1f} min transcribed, "
+                f"{row.spoken_chars:,} characters spoken"
+            )
     if any(row.unpriced for row in rows):
-        print("* some calls are of a model without [model] price_per_mtok: not in the cost")
+        print(
+            "* some calls are of a model without [model] price_per_mtok (or of an audio "
+            "service without [voice] prices): not in the cost"
+        )
     return EXIT_OK
 
 

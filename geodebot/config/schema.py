@@ -773,6 +773,13 @@ class Config(_Strict):
     def prompt_file(self, path: Path) -> Path:
         return self._relative(path)
 
+    @property
+    def voice_model_dir(self) -> Path | None:
+        """[voice] local_model_dir, relative to the file's folder."""
+        if self.voice is None or self.voice.local_model_dir is None:
+            return None
+        return self._relative(self.voice.local_model_dir)
+
     @model_validator(mode="after")
     def _bindings_unique(self) -> Config:
         seen: set[tuple[str, str]] = set()
@@ -921,6 +928,8 @@ def secret_names(config: Config) -> Iterable[str]:
         yield fb.key_env
     if config.store.password_env:
         yield config.store.password_env
+    if config.voice is not None and config.voice.api_key_env:
+        yield config.voice.api_key_env
     yield from channel_secret_names(config)
 
 

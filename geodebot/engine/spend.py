@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from geodebot.config.schema import Prices
 from geodebot.engine import compaction
@@ -48,7 +48,17 @@ from geodebot.store.records import ModelCall, SpendCharge, SpendRefusal, StoreEr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BudgetExhausted", "BudgetedLLM", "SpendGate", "SpendLimits", "SpendScope"]
+__all__ = [
+    "AudioBudget",
+    "AudioPrices",
+    "BudgetExhausted",
+    "BudgetedLLM",
+    "SpendGate",
+    "SpendLimits",
+    "SpendScope",
+]
+
+_R = TypeVar("_R")
 
 DAEMON = "daemon"
 USD = "usd"
@@ -284,6 +294,116 @@ class SpendGate:
         return self._clock()
 
 
+async def settle_call(
+    gate: SpendGate,
+    call: ModelCall,
+    charges: list[SpendCharge],
+    limited: bool,
+    settled: ModelCall,
+) -> None:
+    """Write a call's outcome: the settlement of its reservation, or (no limit applied) its
+    row, written after the call."""
+    store = gate.store
+    settled = replace(settled, settled_at=gate.now())
+    try:
+        if limited:
+            await store.spend_settle(settled)
+        else:
+            await store.spend_record(settled, charges)
+    except StoreError as exc:
+        # The answer stands; a reservation that could not be settled keeps its worst case
+        # (over-counted, never under), an unlimited call goes uncounted.
+        log.error("cannot record model call %s: %s", call.id, exc)
+
+
+AUDIO_PROVIDER = "audio"
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPrices:
+    """US dollars per transcribed minute and per million spoken characters ([voice])."""
+
+    per_minute: float | None = None
+    per_mchars: float | None = None
+
+    def cost(self, seconds: float, chars: int) -> float | None:
+        """None where a price that applies is not set (the call is counted unpriced)."""
+        if (seconds and self.per_minute is None) or (chars and self.per_mchars is None):
+            return None
+        return seconds / 60 * (self.per_minute or 0.0) + chars / 1e6 * (self.per_mchars or 0.0)
+
+
+class AudioBudget:
+    """An audio service's call under the spend budget, as a model call is: its worst case
+    (the note's length, the text's characters) is reserved in US dollars first where
+    ``daily_usd`` is set, and the call refused (:class:`BudgetExhausted`) if it does not fit;
+    what it used settles the reservation. Audio uses no tokens, so no token budget is
+    charged. Each call is a ``model_calls`` row of provider ``audio``, so ``geodebot usage``
+    counts its seconds and characters."""
+
+    def __init__(self, gate: SpendGate, prices: AudioPrices) -> None:
+        self._gate = gate
+        self._prices = prices
+
+    async def call(
+        self,
+        work: Callable[[], Coroutine[Any, Any, _R]],
+        *,
+        model: str,
+        scope: SpendScope,
+        session_id: str,
+        turn_id: str | None = None,
+        seconds: float = 0.0,
+        chars: int = 0,
+        used_seconds: Callable[[_R], float] | None = None,
+    ) -> _R:
+        gate = self._gate
+        now = gate.now()
+        day = utc_day(now)
+        charges = [c for c in gate.charges(scope, day) if c.unit == "usd"]
+        worst = self._prices.cost(seconds, chars)
+        call = ModelCall(
+            id=f"ac-{uuid.uuid4().hex[:16]}",
+            day=day,
+            created_at=now,
+            session_id=session_id,
+            turn_id=turn_id,
+            binding=scope.binding,
+            job=scope.job,
+            run=scope.run,
+            state="reserved",
+            reserved_usd=worst or 0.0,
+            provider=AUDIO_PROVIDER,
+            model=model,
+        )
+        limited = any(charge.limit is not None for charge in charges)
+        if limited:
+            refusal = await gate.store.spend_reserve(call, charges)
+            if refusal is not None:
+                raise gate.refused(refusal, now)
+            gate.reserved(charges)
+        try:
+            result = await work()
+        except Exception:
+            await self._settle(call, charges, limited, replace(call, state="failed"))
+            raise
+        heard = used_seconds(result) if used_seconds is not None else seconds
+        settled = replace(
+            call,
+            state="settled",
+            audio_seconds=heard,
+            spoken_chars=chars,
+            cost_usd=self._prices.cost(heard, chars),
+        )
+        await self._settle(call, charges, limited, settled)
+        return result
+
+    async def _settle(
+        self, call: ModelCall, charges: list[SpendCharge], limited: bool, settled: ModelCall
+    ) -> None:
+        await settle_call(self._gate, call, charges, limited, settled)
+
+
 def binding_scope(key: str) -> str:
     """The counter of a binding's daily tokens (its key is ``platform:channel``)."""
     return f"binding:{key}"
@@ -382,14 +502,4 @@ class BudgetedLLM:
     async def _settle(
         self, call: ModelCall, charges: list[SpendCharge], limited: bool, settled: ModelCall
     ) -> None:
-        store = self._gate.store
-        settled = replace(settled, settled_at=self._gate.now())
-        try:
-            if limited:
-                await store.spend_settle(settled)
-            else:
-                await store.spend_record(settled, charges)
-        except StoreError as exc:
-            # The answer stands; a reservation that could not be settled keeps its worst
-            # case (over-counted, never under), an unlimited call goes uncounted.
-            log.error("cannot record model call %s: %s", call.id, exc)
+        await settle_call(self._gate, call, charges, limited, settled)

@@ -683,6 +683,10 @@ class ModelCall:
     # None: no prices configured for the model that answered.
     cost_usd: float | None = None
     settled_at: float | None = None
+    # An audio service's call (provider "audio"): the seconds it transcribed, the
+    # characters it spoke.
+    audio_seconds: float = 0.0
+    spoken_chars: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -701,6 +705,9 @@ class UsageRow:
     cost_usd: float
     # Calls whose model had no prices: their cost is not in cost_usd.
     unpriced: int
+    # Of the audio services' calls: seconds transcribed and characters spoken.
+    audio_seconds: float = 0.0
+    spoken_chars: int = 0
 
 
 @dataclass(frozen=True, slots=True)

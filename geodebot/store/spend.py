@@ -42,7 +42,8 @@ ON CONFLICT (scope, period) DO UPDATE SET used = spend_counters.used + excluded.
 _USED = "SELECT used FROM spend_counters WHERE scope = ? AND period = ?"
 _SETTLE = """
 UPDATE model_calls SET state = ?, settled_at = ?, provider = ?, model = ?, input_tokens = ?,
-    output_tokens = ?, cache_read_tokens = ?, cache_write_tokens = ?, cost_usd = ?
+    output_tokens = ?, cache_read_tokens = ?, cache_write_tokens = ?, cost_usd = ?,
+    audio_seconds = ?, spoken_chars = ?
 WHERE id = ? AND state = 'reserved'
 RETURNING reserved_tokens, reserved_usd, charges
 """
@@ -58,7 +59,8 @@ SELECT {key} AS key, COUNT(*) AS calls,
     SUM(CASE WHEN state = 'reserved' THEN 1 ELSE 0 END),
     SUM(CASE WHEN state = 'reserved' THEN reserved_tokens ELSE 0 END),
     COALESCE(SUM(cost_usd), 0),
-    SUM(CASE WHEN cost_usd IS NULL AND state = 'settled' THEN 1 ELSE 0 END)
+    SUM(CASE WHEN cost_usd IS NULL AND state = 'settled' THEN 1 ELSE 0 END),
+    SUM(audio_seconds), SUM(spoken_chars)
 FROM model_calls {where} GROUP BY 1 ORDER BY 1
 """
 
@@ -172,6 +174,8 @@ class Spend:
                     settled.cache_read_tokens,
                     settled.cache_write_tokens,
                     settled.cost_usd,
+                    settled.audio_seconds,
+                    settled.spoken_chars,
                     settled.id,
                 ),
             )
@@ -241,6 +245,8 @@ class Spend:
                     unsettled_tokens=int(row[7] or 0),
                     cost_usd=float(row[8] or 0.0),
                     unpriced=int(row[9] or 0),
+                    audio_seconds=float(row[10] or 0.0),
+                    spoken_chars=int(row[11] or 0),
                 )
                 for row in await db.tuples(sql, params)
             ]

@@ -139,6 +139,12 @@ async def test_a_voice_note_becomes_a_turn_whose_request_holds_the_transcript(
     assert asked.headers.get("authorization") == f"Bearer {AUDIO_KEY}"
     # One message from the bot: the answer (no notice: nothing was refused).
     assert len(world.messages(HEARD)) == 1
+    # geodebot usage counts the seconds transcribed, by the binding.
+    config = str(world.root / "config.toml")
+    rc, out, err = await geodebot("usage", "--by", "binding", "--json", "--config", config)
+    assert rc == 0, err
+    rows = {row["key"]: row for row in map(json.loads, out.splitlines())}
+    assert rows[f"telegram:{HEARD}"]["audio_seconds"] == 12.0
 
 
 async def test_a_streamed_answer_shows_what_was_heard_in_its_first_preview(

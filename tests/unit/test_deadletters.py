@@ -610,6 +610,8 @@ async def test_messages_left_without_a_reply_in_an_older_database_are_found(
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.executescript(
             "ALTER TABLE outbox DROP COLUMN speech; ALTER TABLE outbox DROP COLUMN spoken; "
+            "ALTER TABLE model_calls DROP COLUMN audio_seconds; "
+            "ALTER TABLE model_calls DROP COLUMN spoken_chars; "
             "DROP TABLE pairings; DROP TABLE stored_bindings; "
             "DELETE FROM cursors WHERE name = 'stored_bindings'; "
             "DROP TABLE leases; DROP TABLE replicas; "

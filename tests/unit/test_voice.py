@@ -11,6 +11,7 @@ import pytest
 
 from geodebot.channels.base import InboundFile
 from geodebot.chat.voice import (
+    Account,
     Hearing,
     Speaking,
     VoiceUnavailable,
@@ -29,6 +30,7 @@ from geodebot.engine.llm.audio import (
     OpenAIAudio,
     local_model_problem,
 )
+from geodebot.engine.spend import AudioBudget, AudioPrices, SpendGate, SpendLimits
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import Store
 from geodebot.store.records import NewOutbound, Speech
@@ -256,3 +258,70 @@ async def test_local_transcription_without_the_extra_names_it(tmp_path: Path) ->
     (tmp_path / "model.bin").write_bytes(b"x")
     (tmp_path / "config.json").write_text("{}")
     assert local_model_problem(tmp_path) is None
+
+
+@pytest.mark.parametrize("limited", [False, True])
+async def test_transcriptions_are_counted_and_refused_before_a_call_past_the_cap(
+    store: Store, limited: bool
+) -> None:
+    note = cached_note().read_bytes()
+    described = InboundFile("r", "voice.oga", "audio/ogg", len(note), duration=12, voice=True)
+    # $0.006 a minute: a 12 s note may cost $0.0012; the cap takes one such note, not two.
+    limits = SpendLimits(daily_usd=0.002 if limited else None)
+    async with FakeAudioServer() as server, SpendGate(store, limits) as gate:
+        audio = OpenAIAudio(server.url, None, model="whisper-1", max_retries=0)
+        budget = AudioBudget(gate, AudioPrices(per_minute=0.006))
+        voice = VoiceConfig(transcribe_url=server.url)
+        hearing = Hearing(audio, voice, budget)
+        account = Account("s", "telegram:1", "t-inbox-1")
+        try:
+            server.script_transcript("first", duration=10)
+            first = await hearing.hear("voice.oga", described, note, account)
+            assert first.transcript == "first"
+            server.script_transcript("second", duration=10)
+            second = await hearing.hear("voice.oga", described, note, account)
+        finally:
+            await audio.aclose()
+    if limited:
+        # Refused on its worst case before the service was asked.
+        assert "daily spend budget" in second.refusal
+        assert second.refusal.startswith("not transcribed: ")
+        assert [t.text for t in server.transcriptions] == ["first"]
+    else:
+        assert second.transcript == "second"
+        assert len(server.transcriptions) == 2
+    [row] = await store.usage_report()
+    # Settled at what the service counted (10 s each), not the worst case reserved.
+    calls = 1 if limited else 2
+    assert (row.calls, row.audio_seconds, row.spoken_chars) == (calls, 10.0 * calls, 0)
+    assert row.cost_usd == pytest.approx(0.001 * calls)
+    assert (row.input_tokens, row.output_tokens) == (0, 0)
+
+
+async def test_spoken_characters_are_counted(store: Store, tmp_path: Path) -> None:
+    async with SpendGate(store, SpendLimits()) as gate:
+        budget = AudioBudget(gate, AudioPrices(per_mchars=15.0))
+        voice = VoiceConfig(speech_url="http://127.0.0.1:9/v1")
+        speaking = Speaking(_Speaker(), FileStore(tmp_path), store, voice, budget)
+        reply = NewOutbound("s", "telegram", "1", None, None, "x", speech=Speech("Twelve chars"))
+        await speaking.audio(await store.outbox_add(reply))
+    [row] = await store.usage_report(by="binding")
+    assert (row.key, row.spoken_chars, row.audio_seconds) == ("telegram:1", 12, 0.0)
+    assert row.cost_usd == pytest.approx(12 * 15.0 / 1e6)
+
+
+def test_check_says_a_local_model_needs_the_extra(tmp_path: Path) -> None:
+    from geodebot.cli.check import _voice
+
+    config = Config.model_validate({"voice": {"local_model_dir": str(tmp_path)}})
+    [row] = _voice(config)
+    assert (row.what, row.ok) == ("voice local model", False)
+    assert f"needs the {LOCAL_EXTRA} extra: pip install 'geodebot[{LOCAL_EXTRA}]'" in row.detail
+    assert _voice(Config.model_validate({"voice": {"transcribe_url": "http://h/v1"}})) == []
+
+
+def test_the_audio_key_is_a_secret_of_the_config() -> None:
+    from geodebot.config.schema import secret_names
+
+    config = Config.model_validate({"voice": {"transcribe_url": "http://h/v1", "api_key_env": "K"}})
+    assert "K" in set(secret_names(config))

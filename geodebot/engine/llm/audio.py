@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -234,15 +234,18 @@ class LocalWhisper:
 
 
 def build_audio(
-    voice: VoiceConfig | None, env: Mapping[str, str]
+    voice: VoiceConfig | None,
+    secret: Callable[[str], str | None],
+    local_dir: Path | None = None,
 ) -> tuple[Transcriber | None, Speaker | None]:
-    """The services ``[voice]`` configures (None for each it does not)."""
+    """The services ``[voice]`` configures (None for each it does not); ``secret`` reads
+    the key ``api_key_env`` names, ``local_dir`` is local_model_dir as a path to use."""
     if voice is None:
         return None, None
-    key = env.get(voice.api_key_env) if voice.api_key_env else None
+    key = secret(voice.api_key_env) if voice.api_key_env else None
     transcriber: Transcriber | None = None
-    if voice.local_model_dir is not None:
-        transcriber = LocalWhisper(voice.local_model_dir, voice.language)
+    if local_dir is not None:
+        transcriber = LocalWhisper(local_dir, voice.language)
     elif voice.transcribe_url is not None:
         transcriber = OpenAIAudio(
             voice.transcribe_url,

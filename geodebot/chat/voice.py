@@ -56,6 +56,15 @@ __all__ = [
 _AUDIO_SUFFIXES = frozenset(
     {".ogg", ".oga", ".opus", ".mp3", ".m4a", ".mp4", ".aac", ".wav", ".webm", ".flac"}
 )
+# The container's extension, as audio services know them.
+_EXTENSIONS = {
+    "audio/ogg": ".ogg",
+    "audio/wav": ".wav",
+    "audio/flac": ".flac",
+    "audio/mpeg": ".mp3",
+    "audio/mp4": ".m4a",
+    "audio/webm": ".webm",
+}
 # The transcript shown back to the sender is cut here (the model gets all of it).
 HEARD_SHOWN_CHARS = 300
 
@@ -181,11 +190,13 @@ class Hearing:
             return AttachedFile(
                 name, described.media_type, size, refusal="its content is not audio I can read"
             )
-        # The platform's type where it names audio (Opus in OGG, say), else the bytes'.
-        declared = described.media_type.split(";")[0].strip().lower()
-        media_type = declared if declared.startswith("audio/") else actual
+        # Sent as what the bytes are, named to match: services tell the format by the
+        # file's extension (OpenAI takes .ogg, not Telegram's .oga), and what a platform
+        # announces may not be what it serves (a Slack clip comes as an MP4 transcode).
+        media_type = actual
+        upload = f"{PurePosixPath(name).stem or 'voice'}{_EXTENSIONS[actual]}"
         try:
-            heard = await self._transcribe(data, name, media_type, described.duration, account)
+            heard = await self._transcribe(data, upload, media_type, described.duration, account)
         except BudgetExhausted as exc:
             return AttachedFile(name, media_type, size, refusal=f"not transcribed: {exc}")
         except AudioError as exc:

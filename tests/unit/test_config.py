@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomli as tomllib
@@ -160,18 +161,34 @@ def test_job_defaults() -> None:
     assert job.timezone is None
 
 
-def test_the_examples_pairing_table_uncommented_is_valid() -> None:
+def example_block(table: str) -> dict[str, Any]:
+    """A commented table of config.example.toml, uncommented and parsed."""
     lines = EXAMPLE.read_text().splitlines()
-    start = lines.index("# [pairing]")
+    start = lines.index(f"# [{table}]")
     block = []
     for line in lines[start:]:
         if not line.startswith("#"):
             break
         block.append(line.removeprefix("# "))
-    config = parse_config(tomllib.loads("\n".join(block)))
+    return tomllib.loads("\n".join(block))
+
+
+def test_the_examples_pairing_table_uncommented_is_valid() -> None:
+    config = parse_config(example_block("pairing"))
     assert config.pairing.enabled
     assert (config.pairing.code_ttl_s, config.pairing.max_pending) == (3600, 10)
     assert config.pairing.tools == ()
     assert not config.pairing.groups
     # Absent, pairing is off.
     assert not parse_config({}).pairing.enabled
+
+
+def test_the_examples_voice_table_uncommented_is_valid() -> None:
+    config = parse_config(example_block("voice"))
+    voice = config.voice
+    assert voice is not None
+    assert voice.transcribe_url == "http://127.0.0.1:8000/v1"
+    assert voice.speech_url == "http://127.0.0.1:8880/v1"
+    assert (voice.max_seconds, voice.max_speech_chars) == (300, 1500)
+    # Absent, voice is off.
+    assert parse_config({}).voice is None

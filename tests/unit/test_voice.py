@@ -229,6 +229,13 @@ async def test_a_service_down_is_voice_unavailable_and_a_refusal_is_a_reason() -
                 True,
                 "",
             )
+            # Sent as what the bytes are, under a name the service reads the format from.
+            sent = server.transcriptions[-1]
+            assert (sent.filename, sent.content_type) == ("voice.ogg", "audio/ogg")
+            mislabelled = InboundFile("r", "audio_message.webm", "audio/webm", len(note))
+            await hearing.hear("audio_message.webm", mislabelled, note)
+            sent = server.transcriptions[-1]
+            assert (sent.filename, sent.content_type) == ("audio_message.ogg", "audio/ogg")
         finally:
             await audio.aclose()
 

@@ -257,6 +257,17 @@ class SpendGate:
         log.warning("model call refused: %s", error)
         return error
 
+    async def reserve(self, call: ModelCall, charges: list[SpendCharge], now: float) -> bool:
+        """Reserve ``call``'s worst case where a limit applies (whether one does); raises
+        :class:`BudgetExhausted`, and makes no call, where it does not fit."""
+        limited = any(charge.limit is not None for charge in charges)
+        if limited:
+            refusal = await self.store.spend_reserve(call, charges)
+            if refusal is not None:
+                raise self.refused(refusal, now)
+            self.reserved(charges)
+        return limited
+
     def reserved(self, charges: list[SpendCharge]) -> None:
         """A reservation went through: the budgets it was charged to are not exhausted."""
         for charge in charges:
@@ -376,12 +387,7 @@ class AudioBudget:
             provider=AUDIO_PROVIDER,
             model=model,
         )
-        limited = any(charge.limit is not None for charge in charges)
-        if limited:
-            refusal = await gate.store.spend_reserve(call, charges)
-            if refusal is not None:
-                raise gate.refused(refusal, now)
-            gate.reserved(charges)
+        limited = await gate.reserve(call, charges, now)
         try:
             result = await work()
         except Exception:
@@ -468,12 +474,7 @@ class BudgetedLLM:
             reserved_tokens=estimate + request.max_tokens,
             reserved_usd=(estimate * input_price + request.max_tokens * output_price) / 1e6,
         )
-        limited = any(charge.limit is not None for charge in charges)
-        if limited:
-            refusal = await gate.store.spend_reserve(call, charges)
-            if refusal is not None:
-                raise gate.refused(refusal, now)
-            gate.reserved(charges)
+        limited = await gate.reserve(call, charges, now)
         try:
             response = await self._inner.complete(request, on_stream=on_stream)
         except LLMError:

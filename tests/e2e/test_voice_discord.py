@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,7 +47,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.control import CONTROL_ANSWER, answer_controls
 from tests.support.fakes.audio_server import FakeAudioServer
 from tests.support.fakes.discord_server import Json
-from tests.support.fakes.llm_server import FakeLLMServer, Hang, Item, Reply, user_texts
+from tests.support.fakes.llm_server import FakeLLMServer, Reply, held_once
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -328,44 +328,19 @@ async def test_with_the_service_down_the_note_waits_as_a_dead_letter_until_repla
     assert world.discord.downloads[attachment_of(world, sent)] == 2  # once per try
 
 
-class _OnceHung:
-    """The model's answer to a prompt: held forever the first time, then ``then``."""
-
-    def __init__(self, then: Item) -> None:
-        self._items: Iterator[Item] = iter((Hang(),))
-        self._then = then
-
-    def __call__(self) -> Item:
-        return next(self._items, self._then)
-
-
 async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transcription(
     world: ChatWorld, audio: FakeAudioServer, note: bytes
 ) -> None:
     prompt = "rotate the logs please"
     before = len(audio.transcriptions)
     audio.script_transcript(prompt, duration=6)
-    answer = _OnceHung(Reply("Logs rotated."))
-    seen: list[dict[str, Any]] = []
-    before_responder = world.llm.responder
-    assert before_responder is not None
-
-    def respond(body: dict[str, Any]) -> Item | None:
-        if any(prompt in text for text in user_texts(body)[0]):
-            seen.append(body)
-            return answer()
-        return before_responder(body)
-
-    world.llm.responder = respond
-    try:
+    with held_once(world.llm, prompt, Reply("Logs rotated.")) as seen:
         sent = voice(world, "killed", note, duration_secs=6)
         # The turn asked the model, so the transcript was recorded before it (one commit
         # with the message's files, then the turn): kill it there.
         await until(lambda: len(seen) == 1, "the turn's model request")
         await world.kill_and_restart()
         await showing(world, "killed", "Logs rotated.")
-    finally:
-        world.llm.responder = before_responder
     assert len(seen) == 2
     assert json.dumps(seen[0]["messages"][-1]) == json.dumps(seen[1]["messages"][-1])
     # Transcribed once, downloaded once: the restart found the transcript on the inbox row.

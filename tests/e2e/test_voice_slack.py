@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from tests.support.config import TEST_KEY, TEST_KEY_ENV
 from tests.support.control import CONTROL, CONTROL_ANSWER, answer_controls
 from tests.support.daemon import MODELS_MARK, DaemonProcess
 from tests.support.fakes.audio_server import FakeAudioServer
-from tests.support.fakes.llm_server import FakeLLMServer, Hang, Item, Reply, user_texts
+from tests.support.fakes.llm_server import FakeLLMServer, Reply, held_once
 from tests.support.fakes.slack_server import FakeSlack, Posted, Upload
 from tests.support.slack_world import new_ts
 from tests.support.waiting import until
@@ -373,36 +373,13 @@ async def test_with_the_service_down_the_clip_waits_as_a_dead_letter_until_repla
     assert [t.status for t in world.audio.transcriptions[before:]] == [503, 503, 200]
 
 
-class _OnceHung:
-    """The model's answer to a prompt: held forever the first time, then ``then``."""
-
-    def __init__(self, then: Item) -> None:
-        self._items: Iterator[Item] = iter((Hang(),))
-        self._then = then
-
-    def __call__(self) -> Item:
-        return next(self._items, self._then)
-
-
 async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transcription(
     world: VoiceWorld, note: bytes
 ) -> None:
     prompt = "rotate the logs please"
     before = len(world.audio.transcriptions)
     world.audio.script_transcript(prompt, duration=6)
-    answer = _OnceHung(Reply("Logs rotated."))
-    seen: list[dict[str, Any]] = []
-    before_responder = world.llm.responder
-    assert before_responder is not None
-
-    def respond(body: dict[str, Any]) -> Item | None:
-        if any(prompt in text for text in user_texts(body)[0]):
-            seen.append(body)
-            return answer()
-        return before_responder(body)
-
-    world.llm.responder = respond
-    try:
+    with held_once(world.llm, prompt, Reply("Logs rotated.")) as seen:
         thread = await world.voice(KILLED, world.slack.add_audio_clip(note, 6_000))
         # The turn asked the model, so the transcript was recorded before it (one commit
         # with the message's files, then the turn): kill it there.
@@ -410,8 +387,6 @@ async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transc
         await world.kill()
         await world.start()
         await world.posted(KILLED, thread, "Logs rotated.")
-    finally:
-        world.llm.responder = before_responder
     assert len(seen) == 2
     assert json.dumps(seen[0]["messages"][-1]) == json.dumps(seen[1]["messages"][-1])
     # Transcribed once: the restart found the transcript on the inbox row.

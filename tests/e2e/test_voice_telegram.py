@@ -17,7 +17,7 @@ One daemon serves the file (restarted where a test kills it), each test in a cha
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -29,7 +29,12 @@ from tests.support.chat_e2e_telegram import ALICE, Chat, ChatWorld, FilesModel
 from tests.support.cli import geodebot
 from tests.support.config import TEST_KEY
 from tests.support.fakes.audio_server import FakeAudioServer
-from tests.support.fakes.llm_server import Delay, FakeLLMServer, Hang, Item, Reply, user_texts
+from tests.support.fakes.llm_server import (
+    Delay,
+    FakeLLMServer,
+    Reply,
+    held_once,
+)
 from tests.support.fakes.telegram_server import FakeTelegram, SentMessage, html_visible
 from tests.support.waiting import until
 
@@ -220,36 +225,13 @@ async def test_with_the_service_down_the_note_waits_as_a_dead_letter_until_repla
     assert [t.status for t in world.audio.transcriptions[before:]] == [503, 503, 200]
 
 
-class _OnceHung:
-    """The model's answer to a prompt: held forever the first time, then ``then``."""
-
-    def __init__(self, then: Item) -> None:
-        self._items: Iterator[Item] = iter((Hang(),))
-        self._then = then
-
-    def __call__(self) -> Item:
-        return next(self._items, self._then)
-
-
 async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transcription(
     world: VoiceWorld, model: FilesModel, note: bytes
 ) -> None:
     prompt = "rotate the logs please"
     before = len(world.audio.transcriptions)
     world.audio.script_transcript(prompt, duration=6)
-    answer = _OnceHung(Reply("Logs rotated."))
-    seen: list[dict[str, Any]] = []
-    before_responder = world.llm.responder
-    assert before_responder is not None
-
-    def respond(body: dict[str, Any]) -> Item | None:
-        if any(prompt in text for text in user_texts(body)[0]):
-            seen.append(body)
-            return answer()
-        return before_responder(body)
-
-    world.llm.responder = respond
-    try:
+    with held_once(world.llm, prompt, Reply("Logs rotated.")) as seen:
         world.voice(KILLED, note, duration=6)
         # The turn asked the model, so the transcript was recorded before it (one commit
         # with the message's files, then the turn): kill it there.
@@ -257,8 +239,6 @@ async def test_a_kill_after_the_transcription_answers_on_restart_with_one_transc
         await world.kill()
         await world.start()
         await world.showing(KILLED, "Logs rotated.", part=True)
-    finally:
-        world.llm.responder = before_responder
     assert len(seen) == 2
     assert json.dumps(seen[0]["messages"][-1]) == json.dumps(seen[1]["messages"][-1])
     # Transcribed once: the restart found the transcript on the inbox row.

@@ -364,3 +364,62 @@ async def test_a_missing_file_is_a_permanent_error(
         await channel.send(part)
     assert caught.value.permanent
     assert fake.calls_to("files.getUploadURLExternal") == []
+
+
+# -- voice notes and spoken answers --------------------------------------------------------------
+VOICE_OGG = b"OggS\x00\x02" + bytes(range(256)) * 8
+
+
+async def test_a_voice_clip_arrives_over_socket_mode_and_downloads_whole(
+    fake: FakeSlack, channel: SlackChannel, sink: Sink
+) -> None:
+    clip = fake.add_audio_clip(VOICE_OGG, 3200)
+    memo = fake.add_file(VOICE_OGG, "memo.mp3", "audio/mpeg")
+    png = fake.add_file(tiny_png(), "shot.png", "image/png")
+    event = fake.file_message_event(CHANNEL, ALICE, "", [clip, memo, png])
+    envelope = await fake.push_event(event, event_id="Ev0VOICE")
+    await fake.wait_for_ack(envelope)
+    [got] = await sink.wait_for(1)
+    assert got.text == ""
+    assert got.files == (
+        InboundFile(
+            clip["url_private_download"],
+            "audio_message.webm",
+            "audio/webm",
+            len(VOICE_OGG),
+            duration=3.2,
+            voice=True,
+        ),
+        InboundFile(memo["url_private_download"], "memo.mp3", "audio/mpeg", len(VOICE_OGG)),
+        InboundFile(png["url_private_download"], "shot.png", "image/png", len(tiny_png())),
+    )
+    assert sum(fake.downloads.values()) == 0  # announced, not fetched
+    assert await channel.download(got.files[0], 1_000_000) == VOICE_OGG
+    assert [(r.file_id, r.token) for r in fake.file_requests] == [(clip["id"], fake.bot_token)]
+
+
+async def test_a_voice_answer_is_uploaded_as_an_audio_file(
+    fake: FakeSlack, channel: SlackChannel, tmp_path: Path
+) -> None:
+    path = tmp_path / "answer.ogg"
+    path.write_bytes(VOICE_OGG)
+    file = OutboundFile(path, "answer.ogg", "audio/ogg", len(VOICE_OGG), voice=True)
+    thread = "1700000000.000100"
+    part = OutboundPart(Destination("slack", CHANNEL, thread=thread), "", "gb-voice-1", file=file)
+    sent = await channel.send(part)
+    [upload] = fake.uploads
+    assert (upload.name, upload.size, upload.data) == ("answer.ogg", len(VOICE_OGG), VOICE_OGG)
+    assert (upload.filetype, upload.mimetype) == ("ogg", "audio/ogg")
+    assert (upload.channel, upload.thread_ts, upload.initial_comment) == (CHANNEL, thread, None)
+    assert sent.message_id == upload.ts
+    [message] = fake.posted[CHANNEL]
+    assert [(f["name"], f["mimetype"]) for f in message.files or []] == [
+        ("answer.ogg", "audio/ogg")
+    ]
+    assert [c.method for c in fake.calls if c.method.startswith("files.")] == [
+        "files.getUploadURLExternal",
+        "files.completeUploadExternal",
+    ]
+    [ticket] = fake.calls_to("files.getUploadURLExternal")
+    assert ticket.args["filename"] == "answer.ogg"
+    assert channel.status().counters["uploads"] == 1

@@ -1,22 +1,15 @@
-"""Voice on Slack: audio clips and audio files in (their length and whether they were
-recorded in Slack), spoken answers out; the translation alone, then the adapter against
-FakeSlack through real slack-bolt and slack_sdk."""
+"""Voice on Slack: audio clips and audio files in, their length and whether they were
+recorded in Slack, as the translation reads them (the adapter against FakeSlack, a clip's
+download and a spoken answer's upload, is in test_slack_files.py)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from geodebot.channels.base import Destination, Inbound, InboundFile, OutboundFile, OutboundPart
-from geodebot.channels.slack import SlackChannel
+from geodebot.channels.base import InboundFile
 from geodebot.channels.slack.inbound import files_of, to_inbound
-from geodebot.config.schema import SlackConfig
-from tests.support.fakes.slack_server import FakeSlack
-from tests.support.files import tiny_png
 
 CHANNEL = "C0VOICE01"
 ALICE = "UALICE001"
@@ -167,101 +160,3 @@ def test_files_that_are_not_audio_stay_as_they_were() -> None:
 def test_a_voice_note_survives_the_inbox_round_trip() -> None:
     clip = one(slack_file(subtype="slack_audio", duration_ms=8458))
     assert InboundFile.from_json(clip.to_json()) == clip
-
-
-# -- through the adapter -------------------------------------------------------------------------
-class Sink:
-    def __init__(self) -> None:
-        self.inbound: list[Inbound] = []
-        self._arrived = asyncio.Condition()
-
-    async def __call__(self, inbound: Inbound) -> None:
-        async with self._arrived:
-            self.inbound.append(inbound)
-            self._arrived.notify_all()
-
-    async def wait_for(self, count: int) -> list[Inbound]:
-        async with asyncio.timeout(5), self._arrived:
-            await self._arrived.wait_for(lambda: len(self.inbound) >= count)
-        return self.inbound
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def sink() -> Sink:
-    return Sink()
-
-
-@pytest.fixture
-async def channel(fake: FakeSlack, sink: Sink) -> AsyncIterator[SlackChannel]:
-    config = SlackConfig(api_base_url=fake.api_base_url)
-    ch = SlackChannel(
-        config,
-        bot_token=fake.bot_token,
-        app_token=fake.app_token,
-        ping_interval_s=2.0,
-        request_timeout_s=1.0,
-    )
-    await ch.start(sink)
-    yield ch
-    await ch.stop()
-
-
-async def test_a_voice_clip_arrives_over_socket_mode_and_downloads_whole(
-    fake: FakeSlack, channel: SlackChannel, sink: Sink
-) -> None:
-    clip = fake.add_audio_clip(OGG, 3200)
-    memo = fake.add_file(OGG, "memo.mp3", "audio/mpeg")
-    png = fake.add_file(tiny_png(), "shot.png", "image/png")
-    event = fake.file_message_event(CHANNEL, ALICE, "", [clip, memo, png])
-    envelope = await fake.push_event(event, event_id="Ev0VOICE")
-    await fake.wait_for_ack(envelope)
-    [got] = await sink.wait_for(1)
-    assert got.text == ""
-    assert got.files == (
-        InboundFile(
-            clip["url_private_download"],
-            "audio_message.webm",
-            "audio/webm",
-            len(OGG),
-            duration=3.2,
-            voice=True,
-        ),
-        InboundFile(memo["url_private_download"], "memo.mp3", "audio/mpeg", len(OGG)),
-        InboundFile(png["url_private_download"], "shot.png", "image/png", len(tiny_png())),
-    )
-    assert sum(fake.downloads.values()) == 0  # announced, not fetched
-    assert await channel.download(got.files[0], 1_000_000) == OGG
-    assert [(r.file_id, r.token) for r in fake.file_requests] == [(clip["id"], fake.bot_token)]
-
-
-async def test_a_voice_answer_is_uploaded_as_an_audio_file(
-    fake: FakeSlack, channel: SlackChannel, tmp_path: Path
-) -> None:
-    path = tmp_path / "answer.ogg"
-    path.write_bytes(OGG)
-    file = OutboundFile(path, "answer.ogg", "audio/ogg", len(OGG), voice=True)
-    thread = "1700000000.000100"
-    part = OutboundPart(Destination("slack", CHANNEL, thread=thread), "", "gb-voice-1", file=file)
-    sent = await channel.send(part)
-    [upload] = fake.uploads
-    assert (upload.name, upload.size, upload.data) == ("answer.ogg", len(OGG), OGG)
-    assert (upload.filetype, upload.mimetype) == ("ogg", "audio/ogg")
-    assert (upload.channel, upload.thread_ts, upload.initial_comment) == (CHANNEL, thread, None)
-    assert sent.message_id == upload.ts
-    [message] = fake.posted[CHANNEL]
-    assert [(f["name"], f["mimetype"]) for f in message.files or []] == [
-        ("answer.ogg", "audio/ogg")
-    ]
-    assert [c.method for c in fake.calls if c.method.startswith("files.")] == [
-        "files.getUploadURLExternal",
-        "files.completeUploadExternal",
-    ]
-    [ticket] = fake.calls_to("files.getUploadURLExternal")
-    assert ticket.args["filename"] == "answer.ogg"
-    assert channel.status().counters["uploads"] == 1

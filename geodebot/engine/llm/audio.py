@@ -243,26 +243,22 @@ def build_audio(
     if voice is None:
         return None, None
     key = secret(voice.api_key_env) if voice.api_key_env else None
-    transcriber: Transcriber | None = None
-    if local_dir is not None:
-        transcriber = LocalWhisper(local_dir, voice.language)
-    elif voice.transcribe_url is not None:
-        transcriber = OpenAIAudio(
-            voice.transcribe_url,
+
+    def service(url: str, model: str) -> OpenAIAudio:
+        return OpenAIAudio(
+            url,
             key,
-            model=voice.transcribe_model,
+            model=model,
             language=voice.language,
-            timeout_s=voice.request_timeout_s,
-            max_retries=voice.max_retries,
-        )
-    speaker: Speaker | None = None
-    if voice.speech_url is not None:
-        speaker = OpenAIAudio(
-            voice.speech_url,
-            key,
-            model=voice.speech_model,
             voice=voice.speech_voice,
             timeout_s=voice.request_timeout_s,
             max_retries=voice.max_retries,
         )
+
+    transcriber: Transcriber | None = None
+    if local_dir is not None:
+        transcriber = LocalWhisper(local_dir, voice.language)
+    elif voice.transcribe_url is not None:
+        transcriber = service(voice.transcribe_url, voice.transcribe_model)
+    speaker = None if voice.speech_url is None else service(voice.speech_url, voice.speech_model)
     return transcriber, speaker

@@ -74,12 +74,12 @@ import time
 import wave
 from collections import deque
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, Self, TypeAlias
 
 from aiohttp import BodyPartReader, hdrs, web
 
 from tests.support.audio import SPEECH_FORMATS, speech_audio
+from tests.support.fakes.loopback import LoopbackServer
 
 Endpoint: TypeAlias = Literal["transcriptions", "speech"]
 
@@ -204,7 +204,7 @@ def _default_error(status: int, message: str | None) -> ApiError:
     return ApiError(status, message or f"FakeAudioServer: scripted {status}")
 
 
-class FakeAudioServer:
+class FakeAudioServer(LoopbackServer):
     def __init__(
         self,
         *,
@@ -213,22 +213,19 @@ class FakeAudioServer:
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
+        super().__init__(host=host, port=port)
         self.key = key
         self.max_upload = max_upload
         self.requests: list[Record] = []
         self.transcriptions: list[Transcription] = []
         self.speeches: list[Speech] = []
         self.latency_s = 0.0
-        self._host = host
-        self._port = port
         self._transcripts: deque[tuple[str, float | None]] = deque()
         self._failures: list[_Failure] = []
         self._down = False
         self._gate: asyncio.Event | None = None
         self._held = 0
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._stopping = asyncio.Event()
         self._arrived = asyncio.Condition()
         self._audio_lock = asyncio.Lock()
 
@@ -308,47 +305,14 @@ class FakeAudioServer:
     @property
     def url(self) -> str:
         """The base URL ``openai.AsyncOpenAI(base_url=...)`` takes, ``/v1`` included."""
-        if self._runner is None:
-            raise RuntimeError("FakeAudioServer is not running")
-        return f"http://{self._host}:{self._port}/v1"
+        return f"{self.root}/v1"
 
-    async def start(self) -> Self:
-        if self._runner is not None:
-            return self
+    def _application(self) -> web.Application:
         # The upload is streamed past aiohttp's body limit; the limit bounds the rest.
         app = web.Application(client_max_size=_FIELD_LIMIT)
         app.router.add_post(TRANSCRIPTIONS_PATH, self._transcription)
         app.router.add_post(SPEECH_PATH, self._speech)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._port = runner.addresses[0][1]
-        self._stopping.clear()
-        self._runner = runner
-        return self
-
-    async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is None:
-            return
-        self._stopping.set()
-        await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+        return app
 
     # -- endpoints -------------------------------------------------------------------------
 

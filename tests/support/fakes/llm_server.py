@@ -63,11 +63,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, Self, TypeAlias
 
 from aiohttp import web
 
+from tests.support.fakes.loopback import LoopbackServer
 from tests.support.fakes.prompt_cache import PromptCache
 
 Dialect: TypeAlias = Literal["anthropic", "openai"]
@@ -216,8 +216,9 @@ class RecordedRequest:
         return isinstance(self.json, dict) and self.json.get("stream") is True
 
 
-class FakeLLMServer:
+class FakeLLMServer(LoopbackServer):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, record: bool = True) -> None:
+        super().__init__(host=host, port=port)
         self.default: Item | None = None
         self.responder: Callable[[dict[str, Any]], Item | None] | None = None
         # Model ids GET /v1/models/{id} knows; None: every id.
@@ -229,12 +230,8 @@ class FakeLLMServer:
         # Set: usage reports the input as a provider's prompt cache would bill it (see
         # prompt_cache.py); None: a Reply's usage as scripted, nothing cached.
         self.prompt_cache: PromptCache | None = None
-        self._host = host
-        self._port = port
         self._queue: deque[Item] = deque()
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._stopping = asyncio.Event()
         self._arrived = asyncio.Condition()
 
     def script(self, *items: Item) -> Self:
@@ -272,53 +269,19 @@ class FakeLLMServer:
 
     @property
     def url(self) -> str:
-        if self._runner is None:
-            raise RuntimeError("FakeLLMServer is not running")
-        return f"http://{self._host}:{self._port}"
+        return self.root
 
     @property
     def openai_base_url(self) -> str:
         return self.url + "/v1"
 
-    async def start(self) -> Self:
-        if self._runner is not None:
-            return self
+    def _application(self) -> web.Application:
         app = web.Application()
         app.router.add_post(ANTHROPIC_PATH, self._anthropic)
         app.router.add_post(OPENAI_PATH, self._openai)
         # Both SDKs retrieve a model at GET /v1/models/{id}; one body satisfies both.
         app.router.add_get("/v1/models/{model}", self._model_info)
-        # Hanging handlers notice the stop flag within a poll, so cleanup never waits long.
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._port = runner.addresses[0][1]
-        self._stopping.clear()
-        self._runner = runner
-        return self
-
-    async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is None:
-            return
-        self._stopping.set()
-        await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+        return app
 
     async def _anthropic(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "anthropic")
@@ -672,3 +635,25 @@ def last_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
     rounds followed it; ("", rounds) when there is none."""
     texts, rounds = user_texts(body)
     return (texts[-1] if texts else ""), rounds
+
+
+@contextlib.contextmanager
+def held_once(llm: FakeLLMServer, prompt: str, then: Item) -> Iterator[list[dict[str, Any]]]:
+    """While inside: a request whose newest user message holds ``prompt`` is held forever the
+    first time (a daemon killed meanwhile never gets its answer) and answered ``then`` after;
+    each such request's body is in the list yielded. Other requests go to the responder
+    there was before, which is there again after."""
+    before = llm.responder
+    seen: list[dict[str, Any]] = []
+
+    def respond(body: dict[str, Any]) -> Item | None:
+        if any(prompt in text for text in user_texts(body)[0]):
+            seen.append(body)
+            return Hang() if len(seen) == 1 else then
+        return before(body) if before is not None else None
+
+    llm.responder = respond
+    try:
+        yield seen
+    finally:
+        llm.responder = before

@@ -87,6 +87,13 @@ BENCHES = [
         ["bench/replicas_bench.py", "--quick"],
     ),
     Bench(
+        "voice",
+        "The daemon's own CPU per voice-note turn against a text turn (the audio service's "
+        "time excluded), and peak RSS per 20 MB note with several notes in flight at once.",
+        ["bench/voice_bench.py"],
+        ["bench/voice_bench.py", "--quick"],
+    ),
+    Bench(
         "soak",
         "20,000 turns: RSS series and slope (whole, and without the bounded context cache), "
         "open files, threads, asyncio tasks, the size of the store's log.",

@@ -8,6 +8,7 @@ from geodebot.store.chat import ChatInboxOutbox
 from geodebot.store.deadletters import DeadLetterDecisions
 from geodebot.store.fires import JobsAndFires
 from geodebot.store.leases import Leases
+from geodebot.store.memory import Memory
 from geodebot.store.pairing import Pairings
 from geodebot.store.receipts import ReceiptsAndSwitches
 from geodebot.store.relay import Relay
@@ -26,6 +27,7 @@ class StoreMethods(
     DeadLetterDecisions,
     JobsAndFires,
     Leases,
+    Memory,
     Pairings,
     Relay,
     Replicas,

@@ -36,7 +36,12 @@ from geodebot.store.postgres_commit import GroupCommit, reason, transaction
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
 from geodebot.store.rows import Body, Params, Row
-from geodebot.store.schema import load_migrations, refuse_newer, split_statements
+from geodebot.store.schema import (
+    for_backend,
+    load_migrations,
+    refuse_newer,
+    split_statements,
+)
 
 __all__ = ["PostgresStore", "postgres_ddl", "postgres_sql"]
 
@@ -222,6 +227,8 @@ class PostgresStore(PgWakeups, StoreMethods):
     one in the URL (it comes from the environment, never from a config file).
     """
 
+    dialect = "postgres"
+
     def __init__(
         self,
         url: str,
@@ -352,7 +359,7 @@ class PostgresStore(PgWakeups, StoreMethods):
                     await _PgTx(conn).exclusive(_MIGRATION_LOCK)
                     if await _version(conn) >= version:
                         continue
-                    for statement in split_statements(script):
+                    for statement in split_statements(for_backend(script, "postgres")):
                         await conn.execute(postgres_ddl(statement))
                     await conn.execute(
                         "INSERT INTO schema_migrations (version, applied_at) VALUES (%s, %s)",

@@ -26,6 +26,7 @@ from geodebot.store.chat import InboxOutboxStore
 from geodebot.store.deadletters import DeadLetterStore
 from geodebot.store.jobs import JobStore
 from geodebot.store.leases import LeaseStore
+from geodebot.store.memory import MemoryStore
 from geodebot.store.pairing import PairingStore
 from geodebot.store.receipts import ReceiptStore
 from geodebot.store.records import StoreError
@@ -41,6 +42,7 @@ __all__ = [
     "InboxOutboxStore",
     "JobStore",
     "LeaseStore",
+    "MemoryStore",
     "PairingStore",
     "ReceiptStore",
     "RelayStore",
@@ -107,6 +109,7 @@ class Store(
     DeadLetterStore,
     JobStore,
     LeaseStore,
+    MemoryStore,
     PairingStore,
     RelayStore,
     ReplicaStore,

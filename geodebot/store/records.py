@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, cast, get_args
 
 MessageKind = Literal["message", "summary"]
 BatchStatus = Literal["proposed", "done", "abandoned"]
@@ -839,3 +839,79 @@ class StoredBinding:
     origin: str
     created_at: float
     created_by: str
+
+
+MemoryOrigin = Literal["chat", "relay", "job", "terminal", "import"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryItem:
+    """One thing the agent saved for a project (see store/memory.py), with its provenance:
+    the session, turn and person it was saved for, and how the turn's message came."""
+
+    ref: str
+    project: str
+    text: str
+    tags: tuple[str, ...] = ()
+    session_id: str = ""
+    turn_id: str = ""
+    user: str = ""
+    origin: MemoryOrigin = "chat"
+    # The turn's message came through Thread Relay (a relayed ask).
+    forwarded: bool = False
+    created_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.ref,
+            "project": self.project,
+            "text": self.text,
+            "tags": list(self.tags),
+            "session": self.session_id,
+            "turn": self.turn_id,
+            "user": self.user,
+            "origin": self.origin,
+            "forwarded": self.forwarded,
+            "created_at": self.created_at,
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> MemoryItem:
+        """An exported item; raises ValueError (naming the field) for one that is not."""
+        try:
+            tags = data.get("tags", [])
+            if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+                raise ValueError("tags must be a list of strings")
+            origin = str(data.get("origin", "import"))
+            if origin not in get_args(MemoryOrigin):
+                raise ValueError(f"origin must be one of {', '.join(get_args(MemoryOrigin))}")
+            return MemoryItem(
+                ref=_text(data, "id"),
+                project=_text(data, "project"),
+                text=_text(data, "text"),
+                tags=tuple(tags),
+                session_id=str(data.get("session", "")),
+                turn_id=str(data.get("turn", "")),
+                user=str(data.get("user", "")),
+                origin=cast(MemoryOrigin, origin),
+                forwarded=bool(data.get("forwarded", False)),
+                created_at=float(data.get("created_at", 0.0)),
+            )
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"not a memory item: {exc}") from None
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key} must be a non-empty string")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHit:
+    """A search's result: the item and its rank (higher is better, comparable only within
+    one search)."""
+
+    item: MemoryItem
+    score: float

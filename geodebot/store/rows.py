@@ -125,6 +125,9 @@ class Transactions(Protocol):
     ``durable``: something outside acts on the commit next (see ``SQLiteStore._transact``).
     """
 
+    # "sqlite" or "postgres": for the few statements the two cannot share (a search).
+    dialect: str
+
     async def _read(self, what: str, body: Body[_R]) -> _R: ...
 
     async def _write(

@@ -11,9 +11,26 @@ from importlib.resources.abc import Traversable
 
 from geodebot.store.records import StoreError
 
-__all__ = ["load_migrations", "refuse_newer", "split_statements"]
+__all__ = ["for_backend", "load_migrations", "refuse_newer", "split_statements"]
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_\w+\.sql$")
+_BACKEND_LINE = re.compile(r"^--\s*backend:\s*(sqlite|postgres|all)\s*$")
+
+
+def for_backend(script: str, backend: str) -> str:
+    """The migration as ``backend`` runs it: a line ``-- backend: sqlite`` (or ``postgres``)
+    starts statements only that store runs, ``-- backend: all`` ends them. Where the two
+    differ by more than their types (a search index), each gets its own statements."""
+    kept: list[str] = []
+    current = "all"
+    for line in script.splitlines(keepends=True):
+        marker = _BACKEND_LINE.match(line.strip())
+        if marker is not None:
+            current = marker.group(1)
+            continue
+        if current in ("all", backend):
+            kept.append(line)
+    return "".join(kept)
 
 
 def split_statements(script: str) -> list[str]:

@@ -28,7 +28,12 @@ from geodebot.store.methods import StoreMethods
 from geodebot.store.protocol import Store
 from geodebot.store.records import Lease, StoreError
 from geodebot.store.rows import Body, Params, Row, Tx, drive, dumps
-from geodebot.store.schema import load_migrations, refuse_newer, split_statements
+from geodebot.store.schema import (
+    for_backend,
+    load_migrations,
+    refuse_newer,
+    split_statements,
+)
 from geodebot.store.sqlite_commit import GroupCommit
 from geodebot.store.sqlite_sync import LogSync
 from geodebot.store.wakeups import Wakeups
@@ -51,6 +56,8 @@ class SQLiteStore(StoreMethods):
     The methods are the mixins' (shared with the PostgreSQL store); they run through this
     class's :meth:`_read` and :meth:`_write`.
     """
+
+    dialect = "sqlite"
 
     def __init__(self, path: pathlib.Path | str, *, synchronous: str = "FULL") -> None:
         mode = synchronous.upper()
@@ -210,7 +217,7 @@ class SQLiteStore(StoreMethods):
                 # Another process may have applied it since we looked; now we hold the lock.
                 if _version(db) >= version:
                     return
-                for statement in split_statements(script):
+                for statement in split_statements(for_backend(script, "sqlite")):
                     db.execute(statement)
                 db.execute(
                     "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",

@@ -22,8 +22,18 @@ from tests.support.postgres import Cluster, Place
 _SAME_TYPE = {"INTEGER": "bigint", "TEXT": "text", "REAL": "double precision"}
 
 
+# Each store's own search index of memory_items (migration 0019): SQLite's FTS5 table (and
+# the tables FTS5 keeps for it) with its triggers, PostgreSQL's tsvector column and GIN index.
+SQLITE_OWN = "memory_fts"
+POSTGRES_OWN_COLUMNS = {("memory_items", "search")}
+POSTGRES_OWN_INDEXES = {"memory_search"}
+
+
 def sqlite_columns(place: Place) -> dict[str, list[tuple[str, str, bool]]]:
-    tables = place.rows("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+    tables = place.rows(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE ? ORDER BY name",
+        (SQLITE_OWN + "%",),
+    )
     columns: dict[str, list[tuple[str, str, bool]]] = {}
     for (table,) in tables:
         info = place.rows(f"SELECT name, type, \"notnull\", pk FROM pragma_table_info('{table}')")
@@ -42,7 +52,8 @@ def postgres_columns(place: Place) -> dict[str, list[tuple[str, str, bool]]]:
     )
     columns: dict[str, list[tuple[str, str, bool]]] = {}
     for table, name, kind, nullable in rows:
-        columns.setdefault(table, []).append((name, kind, nullable == "NO"))
+        if (table, name) not in POSTGRES_OWN_COLUMNS:
+            columns.setdefault(table, []).append((name, kind, nullable == "NO"))
     return columns
 
 
@@ -55,8 +66,16 @@ async def test_both_stores_end_with_the_same_tables_columns_and_indexes(
         async with place.store():  # type: ignore[attr-defined]
             pass
     assert postgres_columns(pg) == sqlite_columns(lite)
-    indexes = {n for n in lite.names() if not n.startswith("sqlite_autoindex")}
+    indexes = {n for n in lite.names() if not n.startswith(("sqlite_autoindex", SQLITE_OWN))}
     assert indexes - set(sqlite_columns(lite)) <= pg.names()
+    # What is each store's own is there too.
+    assert {"memory_fts", "memory_fts_add", "memory_fts_remove"} <= lite.names()
+    assert pg.names() >= POSTGRES_OWN_INDEXES
+    own = pg.rows(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = 'public' AND data_type = 'tsvector'"
+    )
+    assert set(own) == POSTGRES_OWN_COLUMNS
     # Ids are numbered by the database on both: SQLite's rowid, PostgreSQL's identity.
     identity = pg.rows(
         "SELECT table_name FROM information_schema.columns WHERE table_schema = 'public' "
@@ -66,6 +85,7 @@ async def test_both_stores_end_with_the_same_tables_columns_and_indexes(
         "deadletter_decisions",
         "inbox",
         "job_fires",
+        "memory_items",
         "operator_switch_history",
         "outbox",
         "pairings",

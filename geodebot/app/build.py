@@ -47,6 +47,7 @@ from geodebot.engine.tools.catalog import ToolCatalog, ToolSource
 from geodebot.engine.tools.plan import allowlist_problems
 from geodebot.engine.tools.registry import ToolRegistry
 from geodebot.engine.verify import NonEmptyAnswer, Verifier
+from geodebot.memory.tools import MemoryTools
 from geodebot.relay.tools import ThreadRelay
 from geodebot.scheduler.chat_tools import JobTools
 from geodebot.scheduler.definitions import check_jobs
@@ -296,6 +297,9 @@ async def build_app(
         *JobTools(store, bindings, default_timezone=config.daemon.timezone).specs(),
         send_file_spec(config.workspace, files),
         *relay.specs(),
+        *MemoryTools(
+            store, bindings, config.memory, terminal_project=config.relay.terminal_project
+        ).specs(),
     ]
     for spec in chat_tools:
         if registry.get(spec.name) is None:

@@ -689,6 +689,26 @@ class VoiceConfig(_Strict):
         return self.speech_url is not None
 
 
+MemoryOrigin = Literal["chat", "relay", "job", "terminal"]
+
+
+class MemoryConfig(_Strict):
+    """Project memory (memory/): the memory_save, memory_search and memory_forget tools
+    over items kept per project (the bindings' ``project``, as Thread Relay's)."""
+
+    # False: the tools refuse every call (what was saved stays).
+    enabled: bool = True
+    # A save past this many items of a project is refused (nothing is evicted).
+    max_items: Annotated[int, Field(ge=1, le=1_000_000)] = 5000
+    max_item_chars: Annotated[int, Field(ge=20, le=20_000)] = 2000
+    # Where saves may come from: a person's own message (chat), a turn answering a relayed
+    # ask (relay), a scheduled job (job), the terminal.
+    save_from: tuple[MemoryOrigin, ...] = ("chat", "relay", "job", "terminal")
+    # Items recalled into the prompt before each model call of a chat turn (0: none).
+    recall: Annotated[int, Field(ge=0, le=20)] = 0
+    recall_max_tokens: Annotated[int, Field(ge=50, le=8000)] = 800
+
+
 class RelayConfig(_Strict):
     """Thread Relay (relay/): what a session may read of other threads of its project, and
     how sends into them are bounded. The tools themselves are listed per binding."""
@@ -726,6 +746,7 @@ class Config(_Strict):
     store: StoreConfig = StoreConfig()
     pairing: PairingConfig = PairingConfig()
     voice: VoiceConfig | None = None
+    memory: MemoryConfig = MemoryConfig()
     # Where the file was read from; relative paths in it are resolved against its folder.
     source: Path | None = Field(default=None, exclude=True)
     # The sha256 of the file's bytes as read ("" when not read from a file).

@@ -127,6 +127,8 @@ class FireRunner:
                     tools=tools,
                     preapproved=_preapproved(job, target, tools),
                     time_budget_s=job.time_budget_s,
+                    # The chat it delivers to: its project is the run's (project memory).
+                    origin=binding_key(target),
                     # A job made in a chat spends from that chat's budget too: making jobs
                     # must not be a way around it. Every run has its own per-run budget.
                     spend=SpendScope(

@@ -1,0 +1,1 @@
+"""Project memory: what the agent learns, kept per project, searchable and correctable."""

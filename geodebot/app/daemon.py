@@ -30,6 +30,7 @@ from geodebot.engine.modes import Mode
 from geodebot.engine.session import SessionSpec, TurnResult
 from geodebot.engine.tools.authority import report_uncertain
 from geodebot.engine.tools.spec import Approver
+from geodebot.memory.recall import Recall
 from geodebot.ops.heap import HeapKeeper
 from geodebot.ops.sdnotify import SystemdNotifier
 from geodebot.ops.status import Serving, StatusLine, status_report
@@ -372,6 +373,7 @@ async def _enter_daemon(
         transcriber=transcriber,
         speaker=speaker,
         spend=app.services.spend,
+        recall=Recall(store, store, config.memory) if config.memory.recall else None,
     )
     router, outbox = chat.router, chat.outbox
     scheduler = JobScheduler(

@@ -31,7 +31,7 @@ from geodebot.chat.deadletters import DeadLetters, ReplayFeed
 from geodebot.chat.outbox import OnFinished, OutboxSender
 from geodebot.chat.ownership import SessionOwner
 from geodebot.chat.pairing import PairingDesk
-from geodebot.chat.router import TYPING_AFTER_S, ChatRouter
+from geodebot.chat.router import TYPING_AFTER_S, ChatRouter, RecallSource
 from geodebot.chat.stored_bindings import StoredBindings
 from geodebot.chat.stream import ReplyStreams
 from geodebot.chat.voice import Hearing, Speaking
@@ -163,6 +163,7 @@ def build_chat(
     transcriber: Transcriber | None = None,
     speaker: Speaker | None = None,
     spend: SpendGate | None = None,
+    recall: RecallSource | None = None,
 ) -> ChatPipeline:
     """The chat path over ``channels``, not yet running.
 
@@ -173,8 +174,9 @@ def build_chat(
     the model, and the model can send files. ``max_chars``: by platform, defaults to the
     config's ``max_message_chars``. ``transcriber``: voice notes become text, and
     ``speaker``: answers are spoken (each with ``files`` and ``[voice]``), their calls
-    under ``spend``'s budgets. The two graces
-    default to ``[daemon] shutdown_grace_s`` for the turns and none for the sends.
+    under ``spend``'s budgets. ``recall``: the project's memory recalled into each turn.
+    The two graces default to ``[daemon] shutdown_grace_s`` for the turns and none for the
+    sends.
     """
     hooks = hooks if hooks is not None else ChatHooks()
     index = BindingIndex.of(bindings)
@@ -247,6 +249,7 @@ def build_chat(
         pairing=pairing,
         owner=owner,
         speaking=speaking,
+        recall=recall,
     )
     feed = ReplayFeed(store, router.take, outbox.submit)
     return ChatPipeline(

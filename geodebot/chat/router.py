@@ -47,7 +47,7 @@ from geodebot.chat.throttle import UserRateLimiter, Verdict
 from geodebot.chat.voice import Speaking, VoiceUnavailable
 from geodebot.config.schema import BindingConfig, BudgetConfig, DaemonConfig, ModelConfig
 from geodebot.engine.lanes import Grace
-from geodebot.engine.llm.types import Block
+from geodebot.engine.llm.types import Block, TextBlock
 from geodebot.engine.modes import Mode
 from geodebot.engine.session import LastCheckpoint, TurnResult, TurnRunner
 from geodebot.logs.context import log_context
@@ -112,6 +112,7 @@ class ChatRouter:
         pairing: PairingDesk | None = None,
         owner: SessionOwner,
         speaking: Speaking | None = None,
+        recall: RecallSource | None = None,
     ) -> None:
         self._run_turn = run_turn
         # Strangers' direct messages ask to pair there instead of being dropped.
@@ -121,6 +122,8 @@ class ChatRouter:
         self._attachments = attachments
         # Which answers are spoken too (chat/voice.py); None: no speech service.
         self._speaking = speaking
+        # The project's memory recalled into a turn's message (memory/recall.py).
+        self._recall = recall
         self._approvals = approvals
         self._streams = streams
         self._store = store
@@ -487,16 +490,7 @@ class ChatRouter:
         outlet = OutboxOutlet.answering(self._store, row, self._outbox.submit)
         written = self._written(stream, reply, functools.partial(_stop_typing, start, typing))
         try:
-            attachments: tuple[Block, ...] = ()
-            if self._attachments is not None:
-                taken = await self._attachments.take(row, binding)
-                if taken.notice is not None:
-                    self._outbox.submit(taken.notice)
-                if taken.unheard:
-                    raise _Unheard
-                attachments, reply.heard = taken.blocks, taken.heard
-                if stream is not None and taken.heard:
-                    stream.heard(taken.heard)
+            attachments = await self._blocks(row, binding, stream, reply)
             spec = session_spec(
                 row.session_id,
                 binding,
@@ -533,6 +527,30 @@ class ChatRouter:
             if stream is not None:
                 # Before the reply goes out: no preview may edit the message after it.
                 await stream.close()
+
+    async def _blocks(
+        self, row: InboxRow, binding: BindingConfig, stream: StreamedReply | None, reply: _Reply
+    ) -> tuple[Block, ...]:
+        """What the message's user message holds besides its text: its files (voice notes as
+        their transcripts), then what the project's memory recalls of it."""
+        blocks: tuple[Block, ...] = ()
+        if self._attachments is not None:
+            taken = await self._attachments.take(row, binding)
+            if taken.notice is not None:
+                self._outbox.submit(taken.notice)
+            if taken.unheard:
+                raise _Unheard
+            blocks, reply.heard = taken.blocks, taken.heard
+            if stream is not None and taken.heard:
+                stream.heard(taken.heard)
+        if self._recall is not None and not _recorded_only(row):
+            heard = " ".join(b.text for b in blocks if isinstance(b, TextBlock))
+            recalled = await self._recall.block(
+                binding, f"{row.text} {heard}", session_id=row.session_id, turn_id=row.turn_id
+            )
+            if recalled is not None:
+                blocks = (*blocks, recalled)
+        return blocks
 
     async def _keep_typing(self, destination: Destination) -> None:
         if self._typing is None:
@@ -605,6 +623,14 @@ def _stop_typing(start: asyncio.TimerHandle | None, typing: list[asyncio.Task[No
         start.cancel()
     for task in typing:
         task.cancel()
+
+
+class RecallSource(Protocol):
+    """What of a project's memory bears on a message (memory/recall.py), as one block."""
+
+    async def block(
+        self, binding: BindingConfig, text: str, *, session_id: str, turn_id: str
+    ) -> TextBlock | None: ...
 
 
 class _Reply:

@@ -27,6 +27,7 @@ from geodebot.cli.bindings import add_bindings_parser, bindings_command
 from geodebot.cli.deadletters import add_deadletters_parser, deadletters_command
 from geodebot.cli.init import add_init_parser, init_command
 from geodebot.cli.jobs import add_jobs_parser, jobs_command
+from geodebot.cli.memory import add_memory_parser, memory_command
 from geodebot.cli.pairing import add_pairing_parser, pairing_command
 from geodebot.cli.relay import add_relay_parser, print_schema, relay_command
 from geodebot.cli.store import add_store_parser, store_command
@@ -103,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     add_store_parser(sub, common)
     add_pairing_parser(sub, common)
     add_bindings_parser(sub, common)
+    add_memory_parser(sub, common)
 
     timeline = sub.add_parser("timeline", parents=[common], help="a session's timeline")
     timeline.add_argument("id")
@@ -180,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "store": store_command,
         "pairing": pairing_command,
         "bindings": bindings_command,
+        "memory": memory_command,
     }[args.command]
     try:
         return asyncio.run(handler(config, args))

@@ -8,6 +8,13 @@ clearly the better match (more of the words, more often, in a shorter text) and 
 between near ties. A project's items are found only by a search, a read or a forget that
 names that project: another project's item answers as no item does.
 
+On SQLite a project's items hold one range of ids (its slot's), which the index is asked
+for alone, so a search reads only the project's entries; in a project past COMMON_AFTER
+items a word that more than COMMON_SHARE of them hold is left out where rarer words remain
+(counted by a probe that stops at that share), the SCORED_TERMS rarest rank, and at most the
+newest CANDIDATES matches are ranked: a search costs about the same in a full store as in an
+empty one (bench/memory_bench.py).
+
 A save is refused, not evicted around, once the project holds ``max_items``: the count and
 the insert run under the project's lock, so two saves cannot both take the last place.
 """
@@ -23,6 +30,7 @@ from geodebot.store.records import MemoryHit, MemoryItem, StoreError
 from geodebot.store.rows import Row, Transactions, Tx
 
 __all__ = [
+    "CANDIDATES",
     "MAX_TERMS",
     "DuplicateMemory",
     "Memory",
@@ -40,17 +48,33 @@ _COLS = (
     "m.forwarded, m.created_at"
 )
 _INSERT = """
-INSERT INTO memory_items (ref, project, text, tags, session_id, turn_id, user_id, origin,
+INSERT INTO memory_items (id, ref, project, text, tags, session_id, turn_id, user_id, origin,
     forwarded, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (ref) DO NOTHING
 RETURNING id
 """
+# A project's items are the ids of its slot (see migration 0019).
+SLOT_BITS = 32
+_SLOT = "SELECT id, items FROM memory_projects WHERE project = ?"
+_LAST_IN_SLOT = "SELECT MAX(id) FROM memory_items WHERE id BETWEEN ? AND ?"
+# A search ranks at most this many matches, the newest: words that match more items than
+# this say little of which is meant, and ranking every match would cost as much as reading
+# the project.
+CANDIDATES = 300
+# Ranked in the index over the project's range of ids alone (its newest CANDIDATES
+# matches), then the best few read.
 _SEARCH_SQLITE = f"""
-SELECT {_COLS}, -bm25(memory_fts) AS score
-FROM memory_fts JOIN memory_items m ON m.id = memory_fts.rowid
-WHERE memory_fts MATCH ? AND m.project = ?
-ORDER BY score DESC, m.id DESC LIMIT ?
+SELECT {_COLS}, f.score AS score
+FROM (
+    SELECT rowid, score FROM (
+        SELECT rowid, -bm25(memory_fts) AS score FROM memory_fts
+        WHERE memory_fts MATCH ? AND rowid BETWEEN ? AND ?
+        ORDER BY rowid DESC LIMIT {CANDIDATES}
+    ) ORDER BY score DESC, rowid DESC LIMIT ?
+) f JOIN memory_items m ON m.id = f.rowid
+WHERE m.project = ?
+ORDER BY score DESC, m.id DESC
 """
 _SEARCH_POSTGRES = f"""
 SELECT {_COLS}, ts_rank(m.search, q) AS score
@@ -58,6 +82,16 @@ FROM memory_items m, to_tsquery('simple', ?) q
 WHERE m.project = ? AND m.search @@ q
 ORDER BY score DESC, m.id DESC LIMIT ?
 """
+# Past this many items in a project, a word more than COMMON_SHARE of its items hold is left
+# out of a search that has rarer words: it would rank nearly every item alike (bm25 gives it
+# almost no weight) and cost reading all of them; of the rest the SCORED_TERMS rarest rank.
+COMMON_AFTER = 1000
+COMMON_SHARE = 0.05
+SCORED_TERMS = 4
+
+
+def _slot_range(slot: int) -> tuple[int, int]:
+    return slot << SLOT_BITS, ((slot + 1) << SLOT_BITS) - 1
 
 
 class MemoryFull(StoreError):
@@ -95,12 +129,33 @@ def _item(row: Row) -> MemoryItem:
     )
 
 
-def _fts_query(project: str, terms: Sequence[str]) -> str:
-    """An FTS5 query: any of the words, in the text or tags, of this project (the project
-    column narrows the match in the index; the join's equality decides)."""
-    words = " OR ".join(f'"{term}"' for term in terms)
-    place = " ".join(f'"{w}"' for w in _WORD.findall(project.lower())) or '""'
-    return f"project : ({place}) AND {{text tags}} : ({words})"
+def _fts_query(terms: Sequence[str]) -> str:
+    """An FTS5 query: any of the words, in the text or the tags."""
+    return " OR ".join(f'"{term}"' for term in terms)
+
+
+_PROBE = (
+    "SELECT COUNT(*) FROM (SELECT rowid FROM memory_fts WHERE memory_fts MATCH ? "
+    "AND rowid BETWEEN ? AND ? LIMIT ?) probe"
+)
+
+
+async def _uncommon(db: Tx, terms: list[str], items: int, low: int, high: int) -> list[str]:
+    """The terms worth searching a project of ``items`` items for (see COMMON_AFTER): each
+    counted in the project's range up to the share that makes it common, so a probe reads
+    at most that many entries."""
+    if items <= COMMON_AFTER or len(terms) < 2:
+        return terms
+    most = int(COMMON_SHARE * items)
+    held: dict[str, int] = {}
+    for term in terms:
+        row = await db.one(_PROBE, (f'"{term}"', low, high, most + 1))
+        held[term] = int(row[0])
+    kept = [t for t in terms if held[t] <= most]
+    if not kept:
+        return [min(terms, key=lambda t: held[t])]
+    # The rarest few say what the query is about; each more is more items to rank.
+    return sorted(kept, key=lambda t: held[t])[:SCORED_TERMS]
 
 
 class MemoryStore(Protocol):
@@ -146,16 +201,21 @@ class Memory:
 
         async def save(db: Tx) -> MemoryItem:
             await db.exclusive(f"memory:{item.project}")
-            row = await db.one(
-                "SELECT COUNT(*) FROM memory_items WHERE project = ?", (item.project,)
-            )
-            if int(row[0]) >= max_items:
+            found = await db.one(_SLOT, (item.project,))
+            if found is None:
+                added = "INSERT INTO memory_projects (project, items) VALUES (?, 0) RETURNING id"
+                found = {"id": (await db.one(added, (item.project,)))[0], "items": 0}
+            slot, held = int(found["id"]), int(found["items"])
+            if held >= max_items:
                 raise MemoryFull(
                     f"project {item.project!r} holds {max_items} memory items, as many as "
                     "[memory] max_items allows; forget some first"
                 )
-            if await db.one(_INSERT, params) is None:
+            low, high = _slot_range(slot)
+            last = (await db.one(_LAST_IN_SLOT, (low, high)))[0]
+            if await db.one(_INSERT, (int(last or low) + 1, *params)) is None:
                 raise DuplicateMemory(f"memory item {item.ref} exists already")
+            await db.run("UPDATE memory_projects SET items = items + 1 WHERE id = ?", (slot,))
             return item
 
         result: MemoryItem = await self._write(what, save)
@@ -167,13 +227,20 @@ class Memory:
         terms = search_terms(query)
         if not terms or limit <= 0:
             return []
-        if self.dialect == "postgres":
-            sql, match = _SEARCH_POSTGRES, " | ".join(f"'{t}'" for t in terms)
-        else:
-            sql, match = _SEARCH_SQLITE, _fts_query(project, terms)
+        postgres = self.dialect == "postgres"
 
         async def search(db: Tx) -> list[MemoryHit]:
-            rows = await db.all(sql, (match, project, limit))
+            if postgres:
+                match = " | ".join(f"'{t}'" for t in terms)
+                rows = await db.all(_SEARCH_POSTGRES, (match, project, limit))
+            else:
+                found = await db.one(_SLOT, (project,))
+                if found is None:
+                    return []
+                low, high = _slot_range(int(found["id"]))
+                words = await _uncommon(db, terms, int(found["items"]), low, high)
+                params = (_fts_query(words), low, high, limit, project)
+                rows = await db.all(_SEARCH_SQLITE, params)
             return [MemoryHit(_item(row), float(row["score"])) for row in rows]
 
         hits: list[MemoryHit] = await self._read(f"searching memory of {project!r}", search)
@@ -199,6 +266,9 @@ class Memory:
             if row is None:
                 return None
             await db.run("DELETE FROM memory_items WHERE id = ?", (row["id"],))
+            await db.run(
+                "UPDATE memory_projects SET items = items - 1 WHERE project = ?", (row["project"],)
+            )
             return _item(row)
 
         gone: MemoryItem | None = await self._write(f"forgetting memory item {ref}", forget)
@@ -224,7 +294,7 @@ class Memory:
         return items
 
     async def memory_projects(self: Transactions) -> dict[str, int]:
-        sql = "SELECT project, COUNT(*) FROM memory_items GROUP BY project ORDER BY project"
+        sql = "SELECT project, items FROM memory_projects WHERE items > 0 ORDER BY project"
 
         async def read(db: Tx) -> dict[str, int]:
             return {str(r[0]): int(r[1]) for r in await db.tuples(sql)}

@@ -609,7 +609,7 @@ async def test_messages_left_without_a_reply_in_an_older_database_are_found(
     # answered and an open one.
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.executescript(
-            "DROP TABLE memory_fts; DROP TABLE memory_items; "
+            "DROP TABLE memory_fts; DROP TABLE memory_items; DROP TABLE memory_projects; "
             "ALTER TABLE outbox DROP COLUMN speech; ALTER TABLE outbox DROP COLUMN spoken; "
             "ALTER TABLE model_calls DROP COLUMN audio_seconds; "
             "ALTER TABLE model_calls DROP COLUMN spoken_chars; "

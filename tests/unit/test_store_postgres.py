@@ -86,6 +86,7 @@ async def test_both_stores_end_with_the_same_tables_columns_and_indexes(
         "inbox",
         "job_fires",
         "memory_items",
+        "memory_projects",
         "operator_switch_history",
         "outbox",
         "pairings",

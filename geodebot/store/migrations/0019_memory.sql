@@ -1,9 +1,18 @@
 -- Project memory (store/memory.py): what the agent saved, per project, with where it came
--- from. ``ref`` is the id the tools, the CLI and an export name ('m-' and 16 hex digits,
--- random, so an import into another store keeps it); ``id`` orders the rows and keys the
--- search index. ``origin``: chat (a person's own message), relay (a turn answering a
--- relayed ask), job (a scheduled run), terminal, import. ``forwarded``: the turn's message
--- came through Thread Relay. Items are never edited: a correction is a forget and a save.
+-- from. ``ref`` is the id the tools, the CLI and an export name ('m-' and 16 hex digits, so
+-- an import into another store keeps it). ``origin``: chat (a person's own message), relay
+-- (a turn answering a relayed ask), job (a scheduled run), terminal, import. ``forwarded``:
+-- the turn's message came through Thread Relay. Items are never edited: a correction is a
+-- forget and a save.
+--
+-- memory_projects: each project's slot and its number of items. An item's ``id`` is its
+-- project's slot * 2^32 plus its place in the project, so a project's items are one range of
+-- ids, which a search reads from the index without the other projects' entries.
+CREATE TABLE memory_projects (
+    id INTEGER PRIMARY KEY,
+    project TEXT NOT NULL UNIQUE,
+    items INTEGER NOT NULL DEFAULT 0
+);
 CREATE TABLE memory_items (
     id INTEGER PRIMARY KEY,
     ref TEXT NOT NULL UNIQUE,
@@ -23,15 +32,14 @@ CREATE INDEX memory_by_project ON memory_items (project, id);
 -- GIN index (ts_rank), both splitting words as 'simple' does (lower case, no stemming).
 -- backend: sqlite
 CREATE VIRTUAL TABLE memory_fts USING fts5(
-    project, text, tags, content='memory_items', content_rowid='id'
+    text, tags, content='memory_items', content_rowid='id'
 );
 CREATE TRIGGER memory_fts_add AFTER INSERT ON memory_items BEGIN
-    INSERT INTO memory_fts (rowid, project, text, tags)
-    VALUES (new.id, new.project, new.text, new.tags);
+    INSERT INTO memory_fts (rowid, text, tags) VALUES (new.id, new.text, new.tags);
 END;
 CREATE TRIGGER memory_fts_remove AFTER DELETE ON memory_items BEGIN
-    INSERT INTO memory_fts (memory_fts, rowid, project, text, tags)
-    VALUES ('delete', old.id, old.project, old.text, old.tags);
+    INSERT INTO memory_fts (memory_fts, rowid, text, tags)
+    VALUES ('delete', old.id, old.text, old.tags);
 END;
 -- backend: postgres
 ALTER TABLE memory_items ADD COLUMN search tsvector

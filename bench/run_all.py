@@ -94,6 +94,13 @@ BENCHES = [
         ["bench/voice_bench.py", "--quick"],
     ),
     Bench(
+        "memory",
+        "Project memory's search latency in a store of 50 projects of 5,000 items, and the "
+        "CPU recall adds to a turn.",
+        ["bench/memory_bench.py"],
+        ["bench/memory_bench.py", "--quick"],
+    ),
+    Bench(
         "soak",
         "20,000 turns: RSS series and slope (whole, and without the bounded context cache), "
         "open files, threads, asyncio tasks, the size of the store's log.",

@@ -192,3 +192,10 @@ def test_the_examples_voice_table_uncommented_is_valid() -> None:
     assert (voice.max_seconds, voice.max_speech_chars) == (300, 1500)
     # Absent, voice is off.
     assert parse_config({}).voice is None
+
+
+def test_the_examples_memory_table_uncommented_is_valid() -> None:
+    memory = parse_config(example_block("memory")).memory
+    assert (memory.enabled, memory.max_items, memory.max_item_chars) == (True, 5000, 2000)
+    assert (memory.recall, memory.recall_max_tokens) == (0, 800)
+    assert memory.save_from == ("chat", "relay", "job", "terminal")

@@ -7,7 +7,9 @@ is answered as done already; every POST without the page's CSRF token, with a wr
 from another origin, or without the bearer token where one is configured is refused and
 changes nothing in the store; an approval given in the console runs the call once; a
 reply the platform refused for good is listed as a dead letter, replayed once (it arrives
-once) or discarded (it never arrives).
+once) or discarded (it never arrives); project memory is listed and searched per project, and
+an item is forgotten once, recorded in the evidence ledger, its text shown as text (the one
+test in a real headless chromium, tests/support/browser.py: no script of an item runs).
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from playwright.async_api import Dialog, expect
 
-from geodebot.store.records import EffectReceipt
+from geodebot.config.schema import DB_FILE
+from geodebot.ops.console.parts import when
+from geodebot.store.memory import new_ref
+from geodebot.store.records import EffectReceipt, MemoryItem
+from geodebot.store.sqlite import SQLiteStore
+from tests.support.browser import launched_chromium, open_tab
 from tests.support.chat_e2e_telegram import (
     ALICE,
     BLOCKED,
@@ -624,6 +632,228 @@ async def test_a_strangers_request_is_approved_from_the_pairing_page_once(
     assert world.query("SELECT COUNT(*) FROM stored_bindings") == [(0,)]
     status, page, _ = await browser.post(f"/bindings/telegram:{STRANGER}/remove")
     assert status == 404
+
+
+# -- memory -----------------------------------------------------------------------------------
+async def remember(world: ConsoleWorld, project: str, *texts: str, **fields: Any) -> list[str]:
+    """Items saved for ``project`` straight into the daemon's store, as memory_save saves
+    them, oldest first; their ids."""
+    store = SQLiteStore(world.root / "var" / DB_FILE)
+    await store.open()
+    refs: list[str] = []
+    try:
+        for n, text in enumerate(texts):
+            item = MemoryItem(
+                ref=new_ref(),
+                project=project,
+                text=text,
+                created_at=time.time() - 3600 + n,
+                **fields,
+            )
+            await store.memory_save(item, max_items=100)
+            refs.append(item.ref)
+    finally:
+        await store.close()
+    return refs
+
+
+def memory_refs(world: ConsoleWorld, project: str) -> set[str]:
+    return {
+        row[0] for row in world.query("SELECT ref FROM memory_items WHERE project = ?", project)
+    }
+
+
+def forgotten(world: ConsoleWorld, ref: str) -> list[dict[str, Any]]:
+    """The ledger's memory_forgotten rows of ``ref``."""
+    lines = (world.root / "var" / "ledger.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return [r for r in rows if r["kind"] == "memory_forgotten" and r.get("id") == ref]
+
+
+def items_on(page: str) -> list[str]:
+    """The ids of the memory items a page shows, in its order."""
+    return re.findall(r'<article class="memory" data-ref="([^"]+)"', page)
+
+
+async def test_the_memory_page_lists_projects_their_items_and_finds_them(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    older, primary, backups = await remember(
+        world,
+        "mem-ops",
+        "The deploy window is Tuesday 14:00 UTC.",
+        "The postgres primary is db1; the replica is db2.",
+        "Backups copy the postgres dump nightly to the bucket in the other region.",
+        tags=("db", "runbook"),
+        session_id=session(APPROVE),
+        turn_id="turn-7",
+        user=str(ALICE),
+        origin="chat",
+    )
+    [elsewhere] = await remember(world, "mem-support", "The postgres of support is pg-s1.")
+    code, page = await browser.get("/memory")
+    assert code == 200
+    assert 'href="/memory" data-nav="memory" aria-current="page"' in page
+    # In the nav beside Pairing.
+    nav = re.findall(r'data-nav="([^"]+)"', page)
+    assert nav[nav.index("pairing") + 1] == "memory"
+    assert '<tr data-project="mem-ops"><td><a href="/memory?project=mem-ops">mem-ops</a>' in page
+    assert re.search(r'data-project="mem-ops">.*?<td data-field="items">3</td>', page)
+    assert re.search(r'data-project="mem-support">.*?<td data-field="items">1</td>', page)
+    assert items_on(page) == []  # no project chosen: no items
+
+    code, page = await browser.get("/memory?project=mem-ops")
+    assert code == 200
+    assert items_on(page) == [backups, primary, older]  # newest first
+    [article] = re.findall(
+        rf'<article class="memory" data-ref="{primary}".*?</article>', page, re.S
+    )
+    [(saved,)] = world.query("SELECT created_at FROM memory_items WHERE ref = ?", primary)
+    assert f"<code>{primary}</code> <small>{when(saved)}</small>" in article  # UTC
+    assert '<dd data-field="origin">chat</dd>' in article
+    assert f'<dd data-field="user">{ALICE}</dd>' in article
+    assert f'<a href="/threads/{session(APPROVE)}">{session(APPROVE)}</a>' in article
+    assert "turn turn-7" in article
+    assert '<dd data-field="tags">db, runbook</dd>' in article
+    assert '<pre class="text" data-field="text">The postgres primary is db1;' in article
+    assert f'action="/memory/mem-ops/{primary}/forget"' in article
+    assert 'name="back" value="/memory?project=mem-ops"' in article
+    assert elsewhere not in page  # another project's
+
+    # The store's search, best first: both words before one; another project's never.
+    code, page = await browser.get("/memory?project=mem-ops&q=postgres+primary")
+    assert code == 200
+    assert items_on(page) == [primary, backups]
+    assert 'name="q" value="postgres primary"' in page
+    code, page = await browser.get("/memory?project=mem-support&q=deploy+window")
+    assert items_on(page) == []
+    assert "Nothing in this project's memory matches." in page
+    code, page = await browser.get("/memory?project=no-such-project")
+    assert code == 200
+    assert "This project holds no memory items." in page
+
+
+async def test_an_item_is_forgotten_once_from_its_projects_page_and_recorded(
+    world: ConsoleWorld, browser: Browser
+) -> None:
+    doomed, kept = await remember(world, "mem-forget", "Forget me.", "Keep me.")
+    [other] = await remember(world, "mem-other", "Not this project's to forget.")
+    code, page = await browser.get("/memory?project=mem-forget")
+    [(action, back)] = re.findall(
+        rf'<form method="post" action="(/memory/mem-forget/{doomed}/forget)" class="inline">\s*'
+        r'<input type="hidden" name="csrf" value="[0-9a-f]+">\s*'
+        r'<input type="hidden" name="back" value="([^"]+)">',
+        page,
+    )
+    # Forged posts are refused as every action's are, and remove nothing.
+    for csrf, headers in (
+        (None, None),
+        ("0" * 64, None),
+        ("page", {"Origin": "http://evil.example"}),
+    ):
+        code, page, _ = await browser.post(action, {"back": back}, csrf=csrf, headers=headers)
+        assert code == 403, (csrf, headers, page)
+        assert "Not done" in page
+    # Another project's id, named under this project or this one's under another: no item.
+    code, page, _ = await browser.post(f"/memory/mem-forget/{other}/forget", {"back": back})
+    assert code == 404
+    assert (
+        _error(page)
+        == f"There is no memory item &#39;{other}&#39; in project &#39;mem-forget&#39;."
+    )
+    code, page, _ = await browser.post(f"/memory/mem-other/{doomed}/forget", {"back": back})
+    assert code == 404
+    assert memory_refs(world, "mem-forget") == {doomed, kept}
+    assert memory_refs(world, "mem-other") == {other}
+
+    async with browser.session.get(world.base + "/events") as stream:
+        assert await stream.content.readline() == b"retry: 3000\n"
+        code, _, response = await browser.post(action, {"back": back})
+        assert code == 303
+        assert response.headers["Location"] == "/memory?project=mem-forget"
+        events = await _read_events(stream, lambda topic, data: topic == "memory")
+        assert events[-1] == ("memory", {"project": "mem-forget"})
+    code, page = await browser.get("/memory?project=mem-forget")
+    assert f"Forgot {doomed} of project &#39;mem-forget&#39; (saved " in page
+    assert items_on(page) == [kept]
+    assert memory_refs(world, "mem-forget") == {kept}
+
+    # The same form again: the CLI's answer, and nothing else goes.
+    code, page, _ = await browser.post(action, {"back": back})
+    assert code == 404
+    assert f"There is no memory item &#39;{doomed}&#39; in project" in _error(page)
+    assert memory_refs(world, "mem-forget") == {kept}
+    assert memory_refs(world, "mem-other") == {other}
+    [row] = forgotten(world, doomed)
+    assert (row["project"], row["by"], row["via"]) == ("mem-forget", "operator", "console")
+    assert forgotten(world, other) == []
+
+
+async def test_an_items_markup_shows_as_its_text_in_a_real_browser_and_forget_works_once(
+    world: ConsoleWorld,
+) -> None:
+    """Item text comes from chats: in chromium it is text, no script of it runs; Forget
+    clicked removes it once, and the same button in a tab still showing it answers no item.
+    The project's name holds a "/" (a binding's session), as the action's path does."""
+    project = "desk/ops"
+    text = "<script>alert(1)</script> and <b>bold</b>"
+    marked, kept = await remember(world, project, text, "A plain note.")
+    where = "/memory?project=desk/ops"
+    async with launched_chromium() as chromium:
+        tab = await open_tab(chromium)
+        try:
+            dialogs: list[str] = []
+
+            async def dialog(d: Dialog) -> None:
+                dialogs.append(d.message)
+                await d.dismiss()
+
+            tab.context.on("dialog", dialog)
+            page = tab.page
+            # Two tabs without the live updates, so both keep showing the button.
+            stale = [await tab.context.new_page() for _ in range(2)]
+            for other in stale:
+                await other.route("**/static/console.js", lambda route: route.abort())
+            for opened in (page, *stale):
+                response = await opened.goto(world.base + where)
+                assert response is not None
+                assert response.status == 200
+            # Escaped, never markup.
+            html = await response.text()
+            assert "&lt;script&gt;alert(1)&lt;/script&gt; and &lt;b&gt;bold&lt;/b&gt;" in html
+            assert "<script>alert" not in html
+            await expect(page.locator("#live-state")).to_have_attribute("data-live-state", "on")
+            item = page.locator(f'article[data-ref="{marked}"]')
+            await expect(item.locator('[data-field="text"]')).to_have_text(text)
+            await expect(item.locator("script, b")).to_have_count(0)
+            assert await page.evaluate("[...document.scripts].map((s) => s.src)") == [
+                world.base + "/static/console.js"
+            ]
+
+            button = f'article[data-ref="{marked}"] button[data-action="forget"]'
+            async with stale[0].expect_response(lambda r: r.request.method == "POST") as posted:
+                await stale[0].locator(button).click()
+            assert (await posted.value).status == 303
+            await stale[0].wait_for_load_state("domcontentloaded")
+            assert stale[0].url == world.base + where
+            await expect(stale[0].locator("#flash")).to_contain_text(f"Forgot {marked} of project")
+            await expect(stale[0].locator(f'article[data-ref="{marked}"]')).to_have_count(0)
+            # The open page with live updates drops it without a reload.
+            await expect(item).to_have_count(0)
+            await expect(page.locator(f'article[data-ref="{kept}"]')).to_have_count(1)
+
+            async with stale[1].expect_response(lambda r: r.request.method == "POST") as posted:
+                await stale[1].locator(button).click()
+            assert (await posted.value).status == 404
+            await expect(stale[1].locator("#error")).to_contain_text(
+                f"There is no memory item '{marked}' in project '{project}'."
+            )
+            assert dialogs == []
+        finally:
+            await tab.context.close()
+        tab.check()
+    assert memory_refs(world, project) == {kept}
+    assert len(forgotten(world, marked)) == 1
 
 
 async def test_computer_use_is_switched_with_a_reason_and_a_duration(

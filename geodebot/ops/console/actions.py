@@ -226,3 +226,21 @@ async def remove_binding(parts: ConsoleParts, key: str) -> str:
     if parts.refresh_bindings is not None:
         await parts.refresh_bindings()
     return f"Removed {key}: its chat is no longer answered."
+
+
+async def forget_memory(parts: ConsoleParts, project: str, ref: str) -> str:
+    """As `geodebot memory forget ID --project P`: only the project's own item, and the
+    ledger records it. Another project's id answers as no id does."""
+    gone = await parts.store.memory_forget(ref, project=project)
+    if gone is None:
+        raise Refused(f"There is no memory item {ref!r} in project {project!r}.", 404)
+    if parts.ledger is not None:
+        parts.ledger.record(
+            "memory_forgotten", id=gone.ref, project=gone.project, by=OPERATOR, via=VIA
+        )
+    parts.live.publish("memory", project=gone.project)
+    who = f" by {gone.user}" if gone.user else ""
+    return (
+        f"Forgot {gone.ref} of project {gone.project!r} "
+        f"(saved {when(gone.created_at)}, {gone.origin}{who})."
+    )

@@ -41,7 +41,7 @@ class ConsoleParts:
     relay: ThreadRelay | None = None
     # The daemon's dead letters: a replay made here reaches its router or outbox at once.
     deadletters: DeadLetters | None = None
-    # Where pairing decisions made here are recorded, as the CLI's are.
+    # Where pairing decisions and memory forgets made here are recorded, as the CLI's are.
     ledger: EvidenceLedger | None = None
     # Reads the stored bindings in now: a binding approved here is in force at once.
     refresh_bindings: Callable[[], Awaitable[object]] | None = None

@@ -13,6 +13,7 @@ from aiohttp import web
 from geodebot.ops.console import actions
 from geodebot.ops.console.boards import approvals_view, jobs_view, operator_view, receipts_view
 from geodebot.ops.console.deadletters import attention, deadletters_view, letter_view, letters_of
+from geodebot.ops.console.memory import memory_view
 from geodebot.ops.console.pairing import pairing_view
 from geodebot.ops.console.parts import ConsoleParts
 from geodebot.ops.console.target import target_of
@@ -113,6 +114,13 @@ async def _pairing(parts: ConsoleParts, request: web.Request) -> Context:
     return {"pairing": await pairing_view(parts)}
 
 
+async def _memory(parts: ConsoleParts, request: web.Request) -> Context:
+    query = request.query
+    project = query.get("project") or None
+    before = query.get("before") or None
+    return {"memory": await memory_view(parts, project, query.get("q", ""), before)}
+
+
 async def _operator(parts: ConsoleParts, request: web.Request) -> Context:
     return {"operator": await operator_view(parts)}
 
@@ -126,6 +134,7 @@ PAGES: tuple[Page, ...] = (
     Page("/deadletters", "Dead letters", "deadletters.html", _deadletters),
     Page("/deadletters/{id}", "Dead letter", "deadletter.html", _deadletter, nav=False),
     Page("/pairing", "Pairing", "pairing.html", _pairing),
+    Page("/memory", "Memory", "memory.html", _memory),
     Page("/operator", "Operator", "operator.html", _operator),
 )
 
@@ -184,6 +193,11 @@ async def _unbind(parts: ConsoleParts, request: web.Request, form: Mapping[str, 
     return await actions.remove_binding(parts, request.match_info["key"])
 
 
+async def _forget(parts: ConsoleParts, request: web.Request, form: Mapping[str, str]) -> str:
+    info = request.match_info
+    return await actions.forget_memory(parts, info["project"], info["ref"])
+
+
 ACTIONS: tuple[Action, ...] = (
     Action("/approvals/{id}/approve", _approve, "/approvals"),
     Action("/approvals/{id}/deny", _deny, "/approvals"),
@@ -196,6 +210,8 @@ ACTIONS: tuple[Action, ...] = (
     Action("/pairing/{platform}/{code}/approve", _pair, "/pairing"),
     Action("/pairing/{platform}/{code}/deny", _unpair, "/pairing"),
     Action("/bindings/{key}/remove", _unbind, "/pairing"),
+    # A project is a binding's project or session, which may hold a "/".
+    Action("/memory/{project:.+}/{ref}/forget", _forget, "/memory"),
     Action("/operator/computer-use", _computer_use, "/operator"),
     Action("/relay/send", _send, "/work"),
 )

@@ -17,7 +17,7 @@
   if (!url || !window.EventSource || !window.fetch || !window.DOMParser) {
     return;
   }
-  var TOPICS = ["runs", "approvals", "jobs", "receipts", "deadletters", "operator", "pairing"];
+  var TOPICS = ["runs", "approvals", "jobs", "receipts", "deadletters", "operator", "pairing", "memory"];
   var SHARED = "geodebot-console-live";
   var pending = {};
   var timer = null;

@@ -23,8 +23,7 @@ import pytest_asyncio
 
 from geodebot.config.schema import DB_FILE
 from geodebot.memory.recall import RECALL_HEADER
-from tests.support.chat_e2e_telegram import ALICE, Chat, ChatModel, ChatWorld
-from tests.support.config import TEST_KEY
+from tests.support.chat_e2e_telegram import ALICE, Chat, ChatModel, ChatWorld, serving
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Item, Reply
 from tests.support.fakes.telegram_server import FakeTelegram
 from tests.support.waiting import until
@@ -61,32 +60,20 @@ class OwnTextModel(ChatModel):
         return None
 
 
-class RecallWorld(ChatWorld):
-    """The chat world with a ``[memory]`` table that recalls up to RECALL items a turn."""
-
-    def write_config(self) -> Any:
-        path = super().write_config()
-        path.write_text(path.read_text() + f"[memory]\nrecall = {RECALL}\n")
-        return path
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RecallWorld]:
+async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChatWorld]:
     async with FakeTelegram() as telegram, FakeLLMServer() as llm:
         root = tmp_path_factory.mktemp("memory-recall")
-        world = RecallWorld(telegram, llm, root, CHATS, model=OwnTextModel())
-        await world.start()
-        try:
+        world = ChatWorld(
+            telegram,
+            llm,
+            root,
+            CHATS,
+            model=OwnTextModel(),
+            extra_config=f"[memory]\nrecall = {RECALL}\n",
+        )
+        async with serving(world):
             yield world
-        finally:
-            if world.running():
-                assert world.daemon is not None
-                code = await world.daemon.stop()
-                assert code == 0, world.logged()[-3000:]
-            logged = world.logged()
-            assert "Traceback" not in logged, logged[-3000:]
-            assert telegram.token not in logged
-            assert TEST_KEY not in logged
 
 
 # What the tests hand on: the saved items' ids, B's first question's request.
@@ -142,7 +129,7 @@ def tool_names(body: dict[str, Any]) -> list[str]:
     return sorted(tool["name"] for tool in body.get("tools", []))
 
 
-async def answered(world: RecallWorld, chat: int, prompt: str, *rounds: Item) -> dict[str, Any]:
+async def answered(world: ChatWorld, chat: int, prompt: str, *rounds: Item) -> dict[str, Any]:
     """A turn in ``chat`` scripted with ``rounds``, once its answer (the last round's text) is
     in the chat; the request of its first round."""
     world.model.script(prompt, *rounds)
@@ -155,7 +142,7 @@ async def answered(world: RecallWorld, chat: int, prompt: str, *rounds: Item) ->
     return body
 
 
-async def save(world: RecallWorld, prompt: str, text: str) -> str:
+async def save(world: ChatWorld, prompt: str, text: str) -> str:
     """Alice has the model save ``text`` in A; the id it was saved as."""
     answer = Reply(f"Saved: {text}")  # an answer of its own, not one already in the chat
     await answered(world, A, prompt, Reply(tool_calls=[Call(SAVE, {"text": text})]), answer)
@@ -165,7 +152,7 @@ async def save(world: RecallWorld, prompt: str, text: str) -> str:
     return str(done[1])
 
 
-def timeline(world: RecallWorld, session: str, kind: str) -> list[tuple[str | None, Any]]:
+def timeline(world: ChatWorld, session: str, kind: str) -> list[tuple[str | None, Any]]:
     """The session's timeline events of ``kind``, oldest first: (turn id, data). Read-only
     beside the running daemon (the store is in WAL mode)."""
     uri = f"file:{world.root / 'var' / DB_FILE}?mode=ro"
@@ -179,7 +166,7 @@ def timeline(world: RecallWorld, session: str, kind: str) -> list[tuple[str | No
 
 # -- 1. recalled into the message, after its text; history from then on ------------------------
 async def test_a_fact_saved_in_a_is_recalled_into_bs_message_after_its_text(
-    world: RecallWorld,
+    world: ChatWorld,
 ) -> None:
     kept["fact"] = await save(world, "remember where the staging database is", FACT)
 
@@ -211,14 +198,14 @@ async def test_a_fact_saved_in_a_is_recalled_into_bs_message_after_its_text(
 
 
 # -- 2. not beyond the project ----------------------------------------------------------------
-async def test_another_projects_chat_recalls_nothing(world: RecallWorld) -> None:
+async def test_another_projects_chat_recalls_nothing(world: ChatWorld) -> None:
     body = await answered(world, C, QUESTION, Reply("I do not know."))
     assert last_user(body) == [{"type": "text", "text": QUESTION}]
     assert FACT not in json.dumps(body)
 
 
 # -- 3. on the timeline -----------------------------------------------------------------------
-async def test_bs_timeline_records_what_was_recalled_and_its_size(world: RecallWorld) -> None:
+async def test_bs_timeline_records_what_was_recalled_and_its_size(world: ChatWorld) -> None:
     session = f"chat{-B}"
     events: list[tuple[str | None, Any]] = []
 
@@ -241,7 +228,7 @@ async def test_bs_timeline_records_what_was_recalled_and_its_size(world: RecallW
 
 # -- 4. a recalled item is data ---------------------------------------------------------------
 async def test_an_injected_item_is_recalled_as_data_and_widens_no_tools(
-    world: RecallWorld,
+    world: ChatWorld,
 ) -> None:
     injected = await save(world, "note this rule for later", INJECTED)
     prompt = "may I run bash now or do your rules say no?"

@@ -22,9 +22,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.support.chat_e2e_telegram import ALICE, Chat, ChatWorld
+from tests.support.chat_e2e_telegram import ALICE, Chat, ChatWorld, serving
 from tests.support.cli import geodebot
-from tests.support.config import TEST_KEY
 from tests.support.control import CONTROL_ANSWER
 from tests.support.fakes.llm_server import Call, FakeLLMServer, Reply
 from tests.support.fakes.telegram_server import FakeTelegram, html_visible
@@ -49,36 +48,20 @@ ITEM_ID = re.compile(r"\bm-[0-9a-f]{16}\b")
 SAVED = re.compile(r"saved as (m-[0-9a-f]{16}) in project '(\w+)'")
 
 
-class MemoryWorld(ChatWorld):
-    """The chat world with a ``[memory]`` table capping each project's items."""
-
-    def write_config(self) -> Any:
-        path = super().write_config()
-        path.write_text(path.read_text() + f"[memory]\nmax_items = {MAX_ITEMS}\n")
-        return path
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MemoryWorld]:
+async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChatWorld]:
     async with FakeTelegram() as telegram, FakeLLMServer() as llm:
         root = tmp_path_factory.mktemp("memory-telegram")
-        world = MemoryWorld(telegram, llm, root, CHATS)
-        await world.start()
-        try:
+        # Each project's items capped, for the test of the cap.
+        world = ChatWorld(
+            telegram, llm, root, CHATS, extra_config=f"[memory]\nmax_items = {MAX_ITEMS}\n"
+        )
+        async with serving(world):
             yield world
-        finally:
-            if world.running():
-                assert world.daemon is not None
-                code = await world.daemon.stop()
-                assert code == 0, world.logged()[-3000:]
-            logged = world.logged()
-            assert "Traceback" not in logged, logged[-3000:]
-            assert telegram.token not in logged
-            assert TEST_KEY not in logged
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def world(shared: MemoryWorld) -> MemoryWorld:
+async def world(shared: ChatWorld) -> ChatWorld:
     if not shared.running():
         await shared.start()
     return shared
@@ -89,7 +72,7 @@ saved: dict[str, str] = {}
 
 
 async def one_call(
-    world: MemoryWorld, chat: int, prompt: str, name: str, arguments: dict[str, Any]
+    world: ChatWorld, chat: int, prompt: str, name: str, arguments: dict[str, Any]
 ) -> str:
     """A turn in ``chat`` whose model calls ``name`` once, then answers "Done: <prompt>";
     the tool result the second round got."""
@@ -110,13 +93,13 @@ def hits(result: str) -> list[dict[str, Any]]:
     return items
 
 
-async def search(world: MemoryWorld, chat: int, prompt: str, query: str) -> str:
+async def search(world: ChatWorld, chat: int, prompt: str, query: str) -> str:
     return await one_call(world, chat, prompt, SEARCH, {"query": query})
 
 
 # -- 1. shared in the project, not beyond it ---------------------------------------------------
 async def test_a_fact_saved_in_one_chat_is_found_in_its_projects_other_chat_only(
-    world: MemoryWorld,
+    world: ChatWorld,
 ) -> None:
     prompt = "remember where the staging database is"
     world.model.script(
@@ -151,7 +134,7 @@ async def test_a_fact_saved_in_one_chat_is_found_in_its_projects_other_chat_only
 
 
 # -- 2. it outlives the daemon and the session -------------------------------------------------
-async def test_the_item_is_found_after_a_restart_and_a_reset(world: MemoryWorld) -> None:
+async def test_the_item_is_found_after_a_restart_and_a_reset(world: ChatWorld) -> None:
     await world.kill()
     await world.start()
     world.ask(B, "/reset")
@@ -168,7 +151,7 @@ async def test_the_item_is_found_after_a_restart_and_a_reset(world: MemoryWorld)
 
 # -- 3. forgetting, only from its own project --------------------------------------------------
 async def test_another_projects_id_is_unknown_and_the_project_forgets_its_own(
-    world: MemoryWorld,
+    world: ChatWorld,
 ) -> None:
     ref = saved["ref"]
     refused = await one_call(world, C, "forget that item from C", FORGET, {"id": ref})
@@ -186,7 +169,7 @@ async def test_another_projects_id_is_unknown_and_the_project_forgets_its_own(
 
 # -- 4. an item is data: it widens nothing -----------------------------------------------------
 async def test_an_injected_item_is_returned_as_data_and_grants_no_shell(
-    world: MemoryWorld,
+    world: ChatWorld,
 ) -> None:
     await one_call(world, A, "note the cleanup rule", SAVE, {"text": INJECTED})
     mark = world.workspace / "ran.txt"
@@ -235,7 +218,7 @@ def tool_results(body: dict[str, Any]) -> list[str]:
 
 # -- 5. the cap --------------------------------------------------------------------------------
 async def test_a_save_past_the_projects_cap_is_refused_and_saves_nothing(
-    world: MemoryWorld,
+    world: ChatWorld,
 ) -> None:
     prompt = "save four runbook steps"
     world.model.script(
@@ -261,7 +244,7 @@ async def test_a_save_past_the_projects_cap_is_refused_and_saves_nothing(
 
 # -- 6. the operator's look --------------------------------------------------------------------
 async def test_memory_list_shows_every_projects_items_with_their_provenance(
-    world: MemoryWorld,
+    world: ChatWorld,
 ) -> None:
     config = world.root / "config.toml"
     code, out, err = await geodebot(

@@ -25,9 +25,8 @@ import pytest_asyncio
 
 from geodebot.chat.replies import VOICE_UNAVAILABLE_TEXT
 from tests.support.audio import cached_note
-from tests.support.chat_e2e_telegram import ALICE, Chat, ChatWorld, FilesModel
+from tests.support.chat_e2e_telegram import ALICE, Chat, ChatWorld, FilesModel, serving
 from tests.support.cli import geodebot
-from tests.support.config import TEST_KEY
 from tests.support.fakes.audio_server import FakeAudioServer
 from tests.support.fakes.llm_server import (
     Delay,
@@ -53,23 +52,9 @@ MB = 1000 * 1000
 
 
 class VoiceWorld(ChatWorld):
-    """The chat world with ``[voice]`` on the fake audio server."""
+    """The chat world with ``[voice]`` on the fake audio server, and a voice note to send."""
 
     audio: FakeAudioServer
-
-    def write_config(self) -> Any:
-        path = super().write_config()
-        path.write_text(
-            path.read_text()
-            + f'[voice]\ntranscribe_url = "{self.audio.url}/audio/transcriptions"\n'
-            f'api_key_env = "{AUDIO_KEY_ENV}"\nmax_seconds = 300\nmax_retries = 1\n'
-            f'speech_url = "{self.audio.url}"\nspeech_voice = "nova"\n'
-            f"max_speech_chars = {MAX_SPEECH}\n"
-        )
-        return path
-
-    def env(self) -> dict[str, str]:
-        return dict(super().env(), **{AUDIO_KEY_ENV: AUDIO_KEY})
 
     def voice(self, chat: int, data: bytes, **file: Any) -> int:
         """Alice sends a voice note (``file``: push_file's arguments); the update."""
@@ -77,6 +62,15 @@ class VoiceWorld(ChatWorld):
 
     def visible(self, chat: int) -> list[str]:
         return [html_visible(m.text) for m in self.messages(chat)]
+
+
+def voice_table(audio: FakeAudioServer) -> str:
+    return (
+        f'[voice]\ntranscribe_url = "{audio.url}/audio/transcriptions"\n'
+        f'api_key_env = "{AUDIO_KEY_ENV}"\nmax_seconds = 300\nmax_retries = 1\n'
+        f'speech_url = "{audio.url}"\nspeech_voice = "nova"\n'
+        f"max_speech_chars = {MAX_SPEECH}\n"
+    )
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -87,20 +81,18 @@ async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
         FakeAudioServer(key=AUDIO_KEY) as audio,
     ):
         root = tmp_path_factory.mktemp("voice-telegram")
-        world = VoiceWorld(telegram, llm, root, CHATS, model=FilesModel())
+        world = VoiceWorld(
+            telegram,
+            llm,
+            root,
+            CHATS,
+            model=FilesModel(),
+            extra_config=voice_table(audio),
+            extra_env={AUDIO_KEY_ENV: AUDIO_KEY},
+        )
         world.audio = audio
-        await world.start()
-        try:
+        async with serving(world):
             yield world
-        finally:
-            if world.running():
-                assert world.daemon is not None
-                assert await world.daemon.stop() == 0
-            logged = world.logged()
-            assert "Traceback" not in logged, logged[-3000:]
-            assert telegram.token not in logged
-            assert TEST_KEY not in logged
-            assert AUDIO_KEY not in logged
 
 
 @pytest_asyncio.fixture(loop_scope="module")

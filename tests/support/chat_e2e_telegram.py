@@ -21,7 +21,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,10 @@ class ChatWorld:
     model: ChatModel = field(default_factory=ChatModel)
     daemon: DaemonProcess | None = None
     daemons: list[DaemonProcess] = field(default_factory=list)
+    # More of the config file (a [memory] or [voice] table), after the bindings.
+    extra_config: str = ""
+    # More environment for the daemon (a [voice] key, say), and secrets its log must not hold.
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.llm.responder = self.model
@@ -194,6 +198,7 @@ class ChatWorld:
     def env(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONPATH=str(ROOT), NOTES_FILE=str(self.notes))
         env.update({TOKEN_ENV: self.telegram.token, TEST_KEY_ENV: TEST_KEY})
+        env.update(self.extra_env)
         return env
 
     def write_config(self) -> Path:
@@ -212,6 +217,7 @@ class ChatWorld:
             f'api_base_url = "{self.telegram.api_base_url}"\npoll_timeout_s = 1\n'
             f'file_base_url = "{self.telegram.file_base_url}"\n'
             + "".join(chat.toml() for chat in self.chats)
+            + self.extra_config
         )
         return path
 
@@ -322,6 +328,24 @@ class ChatWorld:
 
     def logged(self) -> str:
         return "\n".join(daemon.text() for daemon in self.daemons)
+
+
+@contextlib.asynccontextmanager
+async def serving(world: ChatWorld) -> AsyncIterator[ChatWorld]:
+    """The world's daemon from start to stop, which must end cleanly: exit 0, and a log with
+    no traceback and none of the secrets (the bot token, the model key, ``extra_env``'s)."""
+    await world.start()
+    try:
+        yield world
+    finally:
+        if world.running():
+            assert world.daemon is not None
+            code = await world.daemon.stop()
+            assert code == 0, world.logged()[-3000:]
+        logged = world.logged()
+        assert "Traceback" not in logged, logged[-3000:]
+        for secret in (world.telegram.token, TEST_KEY, *world.extra_env.values()):
+            assert secret not in logged
 
 
 def answers(messages: Sequence[SentMessage], text: str) -> list[SentMessage]:

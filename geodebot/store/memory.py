@@ -12,8 +12,9 @@ On SQLite a project's items hold one range of ids (its slot's), which the index 
 for alone, so a search reads only the project's entries; in a project past COMMON_AFTER
 items a word that more than COMMON_SHARE of them hold is left out where rarer words remain
 (counted by a probe that stops at that share), the SCORED_TERMS rarest rank, and at most the
-newest CANDIDATES matches are ranked: a search costs about the same in a full store as in an
-empty one (bench/memory_bench.py).
+newest CANDIDATES matches are ranked; a query of common words only gives the newest items
+holding any of them, unranked: a search costs about the same in a full store as in an empty
+one (bench/memory_bench.py).
 
 A save is refused, not evicted around, once the project holds ``max_items``: the count and
 the insert run under the project's lock, so two saves cannot both take the last place.
@@ -75,6 +76,18 @@ FROM (
 ) f JOIN memory_items m ON m.id = f.rowid
 WHERE m.project = ?
 ORDER BY score DESC, m.id DESC
+"""
+# Every word of the query common: the newest items holding one, unranked. bm25 would count
+# the word's items over the whole index first, which costs as much as reading them all.
+_NEWEST_SQLITE = f"""
+SELECT {_COLS}, 0.0 AS score
+FROM (
+    SELECT rowid FROM memory_fts
+    WHERE memory_fts MATCH ? AND rowid BETWEEN ? AND ?
+    ORDER BY rowid DESC LIMIT ?
+) f JOIN memory_items m ON m.id = f.rowid
+WHERE m.project = ?
+ORDER BY m.id DESC
 """
 _SEARCH_POSTGRES = f"""
 SELECT {_COLS}, ts_rank(m.search, q) AS score
@@ -140,12 +153,14 @@ _PROBE = (
 )
 
 
-async def _uncommon(db: Tx, terms: list[str], items: int, low: int, high: int) -> list[str]:
-    """The terms worth searching a project of ``items`` items for (see COMMON_AFTER): each
-    counted in the project's range up to the share that makes it common, so a probe reads
-    at most that many entries."""
-    if items <= COMMON_AFTER or len(terms) < 2:
-        return terms
+async def _uncommon(
+    db: Tx, terms: list[str], items: int, low: int, high: int
+) -> tuple[list[str], bool]:
+    """The terms worth searching a project of ``items`` items for (see COMMON_AFTER), each
+    counted in the project's range up to the share that makes it common (so a probe reads
+    at most that many entries), and whether to rank by them: not when all are common."""
+    if items <= COMMON_AFTER:
+        return terms, True
     most = int(COMMON_SHARE * items)
     held: dict[str, int] = {}
     for term in terms:
@@ -153,9 +168,9 @@ async def _uncommon(db: Tx, terms: list[str], items: int, low: int, high: int) -
         held[term] = int(row[0])
     kept = [t for t in terms if held[t] <= most]
     if not kept:
-        return [min(terms, key=lambda t: held[t])]
+        return terms, False
     # The rarest few say what the query is about; each more is more items to rank.
-    return sorted(kept, key=lambda t: held[t])[:SCORED_TERMS]
+    return sorted(kept, key=lambda t: held[t])[:SCORED_TERMS], True
 
 
 class MemoryStore(Protocol):
@@ -238,9 +253,9 @@ class Memory:
                 if found is None:
                     return []
                 low, high = _slot_range(int(found["id"]))
-                words = await _uncommon(db, terms, int(found["items"]), low, high)
-                params = (_fts_query(words), low, high, limit, project)
-                rows = await db.all(_SEARCH_SQLITE, params)
+                words, ranked = await _uncommon(db, terms, int(found["items"]), low, high)
+                sql = _SEARCH_SQLITE if ranked else _NEWEST_SQLITE
+                rows = await db.all(sql, (_fts_query(words), low, high, limit, project))
             return [MemoryHit(_item(row), float(row["score"])) for row in rows]
 
         hits: list[MemoryHit] = await self._read(f"searching memory of {project!r}", search)

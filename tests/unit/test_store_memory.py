@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from geodebot.store.memory import DuplicateMemory, MemoryFull, new_ref, search_terms
+from geodebot.store.memory import (
+    COMMON_AFTER,
+    DuplicateMemory,
+    MemoryFull,
+    new_ref,
+    search_terms,
+)
 from geodebot.store.protocol import Store
 from geodebot.store.records import MemoryItem
+from geodebot.store.sqlite import SQLiteStore
 from tests.support.postgres import Place
 
 
@@ -118,3 +126,23 @@ async def test_two_saves_at_once_cannot_both_take_the_last_place(place: Place) -
         )
         assert sorted(type(r).__name__ for r in results) == ["MemoryFull", "MemoryItem"]
         assert (await one.memory_projects())["ops"] == 2
+
+
+async def test_in_a_large_project_common_words_give_way_to_rare_ones(tmp_path: Path) -> None:
+    # SQLite's own search plan (the pruning of common words past COMMON_AFTER items).
+    async with SQLiteStore(tmp_path / "geodebot.db") as store:
+        for n in range(COMMON_AFTER + 20):
+            await store.memory_save(item(f"note {n} about the shared cluster"), max_items=5000)
+        needle = await store.memory_save(item("the cluster uses calico networking"), max_items=5000)
+        # "the", "cluster" are in every item: ranked by "calico" alone, the item is first.
+        hits = await store.memory_search("ops", "the cluster calico", limit=3)
+        assert hits[0].item.ref == needle.ref
+        assert hits[0].score > 0
+        # Nothing but common words: the newest items holding them, unranked.
+        newest = await store.memory_search("ops", "the shared cluster", limit=3)
+        assert [h.item.text for h in newest] == [
+            "the cluster uses calico networking",
+            f"note {COMMON_AFTER + 19} about the shared cluster",
+            f"note {COMMON_AFTER + 18} about the shared cluster",
+        ]
+        assert {h.score for h in newest} == {0.0}

@@ -634,8 +634,9 @@ async def test_a_begun_part_left_by_a_crash_counts_as_perhaps_sent(
     # The process died between the commit that wrote and began the reply and its send.
     async with harness(tmp_path, llm_server) as h:
         store = h.app.services.store
-        _, out = await answered(store, "after the crash", begin_first_part=True)
+        # Before the row is there: the outbox's first scan may come any time after it is.
         h.chat.lookups_supported = lookups
+        _, out = await answered(store, "after the crash", begin_first_part=True)
         h.outbox.kick()  # a restart's scan finds it; it was never handed over in this life
         assert await h.replies(1) == ["after the crash"]
         await h.control()

@@ -54,6 +54,9 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from telegram_bench import cpu_seconds, print_table, stop_daemon
 
 from tests.support.audio import cached_note, duration_s, spoken_wav, to_ogg
 from tests.support.daemon import MODELS_MARK, DaemonProcess
@@ -123,12 +126,6 @@ def status_mb(pid: int, key: str) -> float:
     raise RuntimeError(f"no {key} for pid {pid}")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def reset_hwm(pid: int) -> bool:
     """Reset the process's VmHWM to its current RSS (Linux 4.0+); whether it could be."""
     try:
@@ -136,15 +133,6 @@ def reset_hwm(pid: int) -> bool:
     except OSError:
         return False
     return True
-
-
-async def stop_daemon(daemon: DaemonProcess) -> None:
-    if daemon.proc is None or daemon.proc.returncode is not None:
-        return
-    try:
-        await daemon.stop()
-    except TimeoutError:
-        await daemon.kill()
 
 
 class TimedAudioServer(FakeAudioServer):
@@ -323,10 +311,6 @@ async def step(label: str, action: Awaitable[object]) -> None:
 
 
 # -- report ---------------------------------------------------------------------------------
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
-
-
 def p50_ms(samples: Sequence[float]) -> float:
     return statistics.median(samples) * 1000 if samples else float("nan")
 
@@ -423,19 +407,6 @@ def report(fig: Figures, sizes: Sizes) -> bool:
         )
     )
     return print_table(("figure", "voice", "text", "ratio", "target", "result"), rows)
-
-
-def print_table(header: tuple[str, ...], rows: Sequence[tuple[Any, ...]]) -> bool:
-    """The figures as an aligned table, each row's last field (True, False or None for
-    information only) shown as its verdict; whether no row failed."""
-    table = [header, *((*row[:-1], verdict(row[-1])) for row in rows)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    print()
-    for i, row in enumerate(table):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-    return all(row[-1] is not False for row in rows)
 
 
 def parse(argv: list[str] | None) -> Sizes:

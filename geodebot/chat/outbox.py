@@ -35,7 +35,13 @@ from geodebot.engine.lanes import Grace
 from geodebot.engine.llm.audio import AudioError
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import InboxOutboxStore
-from geodebot.store.records import Fenced, OutboxRow, OutboxRowFinished, StoreError
+from geodebot.store.records import (
+    Fenced,
+    OutboxRow,
+    OutboxRowFinished,
+    StoredFile,
+    StoreError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +310,7 @@ class OutboxSender:
     async def _deliver(self, row: OutboxRow) -> OutboxRow:
         channel = self._channels[row.platform]
         dest = Destination(cast(Platform, row.platform), row.channel, row.thread, row.reply_to)
-        upload = self._upload(row)
+        upload = None if row.file is None else self._upload(row.file)
         if isinstance(upload, str):
             log.error("outbox %s: %s", row.id, upload)
             return await self._store.outbox_finish(row.id, "failed", error=upload)
@@ -354,7 +360,7 @@ class OutboxSender:
         failures = 0
         while True:
             try:
-                row, voice, speech = await speaking.audio(row)
+                row, spoken, speech = await speaking.audio(row)
                 break
             except AudioError as exc:
                 failures += 1
@@ -368,24 +374,29 @@ class OutboxSender:
                     "outbox %s: speech failed (%s); trying again in %.1f s", row.id, exc, pause
                 )
                 await self._sleep(pause)
+        voice = self._upload(spoken, voice=True)
+        if isinstance(voice, str):
+            log.error("outbox %s: no spoken answer: %s", row.id, voice)
+            return await self._store.outbox_finish(
+                row.id, "sent", error=f"no spoken answer: {voice}"
+            )
         note = cut_note(speech, speaking.max_chars)
         caption = (channel.render(note) if note else [])[:1] or [""]
         part = OutboundPart(dest, caption[0], part_key(row.id, index), index, index + 1, file=voice)
         return await self._deliver_part(channel, row, part, last=True, begun=False)
 
-    def _upload(self, row: OutboxRow) -> OutboundFile | str | None:
-        """The file a row uploads (None for text), or why it cannot be sent."""
-        if row.file is None:
-            return None
+    def _upload(self, stored: StoredFile, *, voice: bool = False) -> OutboundFile | str:
+        """A file of the store to upload (a row's, or its spoken answer), or why it cannot be
+        sent."""
         if self._files is None:
             return "this daemon keeps no file store, so the file cannot be sent"
         try:
-            path = self._files.path(row.file.sha256)
+            path = self._files.path(stored.sha256)
         except StoreError as exc:
             return str(exc)
         if not path.is_file():
-            return f"the file {row.file.name} is gone from the file store"
-        return OutboundFile(path, row.file.name, row.file.media_type, row.file.size)
+            return f"the file {stored.name} is gone from the file store"
+        return OutboundFile(path, stored.name, stored.media_type, stored.size, voice=voice)
 
     async def _deliver_part(
         self, channel: Channel, row: OutboxRow, part: OutboundPart, *, last: bool, begun: bool

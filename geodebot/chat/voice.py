@@ -31,14 +31,14 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from geodebot.channels.base import InboundFile, OutboundFile
+from geodebot.channels.base import InboundFile
 from geodebot.config.schema import BindingConfig, VoiceConfig
 from geodebot.engine.llm.audio import SPEECH_MEDIA_TYPE, AudioError, Heard, Speaker, Transcriber
 from geodebot.engine.llm.types import human_size
 from geodebot.engine.spend import AudioBudget, BudgetExhausted, SpendScope
 from geodebot.store.files import FileStore
 from geodebot.store.protocol import InboxOutboxStore
-from geodebot.store.records import AttachedFile, OutboxRow, Speech, StoreError
+from geodebot.store.records import AttachedFile, OutboxRow, Speech, StoredFile, StoreError
 
 __all__ = [
     "Account",
@@ -281,8 +281,8 @@ class Speaking:
         )
         return spoken_text(answer, self.max_chars) if wanted else None
 
-    async def audio(self, row: OutboxRow) -> tuple[OutboxRow, OutboundFile, Speech]:
-        """The row's speech as a file to upload: made now, stored and recorded, unless it was
+    async def audio(self, row: OutboxRow) -> tuple[OutboxRow, StoredFile, Speech]:
+        """The row's speech as a stored file: made now, stored and recorded, unless it was
         made before; the row as recorded, the file, what it says. Raises AudioError (the
         service failed) or StoreError."""
         speech = row.speech
@@ -299,14 +299,9 @@ class Speaking:
                 self._files.put, data, name=f"answer-{row.id}.ogg", media_type=SPEECH_MEDIA_TYPE
             )
             row = await self._store.outbox_spoken(row.id, stored)
-        spoken = row.spoken
-        if spoken is None:
+        if row.spoken is None:
             raise StoreError(f"outbox row {row.id}: its speech was not recorded")
-        path = self._files.path(spoken.sha256)
-        if not path.is_file():
-            raise StoreError(f"outbox row {row.id}: its speech is gone from the file store")
-        voice = OutboundFile(path, spoken.name, spoken.media_type, spoken.size, voice=True)
-        return row, voice, speech
+        return row, row.spoken, speech
 
     async def _speak(self, row: OutboxRow, text: str) -> bytes:
         """The speech service's audio, under the spend budget (a refusal is an AudioError

@@ -60,21 +60,13 @@ async def run_checks(config: Config) -> list[CheckRow]:
 def _voice(config: Config) -> list[CheckRow]:
     """A local transcription model: the extra installed, and a model in its directory (it is
     never downloaded)."""
-    voice = config.voice
-    if voice is None or voice.local_model_dir is None:
+    model_dir = config.voice_model_dir
+    if model_dir is None:
         return []
-    from geodebot.engine.llm.audio import LOCAL_EXTRA, local_model_problem
+    from geodebot.engine.llm.audio import local_model_problem
 
-    label = "voice local model"
-    try:
-        import faster_whisper  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
-    except ImportError:
-        extra = f"pip install 'geodebot[{LOCAL_EXTRA}]'"
-        return [CheckRow(label, False, f"needs the {LOCAL_EXTRA} extra: {extra}")]
-    model_dir = config.voice_model_dir or voice.local_model_dir
     problem = local_model_problem(model_dir)
-    detail = problem or f"a model in {model_dir}"
-    return [CheckRow(label, problem is None, detail)]
+    return [CheckRow("voice local model", problem is None, problem or f"a model in {model_dir}")]
 
 
 async def _step(label: str, call: Awaitable[str]) -> CheckRow:

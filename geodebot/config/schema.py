@@ -832,11 +832,6 @@ class Config(_Strict):
                 raise ValueError(f"bindings.{index}.voice_replies: needs [voice] speech_url")
         return self
 
-    def hears(self, binding: BindingConfig) -> bool:
-        """Whether the binding's voice notes are transcribed."""
-        can = self.voice is not None and self.voice.transcribes
-        return can and (binding.voice if binding.voice is not None else True)
-
     @model_validator(mode="after")
     def _jobs_deliverable(self) -> Config:
         sessions = {binding.session for binding in self.bindings}

@@ -34,10 +34,14 @@ _CHARS_PER_TOKEN = 4
 
 
 class _Timeline(Protocol):
-    async def ensure_session(self, session_id: str, mode: str) -> object: ...
-
     async def append_timeline(
-        self, session_id: str, turn_id: str | None, kind: str, data: dict[str, object]
+        self,
+        session_id: str,
+        turn_id: str | None,
+        kind: str,
+        data: dict[str, object],
+        *,
+        mode: str | None = None,
     ) -> int: ...
 
 
@@ -78,8 +82,6 @@ class Recall:
             return None
         block = TextBlock("\n".join([RECALL_HEADER, *lines]))
         try:
-            # A chat's first turn is recalled for before its session is made.
-            await self._timeline.ensure_session(session_id, Mode.DAEMON.value)
             await self._timeline.append_timeline(
                 session_id,
                 turn_id,
@@ -90,6 +92,8 @@ class Recall:
                     "tokens": len(block.text) // _CHARS_PER_TOKEN + 1,
                     "ms": round((time.monotonic() - started) * 1000, 2),
                 },
+                # A chat's first turn is recalled for before the loop made its session.
+                mode=Mode.DAEMON.value,
             )
         except StoreError as exc:
             log.warning("recall not recorded on the timeline: %s", exc)

@@ -216,6 +216,10 @@ class Memory:
 
         async def save(db: Tx) -> MemoryItem:
             await db.exclusive(f"memory:{item.project}")
+            # Before the cap: a save run again (its id made from its call) that took the
+            # project's last place is saved already, not refused as full.
+            if await db.one("SELECT 1 FROM memory_items WHERE ref = ?", (item.ref,)):
+                raise DuplicateMemory(f"memory item {item.ref} exists already")
             found = await db.one(_SLOT, (item.project,))
             if found is None:
                 added = "INSERT INTO memory_projects (project, items) VALUES (?, 0) RETURNING id"

@@ -181,8 +181,16 @@ class SessionStore(Protocol):
 
     # -- timeline -------------------------------------------------------------------------
     async def append_timeline(
-        self, session_id: str, turn_id: str | None, kind: str, data: Mapping[str, Any]
-    ) -> int: ...
+        self,
+        session_id: str,
+        turn_id: str | None,
+        kind: str,
+        data: Mapping[str, Any],
+        *,
+        mode: str | None = None,
+    ) -> int:
+        """Append an event; ``mode``: the session is made first (in that mode) if it is not
+        there yet, in the same transaction (a chat's first turn, before the loop made it)."""
 
     async def timeline(
         self, session_id: str, *, after_id: int = 0, limit: int | None = None
@@ -328,13 +336,26 @@ class SessionsAndHistory:
 
     # -- timeline -------------------------------------------------------------------------
     async def append_timeline(
-        self: Transactions, session_id: str, turn_id: str | None, kind: str, data: Mapping[str, Any]
+        self: Transactions,
+        session_id: str,
+        turn_id: str | None,
+        kind: str,
+        data: Mapping[str, Any],
+        *,
+        mode: str | None = None,
     ) -> int:
         what = f"timeline append to session {session_id!r}"
+        now = time.time()
         with encoding(what):
-            event = (session_id, turn_id, time.time(), kind, dumps(dict(data)))
-        rows = await self._write(what, lambda db: db.all(f"{INSERT_EVENT} RETURNING id", event))
-        return int(rows[0][0])
+            event = (session_id, turn_id, now, kind, dumps(dict(data)))
+
+        async def append(db: Tx) -> int:
+            if mode is not None:
+                await db.run(ENSURE_SESSION, (session_id, mode, now, now))
+            rows = await db.all(f"{INSERT_EVENT} RETURNING id", event)
+            return int(rows[0][0])
+
+        return await self._write(what, append)
 
     async def timeline(
         self: Transactions, session_id: str, *, after_id: int = 0, limit: int | None = None

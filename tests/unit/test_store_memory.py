@@ -106,6 +106,9 @@ async def test_a_full_project_refuses_a_save_and_a_taken_id_is_refused(store: St
     await store.memory_save(item("two"), max_items=2)
     with pytest.raises(MemoryFull, match="holds 2 memory items"):
         await store.memory_save(item("three"), max_items=2)
+    # A save run again that took the last place is saved already, not refused as full.
+    with pytest.raises(DuplicateMemory):
+        await store.memory_save(first, max_items=2)
     # Another project has its own room.
     await store.memory_save(item("three", project="other"), max_items=2)
     with pytest.raises(DuplicateMemory):

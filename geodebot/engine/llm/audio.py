@@ -15,6 +15,7 @@ With ``local_model_dir`` a faster-whisper model on this machine transcribes inst
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import io
 import logging
 from collections.abc import Callable, Mapping
@@ -35,6 +36,7 @@ __all__ = [
     "Transcriber",
     "build_audio",
     "local_model_problem",
+    "model_dir_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -184,7 +186,15 @@ class OpenAIAudio:
 
 
 def local_model_problem(model_dir: Path) -> str | None:
-    """Why ``model_dir`` cannot serve as a local model (None: it can, as far as files go)."""
+    """Why a local model cannot transcribe here: the extra missing, or ``model_dir`` holding
+    no model (None: it can, as far as that goes)."""
+    if importlib.util.find_spec("faster_whisper") is None:
+        return _MISSING_EXTRA
+    return model_dir_problem(model_dir)
+
+
+def model_dir_problem(model_dir: Path) -> str | None:
+    """Why ``model_dir`` holds no faster-whisper model (None: its files are there)."""
     if not model_dir.is_dir():
         return f"{model_dir} is not a directory"
     missing = [name for name in _MODEL_FILES if not (model_dir / name).is_file()]
@@ -193,16 +203,9 @@ def local_model_problem(model_dir: Path) -> str | None:
     return None
 
 
-def _load_faster_whisper() -> Any:
-    try:
-        import faster_whisper  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise AudioError(
-            f"local transcription needs the {LOCAL_EXTRA} extra: "
-            f"pip install 'geodebot[{LOCAL_EXTRA}]'",
-            permanent=True,
-        ) from None
-    return faster_whisper
+_MISSING_EXTRA = (
+    f"local transcription needs the {LOCAL_EXTRA} extra: pip install 'geodebot[{LOCAL_EXTRA}]'"
+)
 
 
 class LocalWhisper:
@@ -220,10 +223,11 @@ class LocalWhisper:
 
     def _run(self, data: bytes, seconds: float) -> Heard:
         if self._model is None:
-            faster_whisper = _load_faster_whisper()
             problem = local_model_problem(self._dir)
             if problem is not None:
                 raise AudioError(problem, permanent=True)
+            import faster_whisper  # type: ignore[import-not-found,unused-ignore]
+
             self._model = faster_whisper.WhisperModel(
                 str(self._dir), device="cpu", compute_type="int8", local_files_only=True
             )
